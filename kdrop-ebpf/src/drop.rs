@@ -1,0 +1,110 @@
+//! The drop path: a packet freed by `kfree_skb` with a reason.
+use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
+use kdrop_common::{
+    DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, COUNTERS_KEY, EVENT_DROP, MAX_HOSTS,
+    MAX_PORTS,
+};
+
+use crate::{
+    config::{filter, offsets, COUNTERS, EVENTS},
+    skb::{self, Tcp},
+};
+
+#[inline(always)]
+pub fn on_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> i32 {
+    let _ = try_kfree_skb(skb, location, reason, args);
+    0
+}
+
+#[inline(always)]
+fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
+    let reason = reason as u32;
+    // Older kernels also report frees that are not drops through this
+    // tracepoint; newer ones route them to consume_skb.
+    if args.consumed != ABSENT && reason == args.consumed {
+        return None;
+    }
+    let o = offsets();
+    let tcp = skb::parse_tcp(skb, &o)?;
+    let f = filter();
+    if !matches_packet(f, &tcp) {
+        return None;
+    }
+    let (netns, ifindex) = skb::netns_and_ifindex(skb, &o);
+    if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
+        return None;
+    }
+    let counters = COUNTERS.get_ptr_mut(COUNTERS_KEY)?;
+    // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
+    let counters = unsafe { &mut *counters };
+    counters.matched += 1;
+    let Some(mut entry) = EVENTS.reserve::<DropEvent>(0) else {
+        counters.lost += 1;
+        return None;
+    };
+    entry.write(DropEvent {
+        header: EventHeader {
+            kind: EVENT_DROP,
+            // SAFETY: plain helper calls.
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        location,
+        reason: if args.reason == ABSENT {
+            ABSENT
+        } else {
+            reason
+        },
+        netns,
+        ifindex,
+        mark: skb::read(skb, o.skb_mark).unwrap_or(0),
+        saddr: tcp.saddr,
+        daddr: tcp.daddr,
+        sport: tcp.sport,
+        dport: tcp.dport,
+        family: tcp.family,
+        tcp_flags: tcp.tcp_flags,
+        _pad: [0; 2],
+    });
+    entry.submit(0);
+    counters.emitted += 1;
+    Some(())
+}
+
+/// Flags, ports and addresses: everything that needs only the headers.
+#[inline(always)]
+fn matches_packet(f: &Filter, t: &Tcp) -> bool {
+    if f.tcp_flags_any != 0 && t.tcp_flags & f.tcp_flags_any == 0 {
+        return false;
+    }
+    if f.n_ports != 0 {
+        let mut hit = false;
+        let mut i = 0;
+        while i < MAX_PORTS {
+            if (i as u32) < f.n_ports && (f.ports[i] == t.sport || f.ports[i] == t.dport) {
+                hit = true;
+            }
+            i += 1;
+        }
+        if !hit {
+            return false;
+        }
+    }
+    if f.n_hosts != 0 {
+        let mut hit = false;
+        let mut i = 0;
+        while i < MAX_HOSTS {
+            if (i as u32) < f.n_hosts
+                && (f.hosts[i].contains(t.family, &t.saddr)
+                    || f.hosts[i].contains(t.family, &t.daddr))
+            {
+                hit = true;
+            }
+            i += 1;
+        }
+        if !hit {
+            return false;
+        }
+    }
+    true
+}

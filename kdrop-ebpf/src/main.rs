@@ -1,0 +1,88 @@
+//! kdrop's kernel programs. Entry points are thin: they pull their arguments
+//! out of the context the attach type gives and call `try_*` functions.
+#![no_std]
+#![no_main]
+
+mod config;
+mod drop;
+mod skb;
+
+use aya_ebpf::{
+    macros::{btf_tracepoint, raw_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+};
+use kdrop_common::ABSENT;
+
+use crate::config::{kfree_skb_args, kfree_skb_fields};
+
+/// `skb:kfree_skb` as tp_btf: arguments are the `TP_PROTO` ones,
+/// `(struct sk_buff *skb, void *location, enum skb_drop_reason reason, ...)`
+/// since 5.17 (https://github.com/torvalds/linux/blob/v5.17/include/trace/events/skb.h#L14).
+/// Indexes come from BTF; ctx reads must be constant, hence `arg_at`.
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
+    let args = kfree_skb_args();
+    let skb: u64 = arg_at(args.skb, |n| ctx.arg(n));
+    let location: u64 = arg_at(args.location, |n| ctx.arg(n));
+    let reason: u64 = arg_at(args.reason, |n| ctx.arg(n));
+    drop::on_kfree_skb(skb, location, reason, &args)
+}
+
+/// The same tracepoint as a raw tracepoint (kernels without tp_btf).
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
+    let args = kfree_skb_args();
+    let skb: u64 = arg_at(args.skb, |n| ctx.arg(n));
+    let location: u64 = arg_at(args.location, |n| ctx.arg(n));
+    let reason: u64 = arg_at(args.reason, |n| ctx.arg(n));
+    drop::on_kfree_skb(skb, location, reason, &args)
+}
+
+/// The classic tracepoint: arguments are fields of the trace record at the
+/// byte offsets its `format` file gives.
+#[tracepoint(category = "skb", name = "kfree_skb")]
+pub fn kfree_skb_tp(ctx: TracePointContext) -> i32 {
+    let args = kfree_skb_fields();
+    let skb: u64 = record_at(&ctx, args.skb, 8);
+    let location: u64 = record_at(&ctx, args.location, 8);
+    let reason: u64 = record_at(&ctx, args.reason, 4);
+    drop::on_kfree_skb(skb, location, reason, &args)
+}
+
+/// Reads argument `n` with a constant index: the verifier refuses variable
+/// ctx offsets, and prunes the branches a frozen global rules out.
+#[inline(always)]
+fn arg_at(n: u32, arg: impl Fn(usize) -> u64) -> u64 {
+    match n {
+        0 => arg(0),
+        1 => arg(1),
+        2 => arg(2),
+        3 => arg(3),
+        4 => arg(4),
+        _ => u64::from(ABSENT),
+    }
+}
+
+#[inline(always)]
+fn record_at(ctx: &TracePointContext, offset: u32, size: u32) -> u64 {
+    if offset == ABSENT {
+        return u64::from(ABSENT);
+    }
+    // SAFETY: the offset comes from the tracepoint's own format file.
+    let r = if size == 4 {
+        unsafe { ctx.read_at::<u32>(offset as usize) }.map(u64::from)
+    } else {
+        unsafe { ctx.read_at::<u64>(offset as usize) }
+    };
+    r.unwrap_or(u64::from(ABSENT))
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,71 @@
+//! `kdrop check`: what this kernel allows, and what kdrop would do with it.
+use std::process::ExitCode;
+
+use anyhow::Result;
+use kdrop_common::{Filter, ABSENT};
+
+use crate::probes::{self, outcome_text, KernelSetup};
+
+pub fn run() -> Result<ExitCode> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!("kernel      {}", release.trim());
+    let warnings = probes::check_privileges()?;
+    println!(
+        "privileges  {}",
+        if warnings.is_empty() {
+            "ok".to_string()
+        } else {
+            warnings.join("; ")
+        }
+    );
+    let setup = KernelSetup::read()?;
+    let size = std::fs::metadata(&setup.btf_path).map_or(0, |m| m.len());
+    println!(
+        "btf         {} ({:.1} MiB), {} drop reasons in enum skb_drop_reason",
+        setup.btf_path.display(),
+        size as f64 / (1 << 20) as f64,
+        setup.reasons.len()
+    );
+    match &setup.kfree_skb_args {
+        Ok(a) if a.reason == ABSENT => {
+            println!("kfree_skb   no reason argument: drops are reported without a kernel reason")
+        }
+        Ok(a) => println!(
+            "kfree_skb   TP_PROTO args: skb #{}, location #{}, reason #{}",
+            a.skb, a.location, a.reason
+        ),
+        Err(e) => println!("kfree_skb   {e}"),
+    }
+    if let Err(e) = &setup.kfree_skb_fields {
+        println!("tracefs     {e}");
+    }
+    let mut ok = true;
+    match probes::load(&setup, &Filter::zeroed(), 64, true) {
+        Ok(p) => {
+            for r in &p.reports {
+                let chosen = r.chosen().map_or("none".into(), |c| c.to_string());
+                println!("probe       {} ({}): using {chosen}", r.point, r.what);
+                for (rung, o) in &r.rungs {
+                    println!("              {rung:<10} {}", outcome_text(o));
+                }
+            }
+        }
+        Err(e) => {
+            ok = false;
+            println!("probe       skb:kfree_skb (drop path): {e:#}");
+        }
+    }
+    println!(
+        "verdict     {}",
+        if ok {
+            "kdrop can trace drops here"
+        } else {
+            "kdrop cannot work here"
+        }
+    );
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,185 @@
+//! Pure logic: an enriched event in, a finding out. No kernel, no I/O, so it
+//! runs from recorded events in tests.
+use serde::Serialize;
+
+/// Why a packet died and what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Stable identifier, e.g. `rp_filter`, `no_socket`.
+    pub cause: &'static str,
+    pub summary: String,
+    pub evidence: Vec<String>,
+    pub fix: Vec<String>,
+}
+
+/// What diagnosis needs to know about a drop.
+#[derive(Clone, Debug)]
+pub struct DropFacts<'a> {
+    pub reason: Option<&'a str>,
+    pub ifname: &'a str,
+    pub netns: Option<&'a str>,
+    pub src: String,
+    pub dst: String,
+    pub location: Option<&'a str>,
+}
+
+/// A finding from the kernel's drop reason alone. Richer causes (the route
+/// the reverse-path lookup took, the rule that dropped) build on this.
+pub fn explain(f: &DropFacts) -> Option<Finding> {
+    let reason = f.reason?;
+    let ns = f
+        .netns
+        .map(|n| format!("ip netns exec {n} "))
+        .unwrap_or_default();
+    let iface = f.ifname;
+    let (cause, summary, fix): (&str, String, Vec<String>) = match reason {
+        "IP_RPFILTER" => (
+            "rp_filter",
+            format!(
+                "reverse-path filter on {iface}: the way back to {} is not via {iface}",
+                host(&f.src)
+            ),
+            vec![
+                format!("{ns}ip route get {} from {}", host(&f.src), host(&f.dst)),
+                format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"),
+            ],
+        ),
+        "NO_SOCKET" => (
+            "no_socket",
+            format!(
+                "nothing listens on {} (or the packet matches no connection)",
+                f.dst
+            ),
+            vec![format!("{ns}ss -ltn")],
+        ),
+        "NETFILTER_DROP" => (
+            "netfilter",
+            format!("a netfilter rule or chain policy dropped it on {iface}"),
+            vec![
+                format!("{ns}iptables-save -c"),
+                format!("{ns}nft list ruleset"),
+            ],
+        ),
+        "IP_LOCAL_SOURCE" => (
+            "martian_local_source",
+            format!(
+                "martian: source {} is a local address of this host, arriving on {iface}",
+                host(&f.src)
+            ),
+            vec![format!(
+                "{ns}ip route get {} from {}",
+                host(&f.src),
+                host(&f.dst)
+            )],
+        ),
+        "IP_INVALID_SOURCE" => (
+            "martian_source",
+            format!(
+                "martian: source {} is not a valid source address",
+                host(&f.src)
+            ),
+            vec![],
+        ),
+        "IP_LOCALNET" => (
+            "martian_localnet",
+            format!("127.0.0.0/8 address on {iface} without route_localnet"),
+            vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
+        ),
+        "OTHERHOST" => (
+            "otherhost",
+            format!("frame on {iface} was addressed to another host's MAC"),
+            vec![],
+        ),
+        "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
+            "no_route",
+            format!("no route for {}", host(&f.dst)),
+            vec![format!("{ns}ip route get {}", host(&f.dst))],
+        ),
+        "NEIGH_FAILED" => (
+            "neighbour_failed",
+            format!("neighbour resolution failed on {iface}"),
+            vec![format!("{ns}ip neigh show dev {iface}")],
+        ),
+        "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
+            "listen_overflow",
+            format!(
+                "the listener on {} is overloaded (accept or SYN queue)",
+                f.dst
+            ),
+            vec![format!(
+                "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
+            )],
+        ),
+        "XFRM_POLICY" => ("xfrm_policy", "an IPsec policy refused it".into(), vec![]),
+        _ => return None,
+    };
+    let mut evidence = vec![format!("kernel drop reason {reason}")];
+    if let Some(loc) = f.location {
+        evidence[0].push_str(&format!(" at {loc}"));
+    }
+    Some(Finding {
+        cause,
+        summary,
+        evidence,
+        fix,
+    })
+}
+
+/// `10.0.0.1:80` → `10.0.0.1`; `[2001:db8::1]:80` → `2001:db8::1`.
+fn host(endpoint: &str) -> &str {
+    let h = endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(reason: &str) -> DropFacts<'_> {
+        DropFacts {
+            reason: Some(reason),
+            ifname: "eth1",
+            netns: Some("node"),
+            src: "198.51.100.7:40000".into(),
+            dst: "10.0.2.20:8080".into(),
+            location: Some("ip_rcv_finish_core+0x1a3"),
+        }
+    }
+
+    #[test]
+    fn rp_filter() {
+        let f = explain(&facts("IP_RPFILTER")).unwrap();
+        assert_eq!(f.cause, "rp_filter");
+        assert_eq!(
+            f.summary,
+            "reverse-path filter on eth1: the way back to 198.51.100.7 is not via eth1"
+        );
+        assert_eq!(
+            f.evidence,
+            ["kernel drop reason IP_RPFILTER at ip_rcv_finish_core+0x1a3"]
+        );
+        assert_eq!(
+            f.fix[0],
+            "ip netns exec node ip route get 198.51.100.7 from 10.0.2.20"
+        );
+    }
+
+    #[test]
+    fn no_socket_and_netfilter() {
+        assert_eq!(explain(&facts("NO_SOCKET")).unwrap().cause, "no_socket");
+        assert_eq!(
+            explain(&facts("NETFILTER_DROP")).unwrap().cause,
+            "netfilter"
+        );
+        assert!(explain(&facts("TCP_CSUM")).is_none());
+        let mut f = facts("IP_RPFILTER");
+        f.reason = None;
+        assert!(explain(&f).is_none());
+    }
+
+    #[test]
+    fn host_part() {
+        assert_eq!(host("10.0.0.1:80"), "10.0.0.1");
+        assert_eq!(host("[2001:db8::1]:80"), "2001:db8::1");
+    }
+}

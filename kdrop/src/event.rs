@@ -1,0 +1,198 @@
+//! Decoding ring buffer records into owned events.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use kdrop_common::{DropEvent, EventHeader, AF_INET, AF_INET6, EVENT_DROP};
+
+/// A dropped TCP packet as the kernel reported it, before any enrichment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drop {
+    pub ts_ns: u64,
+    pub cpu: u32,
+    pub location: u64,
+    /// Raw `enum skb_drop_reason`; `kdrop_common::ABSENT` when the kernel has none.
+    pub reason: u32,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub mark: u32,
+    pub saddr: IpAddr,
+    pub daddr: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub tcp_flags: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Drop(Drop),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Short { kind: u32, len: usize },
+    UnknownKind(u32),
+    BadFamily(u8),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Short { kind, len } => write!(f, "record of kind {kind} too short ({len} bytes)"),
+            Self::UnknownKind(k) => write!(f, "unknown record kind {k}"),
+            Self::BadFamily(fam) => write!(f, "unknown address family {fam}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+fn read<T: Copy>(data: &[u8], kind: u32) -> Result<T, DecodeError> {
+    if data.len() < size_of::<T>() {
+        return Err(DecodeError::Short {
+            kind,
+            len: data.len(),
+        });
+    }
+    // SAFETY: length checked; T is a repr(C) Pod type; unaligned read.
+    Ok(unsafe { std::ptr::read_unaligned(data.as_ptr().cast::<T>()) })
+}
+
+fn addr(family: u8, bytes: [u8; 16]) -> Result<IpAddr, DecodeError> {
+    match family {
+        AF_INET => Ok(IpAddr::V4(Ipv4Addr::new(
+            bytes[0], bytes[1], bytes[2], bytes[3],
+        ))),
+        AF_INET6 => Ok(IpAddr::V6(Ipv6Addr::from(bytes))),
+        f => Err(DecodeError::BadFamily(f)),
+    }
+}
+
+/// Decodes one ring buffer record.
+pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
+    let header: EventHeader = read(data, 0)?;
+    match header.kind {
+        EVENT_DROP => {
+            let e: DropEvent = read(data, header.kind)?;
+            Ok(Event::Drop(Drop {
+                ts_ns: e.header.ts_ns,
+                cpu: e.header.cpu,
+                location: e.location,
+                reason: e.reason,
+                netns: e.netns,
+                ifindex: e.ifindex,
+                mark: e.mark,
+                saddr: addr(e.family, e.saddr)?,
+                daddr: addr(e.family, e.daddr)?,
+                sport: e.sport,
+                dport: e.dport,
+                tcp_flags: e.tcp_flags,
+            }))
+        }
+        k => Err(DecodeError::UnknownKind(k)),
+    }
+}
+
+/// `SYN`, `SYN|ACK`, `RST|ACK`: the flags set, in header order.
+pub fn tcp_flags(flags: u8) -> String {
+    const NAMES: [&str; 8] = ["FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR"];
+    // Handshake flags read best first.
+    const ORDER: [usize; 8] = [1, 0, 2, 3, 4, 5, 6, 7];
+    let set: Vec<&str> = ORDER
+        .iter()
+        .filter(|&&i| flags & (1 << i) != 0)
+        .map(|&i| NAMES[i])
+        .collect();
+    if set.is_empty() {
+        "none".into()
+    } else {
+        set.join("|")
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use kdrop_common::{ABSENT, TCP_ACK, TCP_RST, TCP_SYN};
+
+    use super::*;
+
+    pub fn raw_v4(saddr: [u8; 4], daddr: [u8; 4], sport: u16, dport: u16) -> DropEvent {
+        let mut s = [0; 16];
+        let mut d = [0; 16];
+        s[..4].copy_from_slice(&saddr);
+        d[..4].copy_from_slice(&daddr);
+        DropEvent {
+            header: EventHeader {
+                kind: EVENT_DROP,
+                cpu: 1,
+                ts_ns: 42,
+            },
+            location: 0xffff_ffff_8100_0000,
+            reason: 16,
+            netns: 4026532000,
+            ifindex: 3,
+            mark: 0,
+            saddr: s,
+            daddr: d,
+            sport,
+            dport,
+            family: AF_INET,
+            tcp_flags: TCP_SYN,
+            _pad: [0; 2],
+        }
+    }
+
+    pub fn bytes(e: &DropEvent) -> Vec<u8> {
+        // SAFETY: DropEvent is Pod.
+        unsafe {
+            std::slice::from_raw_parts((e as *const DropEvent).cast::<u8>(), size_of::<DropEvent>())
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn decodes_v4_drop() {
+        let e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
+        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        assert_eq!(d.saddr, "198.51.100.7".parse::<IpAddr>().unwrap());
+        assert_eq!(d.daddr, "10.0.2.20".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (d.sport, d.dport, d.reason, d.ifindex),
+            (40000, 8080, 16, 3)
+        );
+        assert_eq!(d.netns, 4026532000);
+    }
+
+    #[test]
+    fn decodes_v6_drop() {
+        let mut e = raw_v4([0; 4], [0; 4], 1, 2);
+        e.family = AF_INET6;
+        e.saddr = "2001:db8::7".parse::<Ipv6Addr>().unwrap().octets();
+        e.daddr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
+        e.reason = ABSENT;
+        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        assert_eq!(d.saddr.to_string(), "2001:db8::7");
+        assert_eq!(d.daddr.to_string(), "fd00::1");
+        assert_eq!(d.reason, ABSENT);
+    }
+
+    #[test]
+    fn rejects_bad_records() {
+        assert!(matches!(decode(&[]), Err(DecodeError::Short { .. })));
+        let e = raw_v4([1, 2, 3, 4], [5, 6, 7, 8], 1, 2);
+        let b = bytes(&e);
+        assert!(matches!(decode(&b[..40]), Err(DecodeError::Short { .. })));
+        let mut bad = e;
+        bad.header.kind = 77;
+        assert_eq!(decode(&bytes(&bad)), Err(DecodeError::UnknownKind(77)));
+        let mut bad = e;
+        bad.family = 9;
+        assert_eq!(decode(&bytes(&bad)), Err(DecodeError::BadFamily(9)));
+    }
+
+    #[test]
+    fn flags() {
+        assert_eq!(tcp_flags(TCP_SYN), "SYN");
+        assert_eq!(tcp_flags(TCP_SYN | TCP_ACK), "SYN|ACK");
+        assert_eq!(tcp_flags(TCP_RST | TCP_ACK), "RST|ACK");
+        assert_eq!(tcp_flags(0), "none");
+    }
+}

@@ -1,0 +1,277 @@
+//! What kdrop needs to know about the running kernel, all of it read from the
+//! kernel itself at load time: struct member offsets and the `kfree_skb`
+//! tracepoint's shape from BTF, drop reason names from `enum skb_drop_reason`,
+//! record offsets from the tracepoint's format file.
+use std::{collections::HashMap, fs, path::Path};
+
+use anyhow::{bail, Context as _, Result};
+use kdrop_common::{KfreeSkbArgs, Offsets, ABSENT};
+
+use crate::btf::{Btf, Kind};
+
+/// Resolves `struct.path` to a byte offset and checks the member's size, so a
+/// kernel that changed a member's type is refused instead of misread.
+fn offset(btf: &Btf, strukt: &str, path: &str, size: u32) -> Result<u32> {
+    let id = btf
+        .find(strukt, Kind::Struct)
+        .with_context(|| format!("kernel BTF has no struct {strukt}"))?;
+    let m = btf
+        .member(id, path)
+        .with_context(|| format!("kernel BTF has no member {strukt}.{path}"))?;
+    let got = btf.size_of(m.type_id).unwrap_or(0);
+    if got != size {
+        bail!("{strukt}.{path} is {got} bytes in this kernel, kdrop reads {size}");
+    }
+    m.byte_offset()
+        .with_context(|| format!("{strukt}.{path} cannot be read"))
+}
+
+pub fn offsets(btf: &Btf) -> Result<Offsets> {
+    // Members of struct sk_buff, net_device, sock and net as of
+    // https://github.com/torvalds/linux/blob/v6.18/include/linux/skbuff.h#L883
+    // (sk_buff), include/linux/netdevice.h (net_device), include/net/sock.h
+    // (sock_common.skc_net), include/net/net_namespace.h (net.ns).
+    Ok(Offsets {
+        skb_head: offset(btf, "sk_buff", "head", 8)?,
+        skb_network_header: offset(btf, "sk_buff", "network_header", 2)?,
+        skb_protocol: offset(btf, "sk_buff", "protocol", 2)?,
+        skb_dev: offset(btf, "sk_buff", "dev", 8)?,
+        skb_sk: offset(btf, "sk_buff", "sk", 8)?,
+        skb_iif: offset(btf, "sk_buff", "skb_iif", 4)?,
+        skb_mark: offset(btf, "sk_buff", "mark", 4)?,
+        dev_ifindex: offset(btf, "net_device", "ifindex", 4)?,
+        dev_net: offset(btf, "net_device", "nd_net.net", 8)?,
+        sk_net: offset(btf, "sock", "__sk_common.skc_net.net", 8)?,
+        net_inum: offset(btf, "net", "ns.inum", 4)?,
+        _pad: 0,
+    })
+}
+
+/// Drop reason names from the running kernel's `enum skb_drop_reason`.
+#[derive(Clone, Debug, Default)]
+pub struct Reasons {
+    names: HashMap<u32, String>,
+    subsystems: HashMap<u32, String>,
+    consumed: Option<u32>,
+}
+
+const SUBSYS_SHIFT: u32 = 16;
+
+impl Reasons {
+    pub fn from_btf(btf: &Btf) -> Self {
+        let mut r = Reasons::default();
+        if let Some(id) = btf.find("skb_drop_reason", Kind::Enum) {
+            for (name, v) in btf.enum_values(id) {
+                let short = name
+                    .strip_prefix("SKB_DROP_REASON_")
+                    .or_else(|| name.strip_prefix("SKB_"))
+                    .unwrap_or(name);
+                if name == "SKB_CONSUMED" {
+                    r.consumed = Some(v as u32);
+                }
+                if short != "MAX" {
+                    r.names.insert(v as u32, short.to_string());
+                }
+            }
+        }
+        // Reasons owned by a subsystem carry its id in the high bits
+        // (https://github.com/torvalds/linux/blob/v6.18/include/net/dropreason.h).
+        if let Some(id) = btf.find("skb_drop_reason_subsys", Kind::Enum) {
+            for (name, v) in btf.enum_values(id) {
+                let short = name.strip_prefix("SKB_DROP_REASON_SUBSYS_").unwrap_or(name);
+                if short != "NUM" {
+                    r.subsystems.insert(v as u32, short.to_string());
+                }
+            }
+        }
+        r
+    }
+
+    /// Test and replay helper: reasons from (name, value) pairs as BTF spells them.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, u32)>) -> Self {
+        let mut r = Reasons::default();
+        for (name, v) in pairs {
+            let short = name.strip_prefix("SKB_DROP_REASON_").unwrap_or(name);
+            r.names.insert(v, short.to_string());
+        }
+        r
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    pub fn consumed(&self) -> Option<u32> {
+        self.consumed
+    }
+
+    /// The kernel's name without the `SKB_DROP_REASON_` prefix; `None` when the
+    /// kernel gave no reason (`ABSENT`).
+    pub fn name(&self, raw: u32) -> Option<String> {
+        if raw == ABSENT {
+            return None;
+        }
+        if let Some(n) = self.names.get(&raw) {
+            return Some(n.clone());
+        }
+        let (subsys, code) = (raw >> SUBSYS_SHIFT, raw & 0xffff);
+        Some(match self.subsystems.get(&subsys) {
+            Some(s) if subsys != 0 => format!("{s}/{code}"),
+            _ => format!("UNKNOWN_{raw}"),
+        })
+    }
+}
+
+/// Positions of the `kfree_skb` tracepoint's arguments in `TP_PROTO`, found by
+/// type in `btf_trace_kfree_skb` (its first parameter is the `void *__data`
+/// every trace hook gets). On 6.18 it is `(skb, location, reason, rx_sk)`:
+/// https://github.com/torvalds/linux/blob/v6.18/include/trace/events/skb.h#L24
+pub fn kfree_skb_args(btf: &Btf, reasons: &Reasons) -> Result<KfreeSkbArgs> {
+    let id = btf
+        .find("btf_trace_kfree_skb", Kind::Typedef)
+        .context("kernel BTF has no btf_trace_kfree_skb (no skb:kfree_skb tracepoint?)")?;
+    let params = btf
+        .params(id)
+        .context("btf_trace_kfree_skb is not a function")?;
+    let names: Vec<String> = params.iter().skip(1).map(|&p| btf.type_name(p)).collect();
+    let pos = |want: &str, from: usize| {
+        names
+            .iter()
+            .skip(from)
+            .position(|n| n == want)
+            .map(|i| (i + from) as u32)
+    };
+    let skb = pos("struct sk_buff *", 0)
+        .with_context(|| format!("kfree_skb passes no sk_buff: ({})", names.join(", ")))?;
+    let location = pos("void *", skb as usize + 1).unwrap_or(ABSENT);
+    let reason = pos("enum skb_drop_reason", 0).unwrap_or(ABSENT);
+    if skb > 4 || (location != ABSENT && location > 4) || (reason != ABSENT && reason > 4) {
+        bail!("kfree_skb arguments out of reach: ({})", names.join(", "));
+    }
+    Ok(KfreeSkbArgs {
+        skb,
+        location,
+        reason,
+        consumed: reasons.consumed().unwrap_or(ABSENT),
+    })
+}
+
+/// Where tracefs may be mounted.
+pub const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+/// Record offsets of `skb:kfree_skb` from its format file.
+pub fn kfree_skb_fields(reasons: &Reasons) -> Result<KfreeSkbArgs> {
+    let mut errors = Vec::new();
+    for dir in TRACEFS {
+        let path = Path::new(dir).join("events/skb/kfree_skb/format");
+        match fs::read_to_string(&path) {
+            Ok(text) => return parse_kfree_skb_format(&text, reasons),
+            Err(e) => errors.push(format!("{}: {e}", path.display())),
+        }
+    }
+    bail!("tracepoint format not readable ({})", errors.join("; "))
+}
+
+pub fn parse_kfree_skb_format(text: &str, reasons: &Reasons) -> Result<KfreeSkbArgs> {
+    let fields = parse_format(text);
+    let get = |name: &str, size: u32| {
+        fields
+            .get(name)
+            .filter(|(_, s)| *s == size)
+            .map(|(o, _)| *o)
+    };
+    Ok(KfreeSkbArgs {
+        skb: get("skbaddr", 8).context("kfree_skb format has no 8-byte skbaddr")?,
+        location: get("location", 8).unwrap_or(ABSENT),
+        reason: get("reason", 4).unwrap_or(ABSENT),
+        consumed: reasons.consumed().unwrap_or(ABSENT),
+    })
+}
+
+/// `field:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;` → name → (offset, size).
+fn parse_format(text: &str) -> HashMap<String, (u32, u32)> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let mut name = None;
+        let mut offset = None;
+        let mut size = None;
+        for part in line.trim().split(';') {
+            let part = part.trim();
+            if let Some(decl) = part.strip_prefix("field:") {
+                // The name is the last word, without any array suffix.
+                name = decl
+                    .rsplit(|c: char| c.is_whitespace() || c == '*')
+                    .next()
+                    .map(|n| n.split('[').next().unwrap_or(n).to_string());
+            } else if let Some(v) = part.strip_prefix("offset:") {
+                offset = v.parse().ok();
+            } else if let Some(v) = part.strip_prefix("size:") {
+                size = v.parse().ok();
+            }
+        }
+        if let (Some(n), Some(o), Some(s)) = (name, offset, size) {
+            out.insert(n, (o, s));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::btf::tests::sample;
+
+    const FORMAT_6_18: &str = "name: kfree_skb\nID: 2310\nformat:\n\
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+\tfield:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;\n\
+\tfield:void * location;\toffset:16;\tsize:8;\tsigned:0;\n\
+\tfield:void * rx_sk;\toffset:24;\tsize:8;\tsigned:0;\n\
+\tfield:unsigned short protocol;\toffset:32;\tsize:2;\tsigned:0;\n\
+\tfield:enum skb_drop_reason reason;\toffset:36;\tsize:4;\tsigned:0;\n";
+
+    const FORMAT_5_10: &str = "format:\n\
+\tfield:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;\n\
+\tfield:void * location;\toffset:16;\tsize:8;\tsigned:0;\n\
+\tfield:unsigned short protocol;\toffset:24;\tsize:2;\tsigned:0;\n";
+
+    #[test]
+    fn tracepoint_format() {
+        let r = Reasons::default();
+        let a = parse_kfree_skb_format(FORMAT_6_18, &r).unwrap();
+        assert_eq!((a.skb, a.location, a.reason), (8, 16, 36));
+        let a = parse_kfree_skb_format(FORMAT_5_10, &r).unwrap();
+        assert_eq!((a.skb, a.location, a.reason), (8, 16, ABSENT));
+        assert!(parse_kfree_skb_format("garbage", &r).is_err());
+    }
+
+    #[test]
+    fn reasons_and_args_from_btf() {
+        let (_, data) = sample();
+        let btf = Btf::parse(&data, None).unwrap();
+        let r = Reasons::from_btf(&btf);
+        assert_eq!(r.name(16).as_deref(), Some("IP_RPFILTER"));
+        assert_eq!(r.name(2).as_deref(), Some("NOT_SPECIFIED"));
+        assert_eq!(r.name(1).as_deref(), Some("CONSUMED"));
+        assert_eq!(r.consumed(), Some(1));
+        assert_eq!(r.name(ABSENT), None);
+        assert_eq!(r.name(999).as_deref(), Some("UNKNOWN_999"));
+        let a = kfree_skb_args(&btf, &r).unwrap();
+        assert_eq!((a.skb, a.location, a.reason, a.consumed), (0, 1, 2, 1));
+    }
+
+    #[test]
+    fn offsets_check_member_sizes() {
+        let (_, data) = sample();
+        let btf = Btf::parse(&data, None).unwrap();
+        assert_eq!(offset(&btf, "sk_buff", "network_header", 2).unwrap(), 10);
+        let err = offset(&btf, "sk_buff", "network_header", 4).unwrap_err();
+        assert!(err.to_string().contains("is 2 bytes"), "{err:#}");
+        assert!(offset(&btf, "sk_buff", "nope", 2).is_err());
+        assert!(offset(&btf, "nope", "x", 2).is_err());
+    }
+}

@@ -1,0 +1,40 @@
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use kdrop::{
+    cli::{Cli, Command},
+    UserError,
+};
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().filter_or("KDROP_LOG", "warn"))
+        .format_target(false)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kdrop: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Some(Command::Check) => kdrop::check::run(),
+        Some(Command::Lab(args)) => rt.block_on(kdrop::lab::run(&args)),
+        None => rt.block_on(kdrop::run::trace(&cli.trace)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kdrop: {e:#}");
+            if e.downcast_ref::<UserError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

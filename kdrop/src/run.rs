@@ -1,0 +1,132 @@
+//! `kdrop [filters]`: live tracing until a signal, --duration or --count.
+use std::{
+    io::{self, Write as _},
+    process::ExitCode,
+};
+
+use anyhow::Result;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    cli::TraceArgs,
+    context::netns::{self, NetnsRegistry},
+    output::{self, Summary},
+    probes,
+    tracer::{self, Tracer},
+    UserError,
+};
+
+/// Turns the command line into a kernel filter, resolving namespace and
+/// interface names now so that a typo fails before anything is loaded.
+pub fn resolve_filter(args: &TraceArgs) -> Result<kdrop_common::Filter> {
+    let mut registry = NetnsRegistry::new();
+    let ns = match &args.netns {
+        Some(arg) => Some(netns::resolve_arg(arg, &mut registry).map_err(UserError)?),
+        None => None,
+    };
+    let ifindex = match &args.iface {
+        None => 0,
+        Some(name) => {
+            let lookup = |ns: &netns::Netns| {
+                let n = name.clone();
+                netns::in_netns(&ns.path, move || netns::ifindex(&n))
+            };
+            let found = match &ns {
+                Some(ns) => lookup(ns).map_err(|e| UserError(format!("{e:#}")))?,
+                None => netns::ifindex(name),
+            };
+            found.ok_or_else(|| {
+                let place = match &args.netns {
+                    Some(a) => format!("netns {a}"),
+                    None => "kdrop's network namespace".into(),
+                };
+                UserError(format!("unknown interface {name} in {place}"))
+            })?
+        }
+    };
+    // An ifindex only means something inside one namespace.
+    let netns_inode = match (&ns, ifindex) {
+        (Some(ns), _) => ns.inode,
+        (None, 0) => 0,
+        (None, _) => netns::own()?.inode,
+    };
+    tracer::build_filter(
+        &args.ports,
+        &args.hosts,
+        netns_inode,
+        ifindex,
+        args.all_flags,
+    )
+    .map_err(|e| UserError(e).into())
+}
+
+pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
+    for w in probes::check_privileges()? {
+        log::warn!("{w}");
+    }
+    let filter = resolve_filter(args)?;
+    let mut tracer = Tracer::start(&filter, args.ring_size)?;
+    eprintln!("kdrop: tracing {}", tracer.describe());
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+
+    let mut summary = Summary::default();
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let limit = args.count.unwrap_or(u64::MAX);
+    let mut closed = false;
+
+    let emit = |batch: Vec<crate::event::Drop>,
+                tracer: &mut Tracer,
+                summary: &mut Summary,
+                out: &mut io::BufWriter<io::StdoutLock<'_>>|
+     -> bool {
+        for d in batch {
+            if summary.received >= limit {
+                return true;
+            }
+            let r = tracer.enricher.enrich(&d);
+            summary.add(&r);
+            if output::write_record(out, &r, args.json).is_err() {
+                return true;
+            }
+        }
+        out.flush().is_err() || summary.received >= limit
+    };
+
+    loop {
+        tokio::select! {
+            batch = tracer.next_batch() => {
+                if emit(batch?, &mut tracer, &mut summary, &mut out) {
+                    closed = true;
+                    break;
+                }
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = &mut sleep => break,
+        }
+    }
+    // Events already on the ring buffer when we were asked to stop still count.
+    if !closed {
+        let rest = tracer.drain();
+        emit(rest, &mut tracer, &mut summary, &mut out);
+    }
+    let _ = out.flush();
+    summary.undecodable = tracer.undecodable;
+    let counters = tracer.counters()?;
+    eprint!(
+        "{}",
+        summary.render(&counters, tracer.started.elapsed().as_secs_f64())
+    );
+    Ok(ExitCode::SUCCESS)
+}
