@@ -103,7 +103,7 @@ pub struct Member {
 impl Member {
     pub fn byte_offset(&self) -> Result<u32> {
         ensure!(
-            self.bit_offset % 8 == 0 && self.bitfield_size == 0,
+            self.bit_offset.is_multiple_of(8) && self.bitfield_size == 0,
             "member is a bitfield"
         );
         Ok(self.bit_offset / 8)

@@ -10,7 +10,18 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().filter_or("KDROP_LOG", "warn"))
         .format_target(false)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("kdrop: {} (see kdrop --help)", usage_error_line(&e));
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -37,4 +48,11 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// clap's message without its `error: ` prefix and usage block: one line.
+fn usage_error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
 }

@@ -139,6 +139,14 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// A finding as indented lines under its event's headline.
+pub fn finding_lines(f: &Finding) -> Vec<String> {
+    let mut lines = vec![format!("  why: {} [{}]", f.summary, f.cause)];
+    lines.extend(f.evidence.iter().map(|e| format!("    evidence: {e}")));
+    lines.extend(f.fix.iter().map(|c| format!("    look: {c}")));
+    lines
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -236,12 +244,4 @@ pub(crate) mod tests {
              kdrop:   IP_RPFILTER  1\n"
         );
     }
-}
-
-/// A finding as indented lines under its event's headline.
-pub fn finding_lines(f: &Finding) -> Vec<String> {
-    let mut lines = vec![format!("  why: {} [{}]", f.summary, f.cause)];
-    lines.extend(f.evidence.iter().map(|e| format!("    evidence: {e}")));
-    lines.extend(f.fix.iter().map(|c| format!("    look: {c}")));
-    lines
 }

@@ -272,7 +272,7 @@ pub fn check_privileges() -> Result<Vec<String>, UserError> {
     let has = |c: u32| eff & (1 << c) != 0;
     if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
         return Err(UserError(
-            "kdrop needs root, or CAP_BPF and CAP_PERFMON, to load its eBPF programs \
+            "needs root, or CAP_BPF and CAP_PERFMON, to load its eBPF programs \
              (try: sudo kdrop ...)"
                 .into(),
         ));

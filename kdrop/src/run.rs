@@ -65,11 +65,12 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
         log::warn!("{w}");
     }
     let filter = resolve_filter(args)?;
-    let mut tracer = Tracer::start(&filter, args.ring_size)?;
-    eprintln!("kdrop: tracing {}", tracer.describe());
-
+    // Handlers first: a signal right after the readiness line must still
+    // take the orderly way out (summary, detach).
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let mut tracer = Tracer::start(&filter, args.ring_size)?;
+    eprintln!("kdrop: tracing {}", tracer.describe());
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let sleep = async {
         match deadline {

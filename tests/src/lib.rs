@@ -1,1 +1,428 @@
+//! Harness for kdrop's integration tests: run the real binary, wait for its
+//! readiness line, provoke real drops from namespaces the test owns.
+use std::{
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
+    os::fd::{FromRawFd as _, OwnedFd},
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc::{self, Receiver, RecvTimeoutError},
+    time::{Duration, Instant},
+};
 
+use kdrop::context::netns::in_netns;
+pub use kdrop::lab::netlab::{ip, veth, Ns};
+use serde_json::Value;
+
+/// How long kdrop may take to attach. Startup is well under a second; this
+/// only bounds a hang.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long to wait for an event after provoking its drop.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn kdrop_bin() -> PathBuf {
+    let bin = std::env::var_os("KDROP_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/kdrop")
+        });
+    assert!(
+        bin.exists(),
+        "{} missing: run the tests with `cargo xtask test`",
+        bin.display()
+    );
+    bin
+}
+
+/// A namespace name unique to this test process and test.
+pub fn ns_name(test: &str) -> String {
+    format!("kdt{}-{test}", std::process::id())
+}
+
+/// A running kdrop.
+pub struct Kdrop {
+    child: Option<Child>,
+    stdout: Receiver<String>,
+    stderr: Receiver<String>,
+    pub stderr_seen: Vec<String>,
+}
+
+/// A kdrop that has exited.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+}
+
+/// The counters of kdrop's exit summary.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub received: u64,
+    pub matched: u64,
+    pub emitted: u64,
+    pub lost: u64,
+}
+
+fn lines(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl Kdrop {
+    /// Starts kdrop and waits for `kdrop: tracing`.
+    pub fn start(args: &[&str]) -> Self {
+        let mut k = Self::spawn(args, &[]);
+        k.wait_tracing();
+        k
+    }
+
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(kdrop_bin())
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning kdrop");
+        let stdout = lines(child.stdout.take().unwrap());
+        let stderr = lines(child.stderr.take().unwrap());
+        Kdrop {
+            child: Some(child),
+            stdout,
+            stderr,
+            stderr_seen: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn wait_tracing(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => {
+                    let ready = line.starts_with("kdrop: tracing");
+                    self.stderr_seen.push(line);
+                    if ready {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "kdrop not tracing after {START_TIMEOUT:?}: {:?}",
+                        self.stderr_seen
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.as_mut().unwrap().wait();
+                    panic!(
+                        "kdrop exited before tracing ({status:?}): {:?}",
+                        self.stderr_seen
+                    )
+                }
+            }
+        }
+    }
+
+    /// The next JSON event on stdout, or `None` after `timeout`.
+    pub fn next_event(&self, timeout: Duration) -> Option<Value> {
+        let line = self.stdout.recv_timeout(timeout).ok()?;
+        Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}")))
+    }
+
+    /// The first event `want` accepts, failing the test after EVENT_TIMEOUT.
+    pub fn expect_event(&self, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.next_event(left) {
+                Some(e) if want(&e) => return e,
+                Some(e) => seen.push(e),
+                None => break,
+            }
+        }
+        panic!("no event for {what} within {EVENT_TIMEOUT:?}; saw {seen:?}")
+    }
+
+    /// Sends `signal` and waits for the exit (bounded).
+    pub fn stop(mut self, signal: i32) -> Finished {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("waiting for kdrop") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("kdrop did not exit within 10 s of signal {signal}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.finish(status)
+    }
+
+    /// Waits for kdrop to exit by itself (--count, --duration, errors).
+    pub fn wait(mut self, timeout: Duration) -> Finished {
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("waiting for kdrop") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("kdrop still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.finish(status)
+    }
+
+    fn finish(&mut self, status: ExitStatus) -> Finished {
+        // The pipes close with the process: collect the rest.
+        let stdout: Vec<String> = self.stdout.iter().collect();
+        let mut stderr = std::mem::take(&mut self.stderr_seen);
+        stderr.extend(self.stderr.iter());
+        Finished {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Kdrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Finished {
+    /// `kdrop: N events in Xs (matched M, emitted E, lost L)`.
+    pub fn counts(&self) -> Counts {
+        let line = self
+            .stderr
+            .iter()
+            .find(|l| l.contains(" events in ") && l.contains("(matched "))
+            .unwrap_or_else(|| panic!("no summary in {:?}", self.stderr));
+        let nums: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit() && c != '.')
+            .filter(|s| !s.is_empty() && !s.contains('.'))
+            .map(|s| s.parse().unwrap())
+            .collect();
+        // N, then the integer part of the seconds is skipped by the '.' filter.
+        assert_eq!(nums.len(), 4, "summary {line:?}");
+        Counts {
+            received: nums[0],
+            matched: nums[1],
+            emitted: nums[2],
+            lost: nums[3],
+        }
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        self.stdout
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// Two namespaces joined by a veth: `client` (c0) and `server` (s0), with
+/// IPv4 10.<net>.0.1/.2 and IPv6 fd00:<net>::1/::2.
+pub struct Pair {
+    pub client: Ns,
+    pub server: Ns,
+    pub net: u8,
+}
+
+impl Pair {
+    pub fn new(test: &str, net: u8) -> Self {
+        let client = Ns::new(&ns_name(&format!("{test}-c"))).unwrap();
+        let server = Ns::new(&ns_name(&format!("{test}-s"))).unwrap();
+        veth(
+            &client,
+            "c0",
+            "02:00:00:00:00:01",
+            &server,
+            "s0",
+            "02:00:00:00:00:02",
+        )
+        .unwrap();
+        for (ns, dev, last) in [(&client, "c0", 1), (&server, "s0", 2)] {
+            ns.ip(&["addr", "add", &format!("10.{net}.0.{last}/24"), "dev", dev])
+                .unwrap();
+            ns.ip(&[
+                "addr",
+                "add",
+                &format!("fd00:{net}::{last}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ])
+            .unwrap();
+        }
+        Pair {
+            client,
+            server,
+            net,
+        }
+    }
+
+    pub fn client_v4(&self, port: u16) -> SocketAddr {
+        format!("10.{}.0.1:{port}", self.net).parse().unwrap()
+    }
+
+    pub fn server_v4(&self, port: u16) -> SocketAddr {
+        format!("10.{}.0.2:{port}", self.net).parse().unwrap()
+    }
+
+    pub fn client_v6(&self, port: u16) -> SocketAddr {
+        format!("[fd00:{}::1]:{port}", self.net).parse().unwrap()
+    }
+
+    pub fn server_v6(&self, port: u16) -> SocketAddr {
+        format!("[fd00:{}::2]:{port}", self.net).parse().unwrap()
+    }
+}
+
+fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: zeroed sockaddr_storage is valid; we fill one variant.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in.
+            unsafe { std::ptr::write((&raw mut ss).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as u16,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut ss).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Sends one SYN `src -> dst` from inside `ns` with a non-blocking connect
+/// from a fixed source port, so the test knows the exact 5-tuple. The socket
+/// stays open (no retransmission decisions are taken for the test) until the
+/// returned fd is dropped.
+pub fn send_syn(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
+    in_netns(&ns.path(), move || -> std::io::Result<OwnedFd> {
+        let family = if src.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket calls; the fd is owned right away.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let one: libc::c_int = 1;
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&raw const one).cast(),
+                size_of::<libc::c_int>() as u32,
+            )
+        };
+        let (s, slen) = sockaddr(&src);
+        if unsafe { libc::bind(fd, (&raw const s).cast(), slen) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (d, dlen) = sockaddr(&dst);
+        if unsafe { libc::connect(fd, (&raw const d).cast(), dlen) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINPROGRESS) {
+                return Err(e);
+            }
+        }
+        Ok(owned)
+    })
+    .expect("entering the client namespace")
+    .unwrap_or_else(|e| panic!("SYN {src} -> {dst}: {e}"))
+}
+
+/// BPF objects a process holds, from /proc/<pid>/fdinfo: ("prog", id),
+/// ("link", id), ("map", id).
+pub fn bpf_objects_of(pid: u32) -> Vec<(&'static str, u64)> {
+    let mut out = Vec::new();
+    let dir = format!("/proc/{pid}/fdinfo");
+    for entry in std::fs::read_dir(&dir).expect("reading fdinfo").flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        // A link's fdinfo also names its program: take the link id only.
+        let obj = if let Some(id) = field("link_id:") {
+            ("link", id)
+        } else if let Some(id) = field("prog_id:") {
+            ("prog", id)
+        } else if let Some(id) = field("map_id:") {
+            ("map", id)
+        } else {
+            continue;
+        };
+        out.push(obj);
+    }
+    out
+}
+
+/// Does a program, link or map with this id still exist (bpftool asks the
+/// kernel by id)?
+pub fn bpf_object_exists(what: &str, id: u64) -> bool {
+    Command::new("bpftool")
+        .args([what, "show", "id", &id.to_string()])
+        .output()
+        .expect("running bpftool")
+        .status
+        .success()
+}
+
+/// The inode of a namespace, as JSON events carry it.
+pub fn inode(ns: &Ns) -> u64 {
+    u64::from(ns.inode().unwrap())
+}

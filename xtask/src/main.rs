@@ -1,1 +1,136 @@
-fn main() {}
+//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test>`.
+//!
+//! Everything a fresh machine lacks is installed here, idempotently, so the
+//! README's two commands work with nothing installed by hand.
+mod bootstrap;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building and testing need: rust-src for the eBPF
+    /// toolchain, bpf-linker (into .tools/), iproute2/iptables/bpftool.
+    Bootstrap,
+    /// Bootstrap, then build the release binary at target/release/kdrop.
+    Build,
+    /// Build, then run a built-in lab: a real incident traced by kdrop.
+    Lab {
+        /// Arguments for `kdrop lab` (default: the rp-filter lab).
+        args: Vec<String>,
+    },
+    /// rustfmt and clippy, on the host crates and on the eBPF crate.
+    Lint,
+    /// Everything CI runs: bootstrap, lint, build, unit and integration tests.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Bootstrap => bootstrap::run(),
+        Cmd::Build => build(),
+        Cmd::Lab { args } => lab(&args),
+        Cmd::Lint => bootstrap::run().and_then(|()| lint()),
+        Cmd::Test { args } => test(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+pub fn kdrop_bin() -> PathBuf {
+    root().join("target/release/kdrop")
+}
+
+/// Runs a command in the workspace root, failing on a non-zero exit.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: {shown}");
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn build() -> Result<()> {
+    bootstrap::run()?;
+    run(cargo().args(["build", "--release", "--package", "kdrop"]))?;
+    eprintln!("xtask: built {}", kdrop_bin().display());
+    Ok(())
+}
+
+fn lab(args: &[String]) -> Result<()> {
+    build()?;
+    let mut cmd = Command::new(kdrop_bin());
+    cmd.arg("lab").args(args);
+    run(&mut cmd)
+}
+
+fn lint() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    // Default members only: --workspace would build the eBPF crate for the host.
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    // The eBPF crate is not a default member: lint it for its own target.
+    let tc = bootstrap::ebpf_toolchain();
+    let mut cmd = Command::new("rustup");
+    cmd.args([
+        "run",
+        tc.name(),
+        "cargo",
+        "clippy",
+        "--package",
+        "kdrop-ebpf",
+    ])
+    .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+    .args(["--target-dir", "target/bpf-clippy", "--", "-D", "warnings"])
+    .env("CARGO_CFG_BPF_TARGET_ARCH", "x86_64")
+    .env("RUSTFLAGS", "--cfg bpf_target_arch=\"x86_64\"");
+    if tc.needs_bootstrap() {
+        cmd.env("RUSTC_BOOTSTRAP", "1");
+    }
+    run(&mut cmd)
+}
+
+fn test(args: &[String]) -> Result<()> {
+    bootstrap::run()?;
+    lint()?;
+    build()?;
+    let mut cmd = cargo();
+    cmd.arg("test").args(args).env("KDROP_BIN", kdrop_bin());
+    run(&mut cmd)
+}

@@ -26,6 +26,18 @@ pub fn inode_of(path: &Path) -> Result<u32> {
     Ok(meta.ino() as u32)
 }
 
+/// Is `path` a namespace file (on nsfs), as opposed to any file?
+fn is_nsfs(path: &Path) -> bool {
+    const NSFS_MAGIC: i64 = 0x6e73_6673;
+    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into buf; c is a valid C string.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
+    rc == 0 && buf.f_type as i64 == NSFS_MAGIC
+}
+
 /// kdrop's own namespace.
 pub fn own() -> Result<Netns> {
     let path = PathBuf::from("/proc/self/ns/net");
@@ -50,6 +62,9 @@ pub fn resolve_arg(arg: &str, registry: &mut NetnsRegistry) -> Result<Netns, Str
         Path::new(NETNS_DIR).join(arg)
     };
     let inode = inode_of(&path).map_err(|e| format!("unknown netns {arg}: {e:#}"))?;
+    if !is_nsfs(&path) {
+        return Err(format!("{arg} is not a network namespace"));
+    }
     let name = (!arg.contains('/')).then(|| arg.to_string());
     let name = name.or_else(|| registry.lookup(inode).and_then(|n| n.name));
     Ok(Netns { inode, path, name })
@@ -208,6 +223,7 @@ mod tests {
         let mut r = NetnsRegistry::new();
         assert_eq!(r.lookup(me.inode).map(|n| n.inode), Some(me.inode));
         assert!(resolve_arg("definitely-not-a-netns", &mut r).is_err());
+        assert!(resolve_arg("/tmp", &mut r).is_err());
         let by_path = resolve_arg("/proc/self/ns/net", &mut r).unwrap();
         assert_eq!(by_path.inode, me.inode);
         let by_inode = resolve_arg(&me.inode.to_string(), &mut r).unwrap();

@@ -11,6 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, Result};
+use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cli::{LabArgs, LabName},
@@ -29,6 +30,9 @@ pub async fn run(args: &LabArgs) -> Result<ExitCode> {
 }
 
 async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
+    // Ctrl-C must still tear the lab down: the guards drop on return.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
     let prefix = format!("kdrop-lab-{}-", std::process::id());
     let topo = rp_filter::RpFilter::lab(&prefix);
     eprintln!(
@@ -69,10 +73,13 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         });
     });
 
-    let batch = tokio::time::timeout(Duration::from_secs(5), tracer.next_batch()).await;
-    let batch = match batch {
-        Ok(b) => b?,
-        Err(_) => bail!("no drop seen within 5 s: the lab did not reproduce the incident"),
+    let batch = tokio::select! {
+        b = tokio::time::timeout(Duration::from_secs(5), tracer.next_batch()) => match b {
+            Ok(b) => b?,
+            Err(_) => bail!("no drop seen within 5 s: the lab did not reproduce the incident"),
+        },
+        _ = sigint.recv() => bail!("interrupted; lab torn down"),
+        _ = sigterm.recv() => bail!("terminated; lab torn down"),
     };
     let mut stdout = std::io::stdout().lock();
     for d in batch.iter().take(1) {

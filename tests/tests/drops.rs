@@ -1,0 +1,183 @@
+//! Real drops provoked in namespaces, reported with exact tuples and reasons.
+use std::net::Ipv4Addr;
+
+use integration_tests::{inode, ns_name, send_syn, Kdrop, Pair};
+use kdrop::lab::rp_filter::RpFilter;
+use serde_json::Value;
+
+fn is_tuple(e: &Value, src: &std::net::SocketAddr, dst: &std::net::SocketAddr) -> bool {
+    e["saddr"] == src.ip().to_string()
+        && e["sport"] == src.port()
+        && e["daddr"] == dst.ip().to_string()
+        && e["dport"] == dst.port()
+}
+
+/// Incident 1 with addresses, names and ports the lab does not use.
+#[test]
+fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
+    let topo = RpFilter {
+        prefix: ns_name("rpf-"),
+        client_ip: Ipv4Addr::new(203, 0, 113, 44),
+        pod_ip: Ipv4Addr::new(10, 31, 7, 9),
+        node_primary: Ipv4Addr::new(10, 31, 6, 5),
+        node_secondary: Ipv4Addr::new(10, 31, 7, 5),
+        primary_if: "ens4".into(),
+        secondary_if: "ens6".into(),
+    };
+    let lab = topo.build().unwrap();
+    let k = Kdrop::start(&["--json", "--port", "3306", "--netns", &lab.node.name]);
+    let src = "203.0.113.44:41001".parse().unwrap();
+    let dst = "10.31.7.9:3306".parse().unwrap();
+    let _syn = send_syn(&lab.client, src, dst);
+
+    let e = k.expect_event("the rp_filter drop", |e| is_tuple(e, &src, &dst));
+    assert_eq!(e["kind"], "drop");
+    assert_eq!(e["reason"], "IP_RPFILTER");
+    assert_eq!(e["tcp_flags"], "SYN");
+    assert_eq!(e["family"], "ipv4");
+    assert_eq!(e["ifname"], "ens6");
+    assert_eq!(e["netns"], inode(&lab.node));
+    assert_eq!(e["netns_name"], lab.node.name.as_str());
+    assert!(
+        e["location"].as_str().unwrap().starts_with("ip_rcv_finish"),
+        "{e}"
+    );
+    assert_eq!(e["finding"]["cause"], "rp_filter");
+    assert!(e["ts"].as_str().unwrap().ends_with('Z'));
+
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+    let c = done.counts();
+    assert!(c.matched >= 1);
+    assert_eq!(c.matched, c.emitted + c.lost, "{c:?}");
+    assert_eq!(c.received, c.emitted, "{c:?}");
+    assert!(
+        done.stderr
+            .iter()
+            .any(|l| l.trim().starts_with("kdrop:   IP_RPFILTER")),
+        "{:?}",
+        done.stderr
+    );
+}
+
+#[test]
+fn syn_to_closed_port_is_no_socket_v4_and_v6() {
+    let p = Pair::new("nosock", 41);
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "--port", "5501"]);
+    for (src, dst) in [
+        (p.client_v4(42001), p.server_v4(5501)),
+        (p.client_v6(42002), p.server_v6(5501)),
+    ] {
+        let _syn = send_syn(&p.client, src, dst);
+        let e = k.expect_event("the NO_SOCKET drop", |e| is_tuple(e, &src, &dst));
+        assert_eq!(e["reason"], "NO_SOCKET");
+        assert_eq!(e["tcp_flags"], "SYN");
+        assert_eq!(e["family"], if src.is_ipv4() { "ipv4" } else { "ipv6" });
+        assert_eq!(e["ifname"], "s0");
+        assert_eq!(e["netns"], inode(&p.server));
+        assert_eq!(e["finding"]["cause"], "no_socket");
+    }
+    let c = k.stop(libc::SIGTERM).counts();
+    assert_eq!(c.matched, c.emitted + c.lost, "{c:?}");
+    assert!(c.received >= 2, "{c:?}");
+}
+
+#[test]
+fn iptables_drop_in_input_is_netfilter_drop() {
+    let p = Pair::new("nfdrop", 42);
+    p.server
+        .exec(
+            "iptables",
+            &["-A", "INPUT", "-p", "tcp", "--dport", "5502", "-j", "DROP"],
+        )
+        .unwrap();
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "5502"]);
+    let (src, dst) = (p.client_v4(42003), p.server_v4(5502));
+    let _syn = send_syn(&p.client, src, dst);
+    let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
+    assert_eq!(e["reason"], "NETFILTER_DROP");
+    assert_eq!(e["ifname"], "s0");
+    assert_eq!(e["netns"], inode(&p.server));
+    assert_eq!(e["finding"]["cause"], "netfilter");
+    k.stop(libc::SIGINT);
+}
+
+/// Filters that do not match the drop see nothing (not even in the kernel's
+/// matched counter); the same filters loosened to match do see it.
+#[test]
+fn filters_that_do_not_match_see_nothing() {
+    let p = Pair::new("filt", 43);
+    let (src, dst) = (p.client_v4(42004), p.server_v4(5503));
+    let server = p.server.name.as_str();
+    let client = p.client.name.as_str();
+    let matching = [
+        Kdrop::start(&["--json", "--netns", server, "--port", "5503"]),
+        Kdrop::start(&[
+            "--json",
+            "--netns",
+            server,
+            "--iface",
+            "s0",
+            "--host",
+            "10.43.0.0/24",
+        ]),
+        Kdrop::start(&["--json", "--port", "42004"]),
+    ];
+    let missing = [
+        Kdrop::start(&["--json", "--netns", server, "--port", "5504"]),
+        Kdrop::start(&["--json", "--netns", server, "--host", "10.44.0.0/16"]),
+        Kdrop::start(&["--json", "--netns", server, "--host", "fd00:43::1"]),
+        Kdrop::start(&["--json", "--netns", server, "--iface", "lo"]),
+        Kdrop::start(&["--json", "--netns", client, "--port", "5503"]),
+    ];
+    let _syn = send_syn(&p.client, src, dst);
+    for k in &matching {
+        k.expect_event("the drop, through a matching filter", |e| {
+            is_tuple(e, &src, &dst)
+        });
+    }
+    // The kernel counts synchronously at the drop: once a matching tracer has
+    // the event, a non-matching one would have counted it too.
+    for k in missing {
+        let done = k.stop(libc::SIGINT);
+        let c = done.counts();
+        assert_eq!(c.matched, 0, "{:?}", done.stderr);
+        assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    }
+}
+
+/// A non-handshake packet is not reported unless --all-flags.
+#[test]
+fn non_handshake_drops_need_all_flags() {
+    let p = Pair::new("flags", 44);
+    // The handshake completes up to the client's final ACK, which INPUT drops.
+    p.server
+        .exec(
+            "iptables",
+            &[
+                "-A", "INPUT", "-p", "tcp", "--dport", "5505", "!", "--syn", "-j", "DROP",
+            ],
+        )
+        .unwrap();
+    let listener = kdrop::context::netns::in_netns(&p.server.path(), || {
+        std::net::TcpListener::bind("10.44.0.2:5505")
+    })
+    .unwrap()
+    .unwrap();
+    let handshake_only = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "5505"]);
+    let all = Kdrop::start(&[
+        "--json",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5505",
+        "--all-flags",
+    ]);
+    let (src, dst) = (p.client_v4(42005), p.server_v4(5505));
+    let _syn = send_syn(&p.client, src, dst);
+    let e = all.expect_event("the dropped ACK", |e| is_tuple(e, &src, &dst));
+    assert_eq!(e["tcp_flags"], "ACK");
+    assert_eq!(e["reason"], "NETFILTER_DROP");
+    assert_eq!(handshake_only.stop(libc::SIGINT).counts().matched, 0);
+    drop(listener);
+}

@@ -1,0 +1,186 @@
+//! Starting, stopping and refusing: signals leave nothing behind, limits stop
+//! kdrop by themselves, bad input is one line and exit code 2.
+use std::time::Duration;
+
+use integration_tests::{bpf_object_exists, bpf_objects_of, send_syn, Kdrop, Pair};
+
+fn leaves_nothing_after(signal: i32) {
+    let k = Kdrop::start(&["--port", "5599"]);
+    let objects = bpf_objects_of(k.pid());
+    for kind in ["prog", "link", "map"] {
+        assert!(
+            objects.iter().any(|(k, _)| *k == kind),
+            "kdrop holds no {kind}: {objects:?}"
+        );
+    }
+    let done = k.stop(signal);
+    assert!(done.status.success(), "{done:?}");
+    assert!(
+        done.stderr.iter().any(|l| l.contains("(matched ")),
+        "{done:?}"
+    );
+    for (what, id) in objects {
+        // Freed when the last reference goes, which can trail the exit a
+        // little: bounded polling, there is no event to wait on.
+        let gone = (0..200).any(|_| {
+            let exists = bpf_object_exists(what, id);
+            if exists {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            !exists
+        });
+        assert!(gone, "{what} {id} still exists after kdrop exited");
+    }
+}
+
+#[test]
+fn sigint_leaves_no_program_or_link() {
+    leaves_nothing_after(libc::SIGINT);
+}
+
+#[test]
+fn sigterm_leaves_no_program_or_link() {
+    leaves_nothing_after(libc::SIGTERM);
+}
+
+#[test]
+fn count_stops_after_n_events() {
+    let p = Pair::new("count", 45);
+    let k = Kdrop::start(&[
+        "--json",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5506",
+        "--count",
+        "2",
+    ]);
+    let mut socks = Vec::new();
+    for port in 43001..43004 {
+        socks.push(send_syn(&p.client, p.client_v4(port), p.server_v4(5506)));
+    }
+    let done = k.wait(Duration::from_secs(10));
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(done.events().len(), 2, "{done:?}");
+    assert_eq!(done.counts().received, 2);
+}
+
+#[test]
+fn duration_stops_by_itself() {
+    let k = Kdrop::start(&["--duration", "0.3", "--port", "5507"]);
+    let done = k.wait(Duration::from_secs(10));
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(
+        done.counts(),
+        integration_tests::Counts {
+            received: 0,
+            matched: 0,
+            emitted: 0,
+            lost: 0
+        }
+    );
+}
+
+/// Runs kdrop to completion and returns (exit code, stderr lines).
+fn refused(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<String>) {
+    let done = Kdrop::spawn(args, env).wait(Duration::from_secs(10));
+    (done.status.code().unwrap_or(-1), done.stderr)
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--port", "http"], "not a port"),
+        (&["--port", "70000"], "not a port"),
+        (&["--host", "10.0.0.0/40"], "bad prefix length"),
+        (&["--host", "example.com"], "not an address or CIDR"),
+        (
+            &["--netns", "kdrop-no-such-netns"],
+            "unknown netns kdrop-no-such-netns",
+        ),
+        (&["--netns", "/etc/hostname"], "is not a network namespace"),
+        (&["--iface", "nosuch0"], "unknown interface nosuch0"),
+        (&["--duration", "soon"], "not a number of seconds"),
+        (&["--count", "-1"], "'-1'"),
+        (&["--ring-size", "3"], "ring size"),
+        (&["--frobnicate"], "unexpected argument"),
+    ];
+    for (args, want) in cases {
+        let (code, stderr) = refused(args, &[]);
+        assert_eq!(code, 2, "{args:?}: {stderr:?}");
+        assert_eq!(stderr.len(), 1, "{args:?}: {stderr:?}");
+        assert!(stderr[0].starts_with("kdrop: "), "{args:?}: {stderr:?}");
+        assert!(stderr[0].contains(want), "{args:?}: {stderr:?}");
+    }
+}
+
+#[test]
+fn missing_btf_is_exit_2() {
+    let (code, stderr) = refused(&["--port", "1"], &[("KDROP_BTF", "/nonexistent/vmlinux")]);
+    assert_eq!(code, 2, "{stderr:?}");
+    assert_eq!(stderr.len(), 1, "{stderr:?}");
+    assert!(
+        stderr[0].contains("no kernel BTF at /nonexistent/vmlinux"),
+        "{stderr:?}"
+    );
+}
+
+#[test]
+fn not_root_is_exit_2() {
+    let bin = integration_tests::kdrop_bin();
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(&bin)
+        .args(["--port", "1"])
+        .output()
+        .expect("running setpriv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("kdrop: needs root"), "{stderr}");
+}
+
+#[test]
+fn check_reports_the_chosen_rung() {
+    let out = std::process::Command::new(integration_tests::kdrop_bin())
+        .arg("check")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    // This host allows tp_btf (../shared/notes/kernel.md).
+    assert!(
+        stdout.contains("skb:kfree_skb (drop path): using tp_btf"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("drop reasons in enum skb_drop_reason"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn lab_catches_the_rp_filter_drop_and_cleans_up() {
+    let out = std::process::Command::new(integration_tests::kdrop_bin())
+        .args(["lab", "rp-filter", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["reason"], "IP_RPFILTER");
+    assert_eq!(e["saddr"], "198.51.100.7");
+    assert_eq!(e["daddr"], "10.0.2.20");
+    assert_eq!(e["dport"], 8080);
+    assert_eq!(e["ifname"], "eth1");
+    let ns = e["netns_name"].as_str().unwrap();
+    assert!(
+        !std::path::Path::new("/run/netns").join(ns).exists(),
+        "{ns} left behind"
+    );
+}

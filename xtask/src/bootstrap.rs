@@ -1,0 +1,200 @@
+//! Idempotent setup of a fresh machine (facts in ../shared/notes/toolchain.md):
+//! - rust-src for the toolchain that builds the eBPF crate (`-Z build-std`);
+//! - bpf-linker built against that toolchain's own libLLVM, into .tools/
+//!   (no prebuilt binary can be downloaded; crates.io's default features want
+//!   a system LLVM we do not have);
+//! - the system tools the lab and the tests drive.
+use std::{fs, path::Path, process::Command};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{root, run as run_cmd};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// The toolchain that builds kdrop-ebpf: nightly when installed, else stable
+/// with RUSTC_BOOTSTRAP (kdrop/build.rs makes the same choice).
+pub enum Toolchain {
+    Nightly,
+    Stable,
+}
+
+impl Toolchain {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Toolchain::Nightly => "nightly",
+            Toolchain::Stable => "stable",
+        }
+    }
+
+    pub fn needs_bootstrap(&self) -> bool {
+        matches!(self, Toolchain::Stable)
+    }
+}
+
+pub fn ebpf_toolchain() -> Toolchain {
+    let ok = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Toolchain::Nightly
+    } else {
+        Toolchain::Stable
+    }
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn rustc(tc: &Toolchain, args: &[&str]) -> Result<String> {
+    output(
+        Command::new("rustup")
+            .args(["run", tc.name(), "rustc"])
+            .args(args),
+    )
+}
+
+pub fn run() -> Result<()> {
+    let tc = ebpf_toolchain();
+    rust_src(&tc)?;
+    bpf_linker(&tc)?;
+    system_tools()
+}
+
+fn rust_src(tc: &Toolchain) -> Result<()> {
+    let sysroot = rustc(tc, &["--print", "sysroot"])?;
+    if Path::new(&sysroot)
+        .join("lib/rustlib/src/rust/library/core")
+        .exists()
+    {
+        return Ok(());
+    }
+    run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", tc.name()]))
+}
+
+/// The toolchain's own libLLVM (`libLLVM.so.22.1-rust-1.97.0-nightly`), not
+/// the linker script next to it, and its major version.
+fn libllvm(tc: &Toolchain) -> Result<(std::path::PathBuf, String)> {
+    let verbose = rustc(tc, &["-vV"])?;
+    let major = verbose
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("rustc -vV names no LLVM version")?
+        .to_string();
+    let lib = Path::new(&rustc(tc, &["--print", "sysroot"])?).join("lib");
+    let found = fs::read_dir(&lib)
+        .with_context(|| format!("listing {}", lib.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+        .with_context(|| format!("no libLLVM.so.* in {}", lib.display()))?;
+    Ok((found, major))
+}
+
+fn bpf_linker(tc: &Toolchain) -> Result<()> {
+    let tools = root().join(".tools");
+    let bin = tools.join("bin/bpf-linker");
+    let stamp_path = tools.join("bpf-linker.stamp");
+    let (lib, major) = libllvm(tc)?;
+    let stamp = format!(
+        "bpf-linker {BPF_LINKER_VERSION} llvm-{major} {}\n",
+        lib.display()
+    );
+    let current = fs::read_to_string(&stamp_path).unwrap_or_default();
+    if current == stamp
+        && Command::new(&bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)",
+        lib.display()
+    );
+    // bpf-linker's build wants <prefix>/lib/libLLVM.so; at run time it needs
+    // the versioned soname, found through the RUNPATH the build records.
+    let prefix = tools.join("llvm");
+    let prefix_lib = prefix.join("lib");
+    let _ = fs::remove_dir_all(&prefix);
+    fs::create_dir_all(&prefix_lib)?;
+    let file_name = lib.file_name().context("libLLVM has no file name")?;
+    for name in [Path::new("libLLVM.so"), Path::new(file_name)] {
+        std::os::unix::fs::symlink(&lib, prefix_lib.join(name))
+            .with_context(|| format!("linking {}", lib.display()))?;
+    }
+    let feature = format!("llvm-{major}");
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", tc.name(), "cargo", "install", "bpf-linker"])
+        .args(["--version", BPF_LINKER_VERSION, "--locked", "--force"])
+        .args(["--no-default-features", "--features", &feature])
+        .arg("--root")
+        .arg(&tools)
+        .env("LLVM_PREFIX", &prefix);
+    if tc.needs_bootstrap() {
+        cmd.env("RUSTC_BOOTSTRAP", "1");
+    }
+    run_cmd(&mut cmd)?;
+    fs::write(&stamp_path, stamp)?;
+    Ok(())
+}
+
+/// Binaries the lab and the tests run, and the Debian packages that have them.
+const TOOLS: &[(&str, &str)] = &[
+    ("ip", "iproute2"),
+    ("iptables", "iptables"),
+    ("nft", "nftables"),
+    ("conntrack", "conntrack"),
+    ("bpftool", "bpftool"),
+    ("setpriv", "util-linux"),
+];
+
+fn have(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .any(|d| d.join(bin).is_file())
+}
+
+fn system_tools() -> Result<()> {
+    let missing: Vec<&str> = TOOLS
+        .iter()
+        .filter(|(bin, _)| !have(bin))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root_user = unsafe { libc::geteuid() } == 0;
+    if !root_user || !have("apt-get") {
+        bail!(
+            "missing tools; install these packages: {} (as root, with apt-get)",
+            missing.join(" ")
+        );
+    }
+    run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
