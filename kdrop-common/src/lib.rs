@@ -40,6 +40,24 @@ pub struct Offsets {
     pub sk_net: u32,
     /// `net.ns.inum` (`unsigned int`): the netns inode number.
     pub net_inum: u32,
+    /// `flowi4.__fl_common.flowic_oif` (`int`).
+    pub fl4_oif: u32,
+    /// `flowi4.__fl_common.flowic_iif` (`int`).
+    pub fl4_iif: u32,
+    /// `flowi4.__fl_common.flowic_mark` (`__u32`).
+    pub fl4_mark: u32,
+    /// `flowi4.saddr` (`__be32`).
+    pub fl4_saddr: u32,
+    /// `flowi4.daddr` (`__be32`).
+    pub fl4_daddr: u32,
+    /// `fib_nh_common.nhc_dev` (`struct net_device *`).
+    pub nhc_dev: u32,
+    /// `fib_nh_common.nhc_gw` (union; IPv4 in its first 4 bytes).
+    pub nhc_gw: u32,
+    /// `fib_nh_common.nhc_gw_family` (`u8`).
+    pub nhc_gw_family: u32,
+    /// `fib_nh_common.nhc_scope` (`unsigned char`).
+    pub nhc_scope: u32,
     pub _pad: u32,
 }
 
@@ -57,6 +75,15 @@ impl Offsets {
             dev_net: ABSENT,
             sk_net: ABSENT,
             net_inum: ABSENT,
+            fl4_oif: ABSENT,
+            fl4_iif: ABSENT,
+            fl4_mark: ABSENT,
+            fl4_saddr: ABSENT,
+            fl4_daddr: ABSENT,
+            nhc_dev: ABSENT,
+            nhc_gw: ABSENT,
+            nhc_gw_family: ABSENT,
+            nhc_scope: ABSENT,
             _pad: 0,
         }
     }
@@ -86,6 +113,91 @@ impl KfreeSkbArgs {
             consumed: ABSENT,
         }
     }
+}
+
+/// Where the `fib:fib_table_lookup` arguments are: `TP_PROTO` indexes for
+/// tp_btf/raw_tp. `ABSENT` when the kernel does not pass one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FibLookupArgs {
+    pub tb_id: u32,
+    pub flp: u32,
+    pub nhc: u32,
+    pub err: u32,
+}
+
+impl FibLookupArgs {
+    pub const fn zeroed() -> Self {
+        Self {
+            tb_id: ABSENT,
+            flp: ABSENT,
+            nhc: ABSENT,
+            err: ABSENT,
+        }
+    }
+}
+
+/// One IPv4 FIB table lookup as `fib:fib_table_lookup` saw it: the kernel's
+/// own routing decision, e.g. the reverse-path lookup `fib_validate_source`
+/// does for a packet's source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FibLookup {
+    pub ts_ns: u64,
+    pub tb_id: u32,
+    /// 0, or a negative errno (-EAGAIN: no match in this table).
+    pub err: i32,
+    pub iif: u32,
+    pub oif: u32,
+    pub mark: u32,
+    /// Network order.
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+    /// Result device ifindex, 0 if none.
+    pub res_ifindex: u32,
+    /// Gateway (network order) when `gw_family` is AF_INET.
+    pub gw: [u8; 4],
+    pub scope: u8,
+    pub gw_family: u8,
+    pub _pad: [u8; 2],
+}
+
+impl FibLookup {
+    pub const fn zeroed() -> Self {
+        Self {
+            ts_ns: 0,
+            tb_id: 0,
+            err: 0,
+            iif: 0,
+            oif: 0,
+            mark: 0,
+            saddr: [0; 4],
+            daddr: [0; 4],
+            res_ifindex: 0,
+            gw: [0; 4],
+            scope: 0,
+            gw_family: 0,
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// Lookups kept per CPU; a power of two.
+pub const FIB_RECENT: usize = 16;
+/// Lookups attached to one drop event.
+pub const FIB_PER_EVENT: usize = 8;
+/// How old a lookup may be and still belong to the packet being dropped
+/// (same CPU, matching addresses): a packet's route lookups and its drop are
+/// microseconds apart in one softirq.
+pub const FIB_WINDOW_NS: u64 = 10_000_000;
+
+/// The per-CPU ring of recent lookups.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FibRecent {
+    pub next: u32,
+    pub _pad: u32,
+    pub entries: [FibLookup; FIB_RECENT],
 }
 
 /// An address or CIDR in the kernel filter.
@@ -216,6 +328,10 @@ pub struct DropEvent {
     pub family: u8,
     pub tcp_flags: u8,
     pub _pad: [u8; 2],
+    /// Route lookups of this packet (IPv4): see `FibLookup`.
+    pub n_fib: u32,
+    pub _pad2: u32,
+    pub fib: [FibLookup; FIB_PER_EVENT],
 }
 
 /// Index of the single entry of the per-CPU `COUNTERS` map.
@@ -245,6 +361,9 @@ mod pod {
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for DropEvent {}
     unsafe impl aya::Pod for Counters {}
+    unsafe impl aya::Pod for FibLookupArgs {}
+    unsafe impl aya::Pod for FibLookup {}
+    unsafe impl aya::Pod for FibRecent {}
 }
 
 #[cfg(test)]
@@ -282,11 +401,16 @@ mod tests {
     #[test]
     fn layouts_have_no_hidden_padding() {
         use core::mem::size_of;
-        assert_eq!(size_of::<Offsets>(), 12 * 4);
+        assert_eq!(size_of::<Offsets>(), 21 * 4);
+        assert_eq!(size_of::<FibLookup>(), 48);
+        assert_eq!(size_of::<FibRecent>(), 8 + 48 * FIB_RECENT);
         assert_eq!(size_of::<Cidr>(), 20);
         assert_eq!(size_of::<Filter>(), 2 * MAX_PORTS + 20 * MAX_HOSTS + 16 + 8);
         assert_eq!(size_of::<EventHeader>(), 16);
-        assert_eq!(size_of::<DropEvent>(), 16 + 8 + 16 + 32 + 8);
+        assert_eq!(
+            size_of::<DropEvent>(),
+            16 + 8 + 16 + 32 + 8 + 8 + 48 * FIB_PER_EVENT
+        );
         assert_eq!(size_of::<Counters>(), 24);
     }
 }

@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
-use kdrop_common::{Counters, Filter, KfreeSkbArgs, Offsets};
+use kdrop_common::{Counters, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, Offsets};
 
 #[unsafe(no_mangle)]
 static OFFSETS: Offsets = Offsets::zeroed();
@@ -20,9 +20,17 @@ static KFREE_SKB_FIELDS: KfreeSkbArgs = KfreeSkbArgs::zeroed();
 #[unsafe(no_mangle)]
 static FILTER: Filter = Filter::zeroed();
 
+/// Argument indexes of `fib:fib_table_lookup` for tp_btf and raw_tp.
+#[unsafe(no_mangle)]
+static FIB_ARGS: FibLookupArgs = FibLookupArgs::zeroed();
+
 /// Userspace sets the size (`--ring-size`); this is the default.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// The last IPv4 route lookups on each CPU, for drops to pick up theirs.
+#[map]
+pub static FIB_LOOKUPS: PerCpuArray<FibRecent> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
@@ -41,6 +49,11 @@ pub fn kfree_skb_args() -> KfreeSkbArgs {
 #[inline(always)]
 pub fn kfree_skb_fields() -> KfreeSkbArgs {
     unsafe { core::ptr::read_volatile(&raw const KFREE_SKB_FIELDS) }
+}
+
+#[inline(always)]
+pub fn fib_args() -> FibLookupArgs {
+    unsafe { core::ptr::read_volatile(&raw const FIB_ARGS) }
 }
 
 #[inline(always)]

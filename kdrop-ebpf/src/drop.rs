@@ -1,12 +1,13 @@
 //! The drop path: a packet freed by `kfree_skb` with a reason.
 use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
 use kdrop_common::{
-    DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, COUNTERS_KEY, EVENT_DROP, MAX_HOSTS,
-    MAX_PORTS,
+    DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, AF_INET, COUNTERS_KEY, EVENT_DROP,
+    MAX_HOSTS, MAX_PORTS,
 };
 
 use crate::{
     config::{filter, offsets, COUNTERS, EVENTS},
+    fib,
     skb::{self, Tcp},
 };
 
@@ -42,30 +43,40 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         counters.lost += 1;
         return None;
     };
-    entry.write(DropEvent {
-        header: EventHeader {
-            kind: EVENT_DROP,
-            // SAFETY: plain helper calls.
-            cpu: unsafe { bpf_get_smp_processor_id() },
-            ts_ns: unsafe { bpf_ktime_get_ns() },
-        },
-        location,
-        reason: if args.reason == ABSENT {
-            ABSENT
-        } else {
-            reason
-        },
-        netns,
-        ifindex,
-        mark: skb::read(skb, o.skb_mark).unwrap_or(0),
-        saddr: tcp.saddr,
-        daddr: tcp.daddr,
-        sport: tcp.sport,
-        dport: tcp.dport,
-        family: tcp.family,
-        tcp_flags: tcp.tcp_flags,
-        _pad: [0; 2],
-    });
+    // Filled in place: the event is too large for the 512-byte BPF stack.
+    // SAFETY: the reservation is sizeof(DropEvent) bytes, written before submit.
+    let e = unsafe { &mut *entry.as_mut_ptr() };
+    let now = unsafe { bpf_ktime_get_ns() };
+    e.header = EventHeader {
+        kind: EVENT_DROP,
+        // SAFETY: plain helper call.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: now,
+    };
+    e.location = location;
+    e.reason = if args.reason == ABSENT {
+        ABSENT
+    } else {
+        reason
+    };
+    e.netns = netns;
+    e.ifindex = ifindex;
+    e.mark = skb::read(skb, o.skb_mark).unwrap_or(0);
+    e.saddr = tcp.saddr;
+    e.daddr = tcp.daddr;
+    e.sport = tcp.sport;
+    e.dport = tcp.dport;
+    e.family = tcp.family;
+    e.tcp_flags = tcp.tcp_flags;
+    e._pad = [0; 2];
+    e._pad2 = 0;
+    e.n_fib = if tcp.family == AF_INET {
+        let s = [tcp.saddr[0], tcp.saddr[1], tcp.saddr[2], tcp.saddr[3]];
+        let d = [tcp.daddr[0], tcp.daddr[1], tcp.daddr[2], tcp.daddr[3]];
+        fib::lookups_for(&s, &d, now, &mut e.fib)
+    } else {
+        0
+    };
     entry.submit(0);
     counters.emitted += 1;
     Some(())

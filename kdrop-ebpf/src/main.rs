@@ -5,6 +5,7 @@
 
 mod config;
 mod drop;
+mod fib;
 mod skb;
 
 use aya_ebpf::{
@@ -13,7 +14,7 @@ use aya_ebpf::{
 };
 use kdrop_common::ABSENT;
 
-use crate::config::{kfree_skb_args, kfree_skb_fields};
+use crate::config::{fib_args, kfree_skb_args, kfree_skb_fields};
 
 /// `skb:kfree_skb` as tp_btf: arguments are the `TP_PROTO` ones,
 /// `(struct sk_buff *skb, void *location, enum skb_drop_reason reason, ...)`
@@ -47,6 +48,32 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> i32 {
     let location: u64 = record_at(&ctx, args.location, 8);
     let reason: u64 = record_at(&ctx, args.reason, 4);
     drop::on_kfree_skb(skb, location, reason, &args)
+}
+
+/// `fib:fib_table_lookup` as tp_btf: `(u32 tb_id, const struct flowi4 *flp,
+/// const struct fib_nh_common *nhc, int err)` since 5.3
+/// (https://github.com/torvalds/linux/blob/v6.18/include/trace/events/fib.h#L14).
+#[btf_tracepoint(function = "fib_table_lookup")]
+pub fn fib_table_lookup_btf(ctx: BtfTracePointContext) -> i32 {
+    let a = fib_args();
+    fib::on_fib_table_lookup(
+        arg_at(a.tb_id, |n| ctx.arg(n)),
+        arg_at(a.flp, |n| ctx.arg(n)),
+        arg_at(a.nhc, |n| ctx.arg(n)),
+        arg_at(a.err, |n| ctx.arg(n)),
+    )
+}
+
+/// The same as a raw tracepoint.
+#[raw_tracepoint(tracepoint = "fib_table_lookup")]
+pub fn fib_table_lookup_raw(ctx: RawTracePointContext) -> i32 {
+    let a = fib_args();
+    fib::on_fib_table_lookup(
+        arg_at(a.tb_id, |n| ctx.arg(n)),
+        arg_at(a.flp, |n| ctx.arg(n)),
+        arg_at(a.nhc, |n| ctx.arg(n)),
+        arg_at(a.err, |n| ctx.arg(n)),
+    )
 }
 
 /// Reads argument `n` with a constant index: the verifier refuses variable

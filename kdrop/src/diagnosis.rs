@@ -1,5 +1,7 @@
 //! Pure logic: an enriched event in, a finding out. No kernel, no I/O, so it
 //! runs from recorded events in tests.
+pub mod routing;
+
 use serde::Serialize;
 
 /// Why a packet died and what to do about it.

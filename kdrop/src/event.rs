@@ -1,7 +1,9 @@
 //! Decoding ring buffer records into owned events.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use kdrop_common::{DropEvent, EventHeader, AF_INET, AF_INET6, EVENT_DROP};
+use kdrop_common::{
+    DropEvent, EventHeader, FibLookup, AF_INET, AF_INET6, EVENT_DROP, FIB_PER_EVENT,
+};
 
 /// A dropped TCP packet as the kernel reported it, before any enrichment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +21,44 @@ pub struct Drop {
     pub sport: u16,
     pub dport: u16,
     pub tcp_flags: u8,
+    /// The kernel's route lookups for this packet, oldest first (IPv4).
+    pub fib: Vec<Lookup>,
+}
+
+/// One FIB table lookup, as `fib:fib_table_lookup` reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub ts_ns: u64,
+    pub table: u32,
+    /// 0 or a negative errno.
+    pub err: i32,
+    pub iif: u32,
+    pub oif: u32,
+    pub mark: u32,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// Result device, 0 if none.
+    pub res_ifindex: u32,
+    pub gw: Option<Ipv4Addr>,
+    pub scope: u8,
+}
+
+impl From<&FibLookup> for Lookup {
+    fn from(f: &FibLookup) -> Self {
+        Lookup {
+            ts_ns: f.ts_ns,
+            table: f.tb_id,
+            err: f.err,
+            iif: f.iif,
+            oif: f.oif,
+            mark: f.mark,
+            src: Ipv4Addr::from(f.saddr),
+            dst: Ipv4Addr::from(f.daddr),
+            res_ifindex: f.res_ifindex,
+            gw: (f.gw_family == AF_INET).then(|| Ipv4Addr::from(f.gw)),
+            scope: f.scope,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +125,12 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
                 sport: e.sport,
                 dport: e.dport,
                 tcp_flags: e.tcp_flags,
+                fib: e
+                    .fib
+                    .iter()
+                    .take((e.n_fib as usize).min(FIB_PER_EVENT))
+                    .map(Lookup::from)
+                    .collect(),
             }))
         }
         k => Err(DecodeError::UnknownKind(k)),
@@ -137,6 +183,9 @@ pub(crate) mod tests {
             family: AF_INET,
             tcp_flags: TCP_SYN,
             _pad: [0; 2],
+            n_fib: 0,
+            _pad2: 0,
+            fib: [FibLookup::zeroed(); FIB_PER_EVENT],
         }
     }
 
@@ -159,6 +208,40 @@ pub(crate) mod tests {
             (40000, 8080, 16, 3)
         );
         assert_eq!(d.netns, 4026532000);
+    }
+
+    #[test]
+    fn decodes_route_lookups() {
+        let mut e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
+        e.n_fib = 2;
+        e.fib[0] = FibLookup {
+            ts_ns: 40,
+            tb_id: 255,
+            err: -11,
+            iif: 1,
+            daddr: [198, 51, 100, 7],
+            saddr: [10, 0, 2, 20],
+            ..FibLookup::zeroed()
+        };
+        e.fib[1] = FibLookup {
+            tb_id: 254,
+            res_ifindex: 2,
+            gw: [10, 0, 1, 1],
+            gw_family: AF_INET,
+            ..e.fib[0]
+        };
+        e.fib[1].err = 0;
+        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        assert_eq!(d.fib.len(), 2);
+        assert_eq!(d.fib[0].table, 255);
+        assert_eq!(d.fib[0].err, -11);
+        assert_eq!(d.fib[0].gw, None);
+        assert_eq!(d.fib[1].gw, Some(Ipv4Addr::new(10, 0, 1, 1)));
+        assert_eq!(d.fib[1].dst, Ipv4Addr::new(198, 51, 100, 7));
+        // A corrupt count never reads past the array.
+        e.n_fib = 1000;
+        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        assert_eq!(d.fib.len(), FIB_PER_EVENT);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::{collections::HashMap, fs, path::Path};
 
 use anyhow::{bail, Context as _, Result};
-use kdrop_common::{KfreeSkbArgs, Offsets, ABSENT};
+use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets, ABSENT};
 
 use crate::btf::{Btf, Kind};
 
@@ -43,7 +43,26 @@ pub fn offsets(btf: &Btf) -> Result<Offsets> {
         dev_net: offset(btf, "net_device", "nd_net.net", 8)?,
         sk_net: offset(btf, "sock", "__sk_common.skc_net.net", 8)?,
         net_inum: offset(btf, "net", "ns.inum", 4)?,
+        // Route lookup evidence is optional: a kernel that lays these out
+        // differently loses the evidence, not the drops.
+        fl4_oif: optional(btf, "flowi4", "__fl_common.flowic_oif", 4),
+        fl4_iif: optional(btf, "flowi4", "__fl_common.flowic_iif", 4),
+        fl4_mark: optional(btf, "flowi4", "__fl_common.flowic_mark", 4),
+        fl4_saddr: optional(btf, "flowi4", "saddr", 4),
+        fl4_daddr: optional(btf, "flowi4", "daddr", 4),
+        nhc_dev: optional(btf, "fib_nh_common", "nhc_dev", 8),
+        // A union of __be32 and in6_addr: 16 bytes, IPv4 first.
+        nhc_gw: optional(btf, "fib_nh_common", "nhc_gw", 16),
+        nhc_gw_family: optional(btf, "fib_nh_common", "nhc_gw_family", 1),
+        nhc_scope: optional(btf, "fib_nh_common", "nhc_scope", 1),
         _pad: 0,
+    })
+}
+
+fn optional(btf: &Btf, strukt: &str, path: &str, size: u32) -> u32 {
+    offset(btf, strukt, path, size).unwrap_or_else(|e| {
+        log::debug!("{e:#}");
+        ABSENT
     })
 }
 
@@ -158,6 +177,47 @@ pub fn kfree_skb_args(btf: &Btf, reasons: &Reasons) -> Result<KfreeSkbArgs> {
         reason,
         consumed: reasons.consumed().unwrap_or(ABSENT),
     })
+}
+
+/// Positions of `fib:fib_table_lookup`'s arguments, found by type in
+/// `btf_trace_fib_table_lookup`: `(u32 tb_id, const struct flowi4 *,
+/// const struct fib_nh_common *, int err)` since 5.3; 5.2 and older pass a
+/// `struct fib_nh *` and are refused
+/// (https://github.com/torvalds/linux/blob/v6.18/include/trace/events/fib.h#L14).
+pub fn fib_lookup_args(btf: &Btf, offsets: &Offsets) -> Result<FibLookupArgs> {
+    let id = btf
+        .find("btf_trace_fib_table_lookup", Kind::Typedef)
+        .context("kernel BTF has no btf_trace_fib_table_lookup")?;
+    let params = btf
+        .params(id)
+        .context("btf_trace_fib_table_lookup is not a function")?;
+    let names: Vec<String> = params.iter().skip(1).map(|&p| btf.type_name(p)).collect();
+    let pos = |want: &str| names.iter().position(|n| n == want).map(|i| i as u32);
+    let shape = || format!("({})", names.join(", "));
+    let args = FibLookupArgs {
+        tb_id: pos("u32").with_context(|| format!("no table id in {}", shape()))?,
+        flp: pos("struct flowi4 *").with_context(|| format!("no flowi4 in {}", shape()))?,
+        nhc: pos("struct fib_nh_common *")
+            .with_context(|| format!("no fib_nh_common in {}", shape()))?,
+        err: pos("int").with_context(|| format!("no error in {}", shape()))?,
+    };
+    if [args.tb_id, args.flp, args.nhc, args.err]
+        .iter()
+        .any(|&i| i > 4)
+    {
+        bail!("fib_table_lookup arguments out of reach: {}", shape());
+    }
+    if [
+        offsets.fl4_saddr,
+        offsets.fl4_daddr,
+        offsets.fl4_iif,
+        offsets.nhc_dev,
+    ]
+    .contains(&ABSENT)
+    {
+        bail!("this kernel's flowi4/fib_nh_common layout is not one kdrop reads");
+    }
+    Ok(args)
 }
 
 /// Where tracefs may be mounted.

@@ -143,7 +143,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 pub fn finding_lines(f: &Finding) -> Vec<String> {
     let mut lines = vec![format!("  why: {} [{}]", f.summary, f.cause)];
     lines.extend(f.evidence.iter().map(|e| format!("    evidence: {e}")));
-    lines.extend(f.fix.iter().map(|c| format!("    look: {c}")));
+    lines.extend(f.fix.iter().map(|c| format!("    fix: {c}")));
     lines
 }
 

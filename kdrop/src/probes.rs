@@ -8,7 +8,7 @@ use aya::{
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
-use kdrop_common::{Counters, Filter, KfreeSkbArgs, Offsets, COUNTERS_KEY};
+use kdrop_common::{Counters, FibLookupArgs, Filter, KfreeSkbArgs, Offsets, COUNTERS_KEY};
 
 use crate::{btf::Btf, kernel, UserError};
 
@@ -73,6 +73,7 @@ pub struct KernelSetup {
     pub reasons: kernel::Reasons,
     pub kfree_skb_args: Result<KfreeSkbArgs, String>,
     pub kfree_skb_fields: Result<KfreeSkbArgs, String>,
+    pub fib_lookup_args: Result<FibLookupArgs, String>,
 }
 
 impl KernelSetup {
@@ -91,6 +92,7 @@ impl KernelSetup {
         let reasons = kernel::Reasons::from_btf(&btf);
         let kfree_skb_args = kernel::kfree_skb_args(&btf, &reasons).map_err(|e| format!("{e:#}"));
         let kfree_skb_fields = kernel::kfree_skb_fields(&reasons).map_err(|e| format!("{e:#}"));
+        let fib_lookup_args = kernel::fib_lookup_args(&btf, &offsets).map_err(|e| format!("{e:#}"));
         Ok(Self {
             btf_path,
             btf,
@@ -98,6 +100,7 @@ impl KernelSetup {
             reasons,
             kfree_skb_args,
             kfree_skb_fields,
+            fib_lookup_args,
         })
     }
 }
@@ -106,6 +109,123 @@ impl KernelSetup {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub reports: Vec<ProbeReport>,
+}
+
+/// How a rung attaches its program.
+enum Attach {
+    TpBtf {
+        prog: &'static str,
+        tp: &'static str,
+    },
+    RawTp {
+        prog: &'static str,
+        tp: &'static str,
+    },
+    Tracepoint {
+        prog: &'static str,
+        category: &'static str,
+        name: &'static str,
+    },
+}
+
+impl Attach {
+    fn rung(&self) -> Rung {
+        match self {
+            Attach::TpBtf { .. } => Rung::TpBtf,
+            Attach::RawTp { .. } => Rung::RawTp,
+            Attach::Tracepoint { .. } => Rung::Tracepoint,
+        }
+    }
+}
+
+/// A probe point: its rungs best first, each with what it needs from the
+/// kernel (`Err` says why that rung cannot even be tried).
+struct Point<'a> {
+    name: &'static str,
+    what: &'static str,
+    /// kdrop cannot work without it; other points degrade.
+    required: bool,
+    rungs: Vec<(Attach, Result<(), &'a str>)>,
+}
+
+fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
+    let args = setup
+        .kfree_skb_args
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    let fields = setup
+        .kfree_skb_fields
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    let fib = setup
+        .fib_lookup_args
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    vec![
+        Point {
+            name: "skb:kfree_skb",
+            what: "drop path",
+            required: true,
+            rungs: vec![
+                (
+                    Attach::TpBtf {
+                        prog: "kfree_skb_btf",
+                        tp: "kfree_skb",
+                    },
+                    args,
+                ),
+                (
+                    Attach::RawTp {
+                        prog: "kfree_skb_raw",
+                        tp: "kfree_skb",
+                    },
+                    args,
+                ),
+                (
+                    Attach::Tracepoint {
+                        prog: "kfree_skb_tp",
+                        category: "skb",
+                        name: "kfree_skb",
+                    },
+                    fields,
+                ),
+            ],
+        },
+        Point {
+            name: "fib:fib_table_lookup",
+            what: "route lookups (reverse-path evidence)",
+            required: false,
+            rungs: vec![
+                (
+                    Attach::TpBtf {
+                        prog: "fib_table_lookup_btf",
+                        tp: "fib_table_lookup",
+                    },
+                    fib,
+                ),
+                (
+                    Attach::RawTp {
+                        prog: "fib_table_lookup_raw",
+                        tp: "fib_table_lookup",
+                    },
+                    fib,
+                ),
+                // The classic record carries computed fields, not the
+                // pointers the program reads.
+                (
+                    Attach::Tracepoint {
+                        prog: "",
+                        category: "fib",
+                        name: "fib_table_lookup",
+                    },
+                    Err("not implemented: its record has no flowi4/nexthop pointers"),
+                ),
+            ],
+        },
+    ]
 }
 
 /// `all_rungs`: try every rung (for `kdrop check`) instead of stopping at the
@@ -119,6 +239,8 @@ pub fn load(
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
     let fields = setup.kfree_skb_fields.as_ref().unwrap_or(&absent);
+    let no_fib = FibLookupArgs::zeroed();
+    let fib = setup.fib_lookup_args.as_ref().unwrap_or(&no_fib);
     let aya_btf = AyaBtf::parse_file(&setup.btf_path, Endianness::default())
         .with_context(|| format!("parsing {}", setup.btf_path.display()))?;
     let mut ebpf = EbpfLoader::new()
@@ -126,69 +248,76 @@ pub fn load(
         .override_global("OFFSETS", &setup.offsets, true)
         .override_global("KFREE_SKB_ARGS", args, true)
         .override_global("KFREE_SKB_FIELDS", fields, true)
+        .override_global("FIB_ARGS", fib, true)
         .override_global("FILTER", filter, true)
         .map_max_entries("EVENTS", ring_kib * 1024)
         .load(OBJECT)
         .context("loading kdrop's eBPF object")?;
 
+    let mut reports = Vec::new();
+    for point in points(setup) {
+        let report = attach_ladder(&mut ebpf, &aya_btf, &point, all_rungs);
+        if report.chosen().is_none() {
+            let why: Vec<String> = report
+                .rungs
+                .iter()
+                .map(|(r, o)| format!("{r}: {}", outcome_text(o)))
+                .collect();
+            if point.required {
+                anyhow::bail!("cannot attach to {} ({})", point.name, why.join("; "));
+            }
+            log::warn!("no {} ({}): {}", point.what, point.name, why.join("; "));
+        }
+        reports.push(report);
+    }
+    Ok(Probes { ebpf, reports })
+}
+
+fn attach_ladder(ebpf: &mut Ebpf, btf: &AyaBtf, point: &Point, all_rungs: bool) -> ProbeReport {
     let mut report = ProbeReport {
-        point: "skb:kfree_skb",
-        what: "drop path",
+        point: point.name,
+        what: point.what,
         rungs: Vec::new(),
     };
-    for rung in [Rung::TpBtf, Rung::RawTp, Rung::Tracepoint] {
+    for (attach, ready) in &point.rungs {
+        let rung = attach.rung();
         if report.chosen().is_some() && !all_rungs {
             report.rungs.push((rung, Outcome::NotTried));
             continue;
         }
-        let outcome = match attach_kfree_skb(&mut ebpf, rung, setup, &aya_btf) {
+        let result = match ready {
+            Err(why) => Err(anyhow::anyhow!("{why}")),
+            Ok(()) => attach_one(ebpf, btf, attach),
+        };
+        let outcome = match result {
             Ok(()) => Outcome::Attached,
             Err(e) => Outcome::Refused(short_error(&e)),
         };
         report.rungs.push((rung, outcome));
     }
-    if report.chosen().is_none() {
-        let why: Vec<String> = report
-            .rungs
-            .iter()
-            .map(|(r, o)| format!("{r}: {}", outcome_text(o)))
-            .collect();
-        anyhow::bail!("cannot attach to skb:kfree_skb ({})", why.join("; "));
-    }
-    Ok(Probes {
-        ebpf,
-        reports: vec![report],
-    })
+    report
 }
 
-fn attach_kfree_skb(ebpf: &mut Ebpf, rung: Rung, setup: &KernelSetup, btf: &AyaBtf) -> Result<()> {
-    match rung {
-        Rung::TpBtf => {
-            setup
-                .kfree_skb_args
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let p: &mut BtfTracePoint = program(ebpf, "kfree_skb_btf")?;
-            p.load("kfree_skb", btf)?;
+fn attach_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
+    match *attach {
+        Attach::TpBtf { prog, tp } => {
+            let p: &mut BtfTracePoint = program(ebpf, prog)?;
+            p.load(tp, btf)?;
             p.attach()?;
         }
-        Rung::RawTp => {
-            setup
-                .kfree_skb_args
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let p: &mut RawTracePoint = program(ebpf, "kfree_skb_raw")?;
+        Attach::RawTp { prog, tp } => {
+            let p: &mut RawTracePoint = program(ebpf, prog)?;
             p.load()?;
-            p.attach("kfree_skb")?;
+            p.attach(tp)?;
         }
-        Rung::Tracepoint => {
-            setup
-                .kfree_skb_fields
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let p: &mut TracePoint = program(ebpf, "kfree_skb_tp")?;
+        Attach::Tracepoint {
+            prog,
+            category,
+            name,
+        } => {
+            let p: &mut TracePoint = program(ebpf, prog)?;
             p.load()?;
-            p.attach("skb", "kfree_skb")?;
+            p.attach(category, name)?;
         }
     }
     Ok(())

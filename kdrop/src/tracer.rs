@@ -1,6 +1,8 @@
 //! A running trace: probes attached, events read off the ring buffer and
 //! turned into records.
 use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -11,8 +13,11 @@ use kdrop_common::{Counters, Filter, AF_INET, AF_INET6};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    context::netns::{self, IfNames, NetnsRegistry},
-    diagnosis::{self, DropFacts},
+    context::{
+        netns::{self, IfNames, NetnsRegistry},
+        routing::ContextCache,
+    },
+    diagnosis::{self, routing, DropFacts, Finding},
     event::{self, Drop, Event},
     kernel::Reasons,
     output::{rfc3339, DropRecord},
@@ -96,7 +101,14 @@ pub struct Enricher {
     realtime_offset_ns: i128,
     symbols: Option<Symbols>,
     symbols_loading: Option<JoinHandle<Result<Symbols>>>,
+    contexts: ContextCache,
+    /// One diagnosis per distinct drop while the context stays the same: a
+    /// flood of identical drops costs one.
+    findings: HashMap<FindingKey, Option<Finding>>,
 }
+
+type FindingKey = (u64, u32, u32, u32, Ipv4Addr, Ipv4Addr, u32);
+const FINDINGS_CACHED: usize = 4096;
 
 fn clock_ns(clock: libc::clockid_t) -> i128 {
     let mut ts = libc::timespec {
@@ -119,6 +131,8 @@ impl Enricher {
             symbols: None,
             // 100k+ lines: read off the startup path.
             symbols_loading: Some(std::thread::spawn(Symbols::load)),
+            contexts: ContextCache::default(),
+            findings: HashMap::new(),
         })
     }
 
@@ -152,7 +166,7 @@ impl Enricher {
             ts: rfc3339(epoch),
             kind: "drop",
             netns: d.netns,
-            netns_name: ns.and_then(|n| n.name),
+            netns_name: ns.as_ref().and_then(|n| n.name.clone()),
             ifname,
             ifindex: d.ifindex,
             family: if d.saddr.is_ipv4() { "ipv4" } else { "ipv6" },
@@ -166,15 +180,77 @@ impl Enricher {
             mark: d.mark,
             finding: None,
         };
-        r.finding = diagnosis::explain(&DropFacts {
-            reason: r.reason.as_deref(),
-            ifname: &r.ifname,
-            netns: r.netns_name.as_deref(),
-            src: r.src(),
-            dst: r.dst(),
-            location: Some(&r.location),
+        r.finding = self.explain_routing(d, &r, ns.as_ref()).or_else(|| {
+            diagnosis::explain(&DropFacts {
+                reason: r.reason.as_deref(),
+                ifname: &r.ifname,
+                netns: r.netns_name.as_deref(),
+                src: r.src(),
+                dst: r.dst(),
+                location: Some(&r.location),
+            })
         });
         r
+    }
+
+    /// Reverse-path and martian drops, with the namespace's routing context.
+    fn explain_routing(
+        &mut self,
+        d: &Drop,
+        r: &DropRecord,
+        ns: Option<&netns::Netns>,
+    ) -> Option<Finding> {
+        let reason = r.reason.as_deref()?;
+        if !routing::REASONS.contains(&reason) {
+            return None;
+        }
+        let (IpAddr::V4(src), IpAddr::V4(dst)) = (d.saddr, d.daddr) else {
+            return None;
+        };
+        let ns = ns?;
+        let ctx = match self.contexts.get(ns) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("routing context of netns {}: {e:#}", ns.inode);
+                return None;
+            }
+        };
+        let key = (
+            ctx.generation,
+            d.netns,
+            d.ifindex,
+            d.mark,
+            src,
+            dst,
+            d.reason,
+        );
+        if let Some(f) = self.findings.get(&key) {
+            return f.clone();
+        }
+        let exec = r
+            .netns_name
+            .as_ref()
+            .map(|n| format!("ip netns exec {n} "))
+            .unwrap_or_default();
+        let f = routing::explain(
+            &routing::RouteDrop {
+                reason: Some(reason),
+                location: &r.location,
+                iif: d.ifindex,
+                src,
+                dst,
+                mark: d.mark,
+                fib: &d.fib,
+                netns_exec: &exec,
+            },
+            &ctx.tables,
+            &ctx.confs,
+        );
+        if self.findings.len() > FINDINGS_CACHED {
+            self.findings.clear();
+        }
+        self.findings.insert(key, f.clone());
+        f
     }
 }
 

@@ -19,6 +19,7 @@ fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
         prefix: ns_name("rpf-"),
         client_ip: Ipv4Addr::new(203, 0, 113, 44),
         pod_ip: Ipv4Addr::new(10, 31, 7, 9),
+        port: 3306,
         node_primary: Ipv4Addr::new(10, 31, 6, 5),
         node_secondary: Ipv4Addr::new(10, 31, 7, 5),
         primary_if: "ens4".into(),
@@ -42,7 +43,7 @@ fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
         e["location"].as_str().unwrap().starts_with("ip_rcv_finish"),
         "{e}"
     );
-    assert_eq!(e["finding"]["cause"], "rp_filter");
+    assert_eq!(e["finding"]["cause"], "rp_filter_strict");
     assert!(e["ts"].as_str().unwrap().ends_with('Z'));
 
     let done = k.stop(libc::SIGINT);

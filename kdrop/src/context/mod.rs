@@ -1,5 +1,8 @@
 //! What the node looks like around an event: namespaces and their names,
-//! interfaces inside them.
+//! interfaces, routing tables and rules, sysctls.
+pub mod netlink;
 pub mod netns;
+pub mod routing;
+pub mod sysctl;
 
 pub use netns::{in_netns, Netns, NetnsRegistry};

@@ -20,8 +20,6 @@ use crate::{
     tracer::{build_filter, Tracer},
 };
 
-const LAB_PORT: u16 = 8080;
-
 pub async fn run(args: &LabArgs) -> Result<ExitCode> {
     probes::check_privileges()?;
     match args.name {
@@ -40,31 +38,39 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
     );
     let lab = topo.build()?;
     eprintln!(
-        "  {}: {} {}/24 (default route, primary), {} {}/24 with pod address {}, rp_filter=1",
+        "  {}: {} {}/24 (primary, default route), {} {}/24 + pod {} (secondary, table 2),\n    \
+         rules: 1024 fwmark 0x80/0x80 lookup main, 1536 from {} lookup 2; CONNMARK restores \
+         0x80; src_valid_mark=1; rp_filter=1",
         lab.node.name,
         topo.primary_if,
         topo.node_primary,
         topo.secondary_if,
         topo.node_secondary,
-        topo.pod_ip
+        topo.pod_ip,
+        topo.pod_ip,
     );
     eprintln!(
-        "  {}: {} reaches the pod through {} (like an NLB preserving client IPs)",
+        "  {}: {} reaches the pod through {} (an NLB preserving client IPs)",
         lab.client.name, topo.client_ip, topo.secondary_if
     );
 
     let filter =
-        build_filter(&[LAB_PORT], &[], lab.node.inode()?, 0, false).map_err(anyhow::Error::msg)?;
+        build_filter(&[topo.port], &[], lab.node.inode()?, 0, false).map_err(anyhow::Error::msg)?;
     let mut tracer = Tracer::start(&filter, 256)?;
     eprintln!(
-        "kdrop: tracing {} in netns {}, port {LAB_PORT}",
+        "kdrop: tracing {} in netns {}, port {}",
         tracer.describe(),
-        lab.node.name
+        lab.node.name,
+        topo.port
     );
 
-    let target = SocketAddr::from((topo.pod_ip, LAB_PORT));
-    let client = lab.client.path();
+    let target = SocketAddr::from((topo.pod_ip, topo.port));
+    // A listener on the pod address: the handshake can complete once fixed.
+    let listener = in_netns(&lab.node.path(), move || {
+        std::net::TcpListener::bind(target)
+    })??;
     eprintln!("  client: connecting to {target} ...");
+    let client = lab.client.path();
     // The connect blocks while the client retransmits; kdrop reports the
     // first SYN long before that, and deleting the namespace ends it.
     std::thread::spawn(move || {
@@ -81,19 +87,34 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         _ = sigint.recv() => bail!("interrupted; lab torn down"),
         _ = sigterm.recv() => bail!("terminated; lab torn down"),
     };
+    let Some(first) = batch.first() else {
+        bail!("empty batch");
+    };
+    let r = tracer.enricher.enrich(first);
     let mut stdout = std::io::stdout().lock();
-    for d in batch.iter().take(1) {
-        let r = tracer.enricher.enrich(d);
-        output::write_record(&mut stdout, &r, json)?;
-        if !json {
-            if let Some(f) = &r.finding {
-                for line in output::finding_lines(f) {
-                    writeln!(stdout, "{line}")?;
-                }
+    output::write_record(&mut stdout, &r, json)?;
+    if !json {
+        if let Some(f) = &r.finding {
+            for line in output::finding_lines(f) {
+                writeln!(stdout, "{line}")?;
             }
         }
     }
     stdout.flush()?;
+
+    // Prove the fix: apply kdrop's first fix command, connect again.
+    if let Some(fix) = r.finding.as_ref().and_then(|f| f.fix.first()) {
+        netlab::run("sh", &["-c", fix])?;
+        let client = lab.client.path();
+        let connected = in_netns(&client, move || {
+            TcpStream::connect_timeout(&target, Duration::from_secs(3))
+        })?;
+        match connected {
+            Ok(_) => eprintln!("  applied `{fix}`: the handshake now completes"),
+            Err(e) => eprintln!("  applied `{fix}`: the handshake still fails ({e})"),
+        }
+    }
+    drop(listener);
     drop(tracer);
     drop(lab);
     eprintln!("  lab torn down: namespaces removed, programs detached");

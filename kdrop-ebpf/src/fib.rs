@@ -1,0 +1,82 @@
+//! Route lookups: every IPv4 FIB table lookup is remembered per CPU so that a
+//! drop can carry the lookups the kernel did for that very packet (e.g. the
+//! reverse-path check of `fib_validate_source`). This is the kernel's own
+//! routing evidence on kernels where fexit/kretprobe are not allowed.
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use kdrop_common::{FibLookup, Offsets, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS};
+
+use crate::{
+    config::{offsets, FIB_LOOKUPS},
+    skb::read,
+};
+
+/// `fib_table_lookup(tb_id, flp, nhc, err)`, the tracepoint in
+/// net/ipv4/fib_trie.c (args as of v6.18:
+/// https://github.com/torvalds/linux/blob/v6.18/include/trace/events/fib.h#L14).
+#[inline(always)]
+pub fn on_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> i32 {
+    let _ = try_fib_table_lookup(tb_id, flp, nhc, err);
+    0
+}
+
+#[inline(always)]
+fn try_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> {
+    let o = offsets();
+    let recent = FIB_LOOKUPS.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, written only by this CPU.
+    let recent = unsafe { &mut *recent };
+    let slot = (recent.next as usize) & (FIB_RECENT - 1);
+    recent.next = recent.next.wrapping_add(1);
+    let e = &mut recent.entries[slot];
+    e.ts_ns = unsafe { bpf_ktime_get_ns() };
+    e.tb_id = tb_id as u32;
+    e.err = err as i32;
+    e.iif = read(flp, o.fl4_iif).unwrap_or(0);
+    e.oif = read(flp, o.fl4_oif).unwrap_or(0);
+    e.mark = read(flp, o.fl4_mark).unwrap_or(0);
+    e.saddr = read(flp, o.fl4_saddr).unwrap_or([0; 4]);
+    e.daddr = read(flp, o.fl4_daddr).unwrap_or([0; 4]);
+    fill_result(e, nhc, &o);
+    Some(())
+}
+
+#[inline(always)]
+fn fill_result(e: &mut FibLookup, nhc: u64, o: &Offsets) {
+    let dev: u64 = read(nhc, o.nhc_dev).unwrap_or(0);
+    e.res_ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
+    e.gw = read(nhc, o.nhc_gw).unwrap_or([0; 4]);
+    e.gw_family = read(nhc, o.nhc_gw_family).unwrap_or(0);
+    e.scope = read(nhc, o.nhc_scope).unwrap_or(0);
+}
+
+/// Copies this CPU's recent lookups of the packet `saddr -> daddr` (the
+/// forward lookup, and the reverse one with the addresses swapped) into
+/// `out`, oldest first; returns how many.
+#[inline(always)]
+pub fn lookups_for(
+    saddr: &[u8; 4],
+    daddr: &[u8; 4],
+    now: u64,
+    out: &mut [FibLookup; FIB_PER_EVENT],
+) -> u32 {
+    let Some(recent) = FIB_LOOKUPS.get_ptr(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot; we only read it.
+    let recent = unsafe { &*recent };
+    let next = recent.next as usize;
+    let mut n = 0usize;
+    let mut i = 0usize;
+    while i < FIB_RECENT {
+        let e = &recent.entries[(next + i) & (FIB_RECENT - 1)];
+        let fresh = e.ts_ns != 0 && now.wrapping_sub(e.ts_ns) < FIB_WINDOW_NS;
+        let forward = e.saddr == *saddr && e.daddr == *daddr;
+        let reverse = e.saddr == *daddr && e.daddr == *saddr;
+        if fresh && (forward || reverse) && n < FIB_PER_EVENT {
+            out[n] = *e;
+            n += 1;
+        }
+        i += 1;
+    }
+    n as u32
+}

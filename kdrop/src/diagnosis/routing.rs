@@ -1,0 +1,750 @@
+//! Reverse-path and martian drops, explained from the kernel's own route
+//! lookups for the packet (`fib:fib_table_lookup`) and the namespace's
+//! routing context. Pure: recorded events and context in, a finding out.
+//!
+//! What the kernel does, as of v6.18 (net/ipv4/fib_frontend.c,
+//! `__fib_validate_source`,
+//! https://github.com/torvalds/linux/blob/v6.18/net/ipv4/fib_frontend.c#L341):
+//! it looks the packet's *source* up with `daddr = src, saddr = dst,
+//! iif = loopback, mark = skb->mark if src_valid_mark`, and
+//! - fails with -EINVAL (a martian) when the result is a local address and
+//!   accept_local is off (reason IP_LOCAL_SOURCE since 6.13);
+//! - fails with -EXDEV (IP_RPFILTER) under strict rp_filter when the result
+//!   does not leave by the input interface, or under any rp_filter when
+//!   there is no route back at all.
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::Finding;
+use crate::{
+    context::{
+        netlink::{Route, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
+        sysctl::Confs,
+    },
+    event::Lookup,
+};
+
+pub const LOOPBACK_IFINDEX: u32 = 1;
+
+/// Drop reasons this module explains.
+pub const REASONS: [&str; 4] = [
+    "IP_RPFILTER",
+    "IP_LOCAL_SOURCE",
+    "IP_INVALID_SOURCE",
+    "IP_LOCALNET",
+];
+const RT_TABLE_LOCAL: u32 = 255;
+const RT_TABLE_MAIN: u32 = 254;
+const RT_TABLE_DEFAULT: u32 = 253;
+
+/// A dropped IPv4 packet with what the kernel said about it.
+#[derive(Clone, Debug)]
+pub struct RouteDrop<'a> {
+    pub reason: Option<&'a str>,
+    pub location: &'a str,
+    pub iif: u32,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub mark: u32,
+    pub fib: &'a [Lookup],
+    /// `ip netns exec NAME ` prefix for commands, or empty.
+    pub netns_exec: &'a str,
+}
+
+pub fn table_name(t: u32) -> String {
+    match t {
+        RT_TABLE_LOCAL => "local".into(),
+        RT_TABLE_MAIN => "main".into(),
+        RT_TABLE_DEFAULT => "default".into(),
+        t => t.to_string(),
+    }
+}
+
+/// `rule 1024 (from all fwmark 0x80/0x80 lookup main)`, as `ip rule` says it.
+pub fn rule_text(r: &Rule) -> String {
+    let mut s = format!("{}:", r.priority);
+    if r.invert {
+        s.push_str(" not");
+    }
+    match r.src {
+        Some((a, len)) if !(len == 32 && a.is_ipv4()) => s.push_str(&format!(" from {a}/{len}")),
+        Some((a, _)) => s.push_str(&format!(" from {a}")),
+        None => s.push_str(" from all"),
+    }
+    if let Some((a, len)) = r.dst {
+        s.push_str(&format!(" to {a}/{len}"));
+    }
+    if let Some(m) = r.fwmark {
+        match r.fwmask {
+            Some(mask) if mask != u32::MAX => s.push_str(&format!(" fwmark {m:#x}/{mask:#x}")),
+            _ => s.push_str(&format!(" fwmark {m:#x}")),
+        }
+    }
+    if let Some(i) = &r.iifname {
+        s.push_str(&format!(" iif {i}"));
+    }
+    if let Some(o) = &r.oifname {
+        s.push_str(&format!(" oif {o}"));
+    }
+    match r.action {
+        FR_ACT_TO_TBL => s.push_str(&format!(" lookup {}", table_name(r.table))),
+        2 => s.push_str(&format!(" goto {}", r.goto.unwrap_or(0))),
+        3 => s.push_str(" nop"),
+        6 => s.push_str(" blackhole"),
+        7 => s.push_str(" unreachable"),
+        8 => s.push_str(" prohibit"),
+        a => s.push_str(&format!(" action {a}")),
+    }
+    s
+}
+
+fn in_prefix(addr: Ipv4Addr, net: IpAddr, len: u8) -> bool {
+    let IpAddr::V4(net) = net else { return false };
+    let len = u32::from(len.min(32));
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    u32::from(addr) & mask == u32::from(net) & mask
+}
+
+/// The flow of a lookup: what a policy rule's selector is matched against.
+#[derive(Clone, Copy, Debug)]
+pub struct Flow<'a> {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub mark: u32,
+    pub iif: &'a str,
+}
+
+/// Does rule `r` select `f` (net/core/fib_rules.c `fib_rule_match` and
+/// net/ipv4/fib_rules.c `fib4_rule_match`)?
+pub fn rule_matches(r: &Rule, f: &Flow) -> bool {
+    let hit = r.iifname.as_deref().is_none_or(|i| i == f.iif)
+        && r.oifname.is_none()
+        && r.fwmark
+            .is_none_or(|m| (m ^ f.mark) & r.fwmask.unwrap_or(u32::MAX) == 0)
+        && r.src.is_none_or(|(a, l)| in_prefix(f.src, a, l))
+        && r.dst.is_none_or(|(a, l)| in_prefix(f.dst, a, l));
+    hit != r.invert
+}
+
+/// Longest-prefix match in one table (lowest metric among equals).
+pub fn lookup(routes: &[Route], table: u32, dst: Ipv4Addr) -> Option<&Route> {
+    routes
+        .iter()
+        .filter(|r| r.table == table)
+        .filter(|r| match r.dst {
+            None => r.dst_len == 0,
+            Some(net) => in_prefix(dst, net, r.dst_len),
+        })
+        .max_by(|a, b| a.dst_len.cmp(&b.dst_len).then(b.priority.cmp(&a.priority)))
+}
+
+/// `default via 10.0.1.1 dev eth0` / `local 1.2.3.4 dev kube-ipvs0`.
+pub fn route_text(r: &Route, t: &Tables) -> String {
+    let dst = match r.dst {
+        None => "default".to_string(),
+        Some(a) if r.dst_len == 32 => a.to_string(),
+        Some(a) => format!("{a}/{}", r.dst_len),
+    };
+    let mut s = if r.kind == RTN_LOCAL {
+        format!("local {dst}")
+    } else {
+        dst
+    };
+    if let Some(gw) = r.gateway {
+        s.push_str(&format!(" via {gw}"));
+    }
+    if let Some(oif) = r.oif {
+        s.push_str(&format!(" dev {}", t.link_name(oif)));
+    }
+    s
+}
+
+/// The reverse-path lookups in the kernel's evidence: addresses swapped.
+fn reverse_lookups<'a>(d: &'a RouteDrop) -> impl Iterator<Item = &'a Lookup> + 'a {
+    d.fib
+        .iter()
+        .filter(move |l| l.dst == d.src && l.src == d.dst && l.iif == LOOPBACK_IFINDEX)
+}
+
+/// The policy rules the reverse lookup walked, in priority order, up to the
+/// one whose table answered.
+fn deciding_rule<'a>(t: &'a Tables, flow: &Flow, table: u32) -> Option<&'a Rule> {
+    let mut rules: Vec<&Rule> = t.rules.iter().collect();
+    rules.sort_by_key(|r| r.priority);
+    rules
+        .into_iter()
+        .filter(|r| r.action == FR_ACT_TO_TBL && rule_matches(r, flow))
+        .find(|r| r.table == table)
+}
+
+fn errno_text(err: i32) -> String {
+    match -err {
+        11 => "no match".into(),
+        101 => "network unreachable".into(),
+        113 => "no route to host".into(),
+        e => format!("error {e}"),
+    }
+}
+
+struct Evidence {
+    lines: Vec<String>,
+    /// The reverse lookup that answered: (table, result ifindex, gateway).
+    answer: Option<(u32, u32, Option<Ipv4Addr>)>,
+    /// Local address: (table it was found in, its device).
+    local: Option<u32>,
+}
+
+/// Kernel evidence lines for the reverse lookup, and what it found.
+fn reverse_evidence(d: &RouteDrop, t: &Tables) -> Evidence {
+    let mut ev = Evidence {
+        lines: Vec::new(),
+        answer: None,
+        local: None,
+    };
+    let mark = match d.fib.iter().find(|l| l.dst == d.src) {
+        Some(l) if l.mark != 0 => format!(", mark {:#x}", l.mark),
+        _ => String::new(),
+    };
+    let mut steps = Vec::new();
+    for l in reverse_lookups(d) {
+        if l.err == 0 {
+            let dev = t.link_name(l.res_ifindex);
+            let via = l.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            steps.push(format!("table {} → dev {dev}{via}", table_name(l.table)));
+            ev.answer = Some((l.table, l.res_ifindex, l.gw));
+            if l.table == RT_TABLE_LOCAL {
+                ev.local = Some(l.res_ifindex);
+            }
+            break;
+        }
+        steps.push(format!(
+            "table {}: {}",
+            table_name(l.table),
+            errno_text(l.err)
+        ));
+    }
+    if !steps.is_empty() {
+        ev.lines.push(format!(
+            "kernel: reverse lookup of {} (from {}{mark}): {}",
+            d.src,
+            d.dst,
+            steps.join("; ")
+        ));
+    }
+    ev
+}
+
+/// Explains an IPv4 drop from its route evidence, or `None` if it is not a
+/// reverse-path or martian drop.
+pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
+    let iif = t.link_name(d.iif);
+    let reason = d.reason?;
+    let kernel = format!("kernel: drop reason {reason} at {}", d.location);
+    let ns = d.netns_exec;
+    match reason {
+        "IP_RPFILTER" => Some(rp_filter(d, t, c, &iif, kernel)),
+        "IP_LOCAL_SOURCE" => Some(local_source(d, t, c, &iif, kernel)),
+        "IP_INVALID_SOURCE" if t.addrs.iter().any(|a| a.addr == IpAddr::V4(d.src)) => {
+            Some(local_source(d, t, c, &iif, kernel))
+        }
+        "IP_LOCALNET" => {
+            let which = if d.dst.is_loopback() { d.dst } else { d.src };
+            let all = c.all.route_localnet.unwrap_or(0);
+            let dev = c.dev(&iif).route_localnet.unwrap_or(0);
+            Some(Finding {
+                cause: "martian_localnet",
+                summary: format!(
+                    "martian on {iif}: {which} is in 127.0.0.0/8 and route_localnet is off"
+                ),
+                evidence: vec![
+                    kernel,
+                    format!(
+                        "route_localnet: conf.all={all}, conf.{iif}={dev}: loopback addresses are \
+                         only routed from lo"
+                    ),
+                ],
+                fix: vec![format!(
+                    "{ns}sysctl -w net.ipv4.conf.{iif}.route_localnet=1"
+                )],
+            })
+        }
+        _ => None,
+    }
+}
+
+fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) -> Finding {
+    let ns = d.netns_exec;
+    let rp = c.rp_filter(iif);
+    let all = c.all.rp_filter.unwrap_or(0);
+    let dev = c.dev(iif).rp_filter.unwrap_or(0);
+    let vmark = c.or(iif, |c| c.src_valid_mark);
+    let flow = Flow {
+        src: d.dst,
+        dst: d.src,
+        mark: if vmark { d.mark } else { 0 },
+        iif: "lo",
+    };
+    let ev = reverse_evidence(d, t);
+    let mut evidence = vec![kernel];
+    evidence.extend(ev.lines);
+    let mode = match rp {
+        1 => "strict: the way back must use the input interface",
+        2 => "loose: any way back will do",
+        _ => "off",
+    };
+    evidence.push(format!(
+        "rp_filter: conf.all={all}, conf.{iif}={dev} → effective {rp} ({mode})"
+    ));
+    if d.mark != 0 {
+        evidence.push(format!(
+            "src_valid_mark={}: the packet's mark {:#x} {} the reverse lookup",
+            u8::from(vmark),
+            d.mark,
+            if vmark {
+                "takes part in"
+            } else {
+                "does not take part in"
+            }
+        ));
+    }
+
+    // The way back: the kernel's answer, else what the tables say now.
+    let answer = ev.answer.or_else(|| {
+        let mut rules: Vec<&Rule> = t.rules.iter().collect();
+        rules.sort_by_key(|r| r.priority);
+        rules
+            .iter()
+            .filter(|r| r.action == FR_ACT_TO_TBL && rule_matches(r, &flow))
+            .find_map(|r| {
+                let route = lookup(&t.routes, r.table, d.src)?;
+                let gw = match route.gateway {
+                    Some(IpAddr::V4(g)) => Some(g),
+                    _ => None,
+                };
+                Some((r.table, route.oif?, gw))
+            })
+    });
+    if ev.answer.is_none() && answer.is_some() {
+        evidence.push("no kernel route evidence for this packet: the way back below is computed from the current tables".into());
+    }
+
+    let Some((table, out_if, _)) = answer else {
+        return Finding {
+            cause: if rp == 2 {
+                "rp_filter_loose"
+            } else {
+                "rp_filter_strict"
+            },
+            summary: format!(
+                "reverse-path filter on {iif}: there is no route back to {} at all",
+                d.src
+            ),
+            evidence,
+            fix: vec![
+                format!("{ns}ip route add {}/32 dev {iif}", d.src),
+                format!("{ns}ip route get {} from {} iif {iif}", d.src, d.dst),
+            ],
+        };
+    };
+    let out_name = t.link_name(out_if);
+    let rule = deciding_rule(t, &flow, table);
+    let decided = match rule {
+        Some(r) => format!("rule {}", rule_text(r)),
+        None => format!("table {}", table_name(table)),
+    };
+    if let Some(r) = rule {
+        evidence.push(format!("policy rule that decided: {}", rule_text(r)));
+    }
+    if let Some(route) = lookup(&t.routes, table, d.src) {
+        evidence.push(format!(
+            "route in table {}: {}",
+            table_name(table),
+            route_text(route, t)
+        ));
+    }
+
+    let mut fix = vec![format!("{ns}sysctl -w net.ipv4.conf.{iif}.rp_filter=2")];
+    // A table whose way to the client leaves by the input interface: a rule
+    // for the packet's destination ahead of the deciding one sends replies
+    // (and the reverse lookup) there.
+    let mut tables: Vec<u32> = t.routes.iter().map(|r| r.table).collect();
+    tables.sort_unstable();
+    tables.dedup();
+    let back_via_iif = tables
+        .into_iter()
+        .filter(|&tb| tb != RT_TABLE_LOCAL)
+        .find(|&tb| lookup(&t.routes, tb, d.src).is_some_and(|r| r.oif == Some(d.iif)));
+    if let (Some(tb), Some(r)) = (back_via_iif, rule) {
+        if r.priority > 1 {
+            fix.push(format!(
+                "{ns}ip rule add from {} lookup {} priority {}",
+                d.dst,
+                table_name(tb),
+                r.priority - 1
+            ));
+        }
+    }
+    Finding {
+        cause: if rp == 2 {
+            "rp_filter_loose"
+        } else {
+            "rp_filter_strict"
+        },
+        summary: format!(
+            "{} reverse-path filter on {iif}: the way back to {} is via {out_name} ({decided})",
+            if rp == 2 { "loose" } else { "strict" },
+            d.src
+        ),
+        evidence,
+        fix,
+    }
+}
+
+fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) -> Finding {
+    let ns = d.netns_exec;
+    let ev = reverse_evidence(d, t);
+    let mut evidence = vec![kernel];
+    evidence.extend(ev.lines);
+    // Where the address lives: the kernel's local-table answer, else the
+    // namespace's addresses.
+    let addr = t.addrs.iter().find(|a| a.addr == IpAddr::V4(d.src));
+    let dev = ev
+        .local
+        .or(addr.map(|a| a.index))
+        .map(|i| t.link_name(i))
+        .unwrap_or_else(|| "?".into());
+    if let Some(route) = lookup(&t.routes, RT_TABLE_LOCAL, d.src).filter(|r| r.kind == RTN_LOCAL) {
+        evidence.push(format!("route in table local: {}", route_text(route, t)));
+    }
+    let all = c.all.accept_local.unwrap_or(0);
+    let on = c.dev(iif).accept_local.unwrap_or(0);
+    evidence.push(format!(
+        "accept_local: conf.all={all}, conf.{iif}={on}: packets from this host's own addresses \
+         arriving on {iif} are martians"
+    ));
+    evidence.push(format!(
+        "accept_local=1 would let the SYN in but not fix the handshake: the reply to {} is a \
+         local address and is delivered locally, never sent back",
+        d.src
+    ));
+    let prefix = addr.map_or(32, |a| a.prefix_len);
+    Finding {
+        cause: "martian_local_source",
+        summary: format!(
+            "martian source on {iif}: {} is a local address of this host (local table, on dev {dev})",
+            d.src
+        ),
+        evidence,
+        fix: vec![format!("{ns}ip addr del {}/{prefix} dev {dev}", d.src)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::{
+        netlink::{Addr, Link, RTN_UNICAST},
+        sysctl::Conf,
+    };
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn link(index: u32, name: &str) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            master: None,
+            kind: Some("veth".into()),
+            up: true,
+        }
+    }
+
+    fn route(table: u32, dst: Option<(&str, u8)>, gw: Option<&str>, oif: u32) -> Route {
+        Route {
+            table,
+            family: 2,
+            dst: dst.map(|(a, _)| a.parse().unwrap()),
+            dst_len: dst.map_or(0, |(_, l)| l),
+            kind: RTN_UNICAST,
+            scope: 0,
+            oif: Some(oif),
+            gateway: gw.map(|g| g.parse().unwrap()),
+            prefsrc: None,
+            priority: 0,
+            nexthops: vec![],
+        }
+    }
+
+    fn rule(priority: u32, table: u32) -> Rule {
+        Rule {
+            family: 2,
+            priority,
+            table,
+            action: FR_ACT_TO_TBL,
+            src: None,
+            dst: None,
+            fwmark: None,
+            fwmask: None,
+            iifname: None,
+            oifname: None,
+            invert: false,
+            goto: None,
+        }
+    }
+
+    /// Incident 1 as in the seed: table 2 for eth1, a pod rule, a fwmark
+    /// rule to main ahead of it.
+    fn incident1() -> Tables {
+        let mut pod_rule = rule(1536, 2);
+        pod_rule.src = Some(("10.0.2.20".parse().unwrap(), 32));
+        let mut mark_rule = rule(1024, 254);
+        mark_rule.fwmark = Some(0x80);
+        mark_rule.fwmask = Some(0x80);
+        let mut local = route(255, Some(("10.0.2.20", 32)), None, 3);
+        local.kind = RTN_LOCAL;
+        Tables {
+            links: vec![link(1, "lo"), link(2, "eth0"), link(3, "eth1")],
+            addrs: vec![Addr {
+                index: 3,
+                addr: "10.0.2.20".parse().unwrap(),
+                prefix_len: 32,
+                label: None,
+            }],
+            routes: vec![
+                route(254, None, Some("10.0.1.1"), 2),
+                route(254, Some(("10.0.1.0", 24)), None, 2),
+                route(2, None, Some("10.0.2.1"), 3),
+                local,
+            ],
+            rules: vec![
+                rule(0, 255),
+                mark_rule,
+                pod_rule,
+                rule(32766, 254),
+                rule(32767, 253),
+            ],
+        }
+    }
+
+    fn confs(all: u32, eth1: u32, vmark: u32) -> Confs {
+        let conf = |rp, vmark| Conf {
+            rp_filter: Some(rp),
+            src_valid_mark: Some(vmark),
+            accept_local: Some(0),
+            route_localnet: Some(0),
+        };
+        Confs {
+            all: conf(all, vmark),
+            devs: [("eth1".to_string(), conf(eth1, 0))].into(),
+        }
+    }
+
+    fn lookup_ev(table: u32, err: i32, res: u32, gw: Option<&str>, mark: u32) -> Lookup {
+        Lookup {
+            ts_ns: 1,
+            table,
+            err,
+            iif: LOOPBACK_IFINDEX,
+            oif: 0,
+            mark,
+            src: ip("10.0.2.20"),
+            dst: ip("203.0.113.7"),
+            res_ifindex: res,
+            gw: gw.map(ip),
+            scope: 0,
+        }
+    }
+
+    fn drop<'a>(reason: &'a str, fib: &'a [Lookup], mark: u32) -> RouteDrop<'a> {
+        RouteDrop {
+            reason: Some(reason),
+            location: "ip_rcv_finish_core+0x25b",
+            iif: 3,
+            src: ip("203.0.113.7"),
+            dst: ip("10.0.2.20"),
+            mark,
+            fib,
+            netns_exec: "ip netns exec node ",
+        }
+    }
+
+    #[test]
+    fn strict_rp_filter_through_the_fwmark_rule() {
+        let fib = [
+            lookup_ev(255, -11, 0, None, 0x80),
+            lookup_ev(254, 0, 2, Some("10.0.1.1"), 0x80),
+        ];
+        let f = explain(
+            &drop("IP_RPFILTER", &fib, 0x80),
+            &incident1(),
+            &confs(1, 1, 1),
+        )
+        .unwrap();
+        assert_eq!(f.cause, "rp_filter_strict");
+        assert_eq!(
+            f.summary,
+            "strict reverse-path filter on eth1: the way back to 203.0.113.7 is via eth0 \
+             (rule 1024: from all fwmark 0x80/0x80 lookup main)"
+        );
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel: drop reason IP_RPFILTER at ip_rcv_finish_core+0x25b",
+                "kernel: reverse lookup of 203.0.113.7 (from 10.0.2.20, mark 0x80): table local: \
+                 no match; table main → dev eth0 via 10.0.1.1",
+                "rp_filter: conf.all=1, conf.eth1=1 → effective 1 (strict: the way back must use \
+                 the input interface)",
+                "src_valid_mark=1: the packet's mark 0x80 takes part in the reverse lookup",
+                "policy rule that decided: 1024: from all fwmark 0x80/0x80 lookup main",
+                "route in table main: default via 10.0.1.1 dev eth0",
+            ]
+        );
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec node sysctl -w net.ipv4.conf.eth1.rp_filter=2",
+                "ip netns exec node ip rule add from 10.0.2.20 lookup 2 priority 1023",
+            ]
+        );
+    }
+
+    #[test]
+    fn strict_rp_filter_without_kernel_evidence_uses_the_tables() {
+        // No mark: the pod rule (1536) would send the reverse lookup to
+        // table 2 (eth1)... but main's rule 32766 is what a pod without a
+        // rule hits. Drop the pod rule to get the plain secondary-ENI case.
+        let mut t = incident1();
+        t.rules.retain(|r| r.priority != 1536);
+        let f = explain(&drop("IP_RPFILTER", &[], 0), &t, &confs(0, 1, 0)).unwrap();
+        assert_eq!(f.cause, "rp_filter_strict");
+        assert!(
+            f.summary
+                .ends_with("is via eth0 (rule 32766: from all lookup main)"),
+            "{}",
+            f.summary
+        );
+        assert!(f
+            .evidence
+            .iter()
+            .any(|e| e.contains("computed from the current tables")));
+        assert!(f
+            .fix
+            .iter()
+            .any(|c| c.ends_with("ip rule add from 10.0.2.20 lookup 2 priority 32765")));
+    }
+
+    #[test]
+    fn loose_rp_filter_with_no_route_back() {
+        let mut t = incident1();
+        t.routes.retain(|r| r.table == 255);
+        let fib = [
+            lookup_ev(255, -11, 0, None, 0),
+            lookup_ev(254, -101, 0, None, 0),
+        ];
+        let f = explain(&drop("IP_RPFILTER", &fib, 0), &t, &confs(2, 0, 0)).unwrap();
+        assert_eq!(f.cause, "rp_filter_loose");
+        assert_eq!(
+            f.summary,
+            "reverse-path filter on eth1: there is no route back to 203.0.113.7 at all"
+        );
+        assert!(f.evidence[1].ends_with("table local: no match; table main: network unreachable"));
+        assert_eq!(
+            f.fix[0],
+            "ip netns exec node ip route add 203.0.113.7/32 dev eth1"
+        );
+    }
+
+    #[test]
+    fn local_source_martian() {
+        let mut t = incident1();
+        t.links.push(link(4, "kube-ipvs0"));
+        t.addrs.push(Addr {
+            index: 4,
+            addr: "203.0.113.7".parse().unwrap(),
+            prefix_len: 32,
+            label: None,
+        });
+        let mut local = route(255, Some(("203.0.113.7", 32)), None, 4);
+        local.kind = RTN_LOCAL;
+        t.routes.push(local);
+        let fib = [lookup_ev(255, 0, 4, None, 0)];
+        let f = explain(&drop("IP_LOCAL_SOURCE", &fib, 0), &t, &confs(0, 0, 0)).unwrap();
+        assert_eq!(f.cause, "martian_local_source");
+        assert_eq!(
+            f.summary,
+            "martian source on eth1: 203.0.113.7 is a local address of this host (local table, \
+             on dev kube-ipvs0)"
+        );
+        assert!(f
+            .evidence
+            .contains(&"route in table local: local 203.0.113.7 dev kube-ipvs0".to_string()));
+        assert!(f
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("accept_local: conf.all=0, conf.eth1=0")));
+        assert!(f
+            .evidence
+            .iter()
+            .any(|e| e.contains("delivered locally, never sent back")));
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip addr del 203.0.113.7/32 dev kube-ipvs0"]
+        );
+    }
+
+    #[test]
+    fn localnet_martian() {
+        let mut d = drop("IP_LOCALNET", &[], 0);
+        d.dst = ip("127.1.1.1");
+        let f = explain(&d, &incident1(), &confs(0, 0, 0)).unwrap();
+        assert_eq!(f.cause, "martian_localnet");
+        assert!(f.summary.contains("127.1.1.1 is in 127.0.0.0/8"));
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node sysctl -w net.ipv4.conf.eth1.route_localnet=1"]
+        );
+    }
+
+    #[test]
+    fn other_reasons_are_not_routing() {
+        assert!(explain(&drop("NO_SOCKET", &[], 0), &incident1(), &confs(1, 1, 0)).is_none());
+        let mut d = drop("IP_RPFILTER", &[], 0);
+        d.reason = None;
+        assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
+    }
+
+    #[test]
+    fn rule_matching() {
+        let t = incident1();
+        let flow = Flow {
+            src: ip("10.0.2.20"),
+            dst: ip("203.0.113.7"),
+            mark: 0,
+            iif: "lo",
+        };
+        let matching: Vec<u32> = t
+            .rules
+            .iter()
+            .filter(|r| rule_matches(r, &flow))
+            .map(|r| r.priority)
+            .collect();
+        assert_eq!(matching, [0, 1536, 32766, 32767]);
+        let marked = Flow { mark: 0x81, ..flow };
+        assert!(rule_matches(&t.rules[1], &marked));
+        let mut iif_rule = rule(10, 2);
+        iif_rule.iifname = Some("eth1".into());
+        assert!(!rule_matches(&iif_rule, &flow));
+        iif_rule.invert = true;
+        assert!(rule_matches(&iif_rule, &flow));
+        assert_eq!(rule_text(&t.rules[2]), "1536: from 10.0.2.20 lookup 2");
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let t = incident1();
+        assert_eq!(lookup(&t.routes, 254, ip("10.0.1.7")).unwrap().dst_len, 24);
+        assert_eq!(lookup(&t.routes, 254, ip("8.8.8.8")).unwrap().dst_len, 0);
+        assert!(lookup(&t.routes, 7, ip("8.8.8.8")).is_none());
+    }
+}
