@@ -160,6 +160,10 @@ pub struct FibLookup {
     pub scope: u8,
     pub gw_family: u8,
     pub _pad: [u8; 2],
+    /// Netns inode of the result device; 0 when the lookup found nothing
+    /// (the lookup itself does not say which namespace it ran in).
+    pub netns: u32,
+    pub _pad2: u32,
 }
 
 impl FibLookup {
@@ -178,6 +182,8 @@ impl FibLookup {
             scope: 0,
             gw_family: 0,
             _pad: [0; 2],
+            netns: 0,
+            _pad2: 0,
         }
     }
 }
@@ -402,14 +408,14 @@ mod tests {
     fn layouts_have_no_hidden_padding() {
         use core::mem::size_of;
         assert_eq!(size_of::<Offsets>(), 21 * 4);
-        assert_eq!(size_of::<FibLookup>(), 48);
-        assert_eq!(size_of::<FibRecent>(), 8 + 48 * FIB_RECENT);
+        assert_eq!(size_of::<FibLookup>(), 56);
+        assert_eq!(size_of::<FibRecent>(), 8 + 56 * FIB_RECENT);
         assert_eq!(size_of::<Cidr>(), 20);
         assert_eq!(size_of::<Filter>(), 2 * MAX_PORTS + 20 * MAX_HOSTS + 16 + 8);
         assert_eq!(size_of::<EventHeader>(), 16);
         assert_eq!(
             size_of::<DropEvent>(),
-            16 + 8 + 16 + 32 + 8 + 8 + 48 * FIB_PER_EVENT
+            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_PER_EVENT
         );
         assert_eq!(size_of::<Counters>(), 24);
     }

@@ -73,7 +73,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     e.n_fib = if tcp.family == AF_INET {
         let s = [tcp.saddr[0], tcp.saddr[1], tcp.saddr[2], tcp.saddr[3]];
         let d = [tcp.daddr[0], tcp.daddr[1], tcp.daddr[2], tcp.daddr[3]];
-        fib::lookups_for(&s, &d, now, &mut e.fib)
+        fib::lookups_for(&s, &d, netns, now, &mut e.fib)
     } else {
         0
     };

@@ -36,6 +36,7 @@ fn try_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> 
     e.mark = read(flp, o.fl4_mark).unwrap_or(0);
     e.saddr = read(flp, o.fl4_saddr).unwrap_or([0; 4]);
     e.daddr = read(flp, o.fl4_daddr).unwrap_or([0; 4]);
+    e.netns = 0;
     fill_result(e, nhc, &o);
     Some(())
 }
@@ -44,6 +45,8 @@ fn try_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> 
 fn fill_result(e: &mut FibLookup, nhc: u64, o: &Offsets) {
     let dev: u64 = read(nhc, o.nhc_dev).unwrap_or(0);
     e.res_ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
+    let net: u64 = read(dev, o.dev_net).unwrap_or(0);
+    e.netns = read(net, o.net_inum).unwrap_or(0);
     e.gw = read(nhc, o.nhc_gw).unwrap_or([0; 4]);
     e.gw_family = read(nhc, o.nhc_gw_family).unwrap_or(0);
     e.scope = read(nhc, o.nhc_scope).unwrap_or(0);
@@ -51,11 +54,13 @@ fn fill_result(e: &mut FibLookup, nhc: u64, o: &Offsets) {
 
 /// Copies this CPU's recent lookups of the packet `saddr -> daddr` (the
 /// forward lookup, and the reverse one with the addresses swapped) into
-/// `out`, oldest first; returns how many.
+/// `out`, oldest first; returns how many. A lookup whose result lives in
+/// another namespace (the sender's, on a veth) is not this packet's.
 #[inline(always)]
 pub fn lookups_for(
     saddr: &[u8; 4],
     daddr: &[u8; 4],
+    netns: u32,
     now: u64,
     out: &mut [FibLookup; FIB_PER_EVENT],
 ) -> u32 {
@@ -72,7 +77,8 @@ pub fn lookups_for(
         let fresh = e.ts_ns != 0 && now.wrapping_sub(e.ts_ns) < FIB_WINDOW_NS;
         let forward = e.saddr == *saddr && e.daddr == *daddr;
         let reverse = e.saddr == *daddr && e.daddr == *saddr;
-        if fresh && (forward || reverse) && n < FIB_PER_EVENT {
+        let same_ns = e.netns == 0 || e.netns == netns;
+        if fresh && same_ns && (forward || reverse) && n < FIB_PER_EVENT {
             out[n] = *e;
             n += 1;
         }

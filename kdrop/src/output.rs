@@ -27,7 +27,25 @@ pub struct DropRecord {
     /// `symbol+0xoff`, or the raw address when symbols are hidden.
     pub location: String,
     pub mark: u32,
+    /// The kernel's IPv4 route lookups for this packet (fib:fib_table_lookup).
+    pub route_lookups: Vec<LookupRecord>,
     pub finding: Option<Finding>,
+}
+
+/// One route lookup the kernel did for the packet.
+#[derive(Clone, Debug, Serialize)]
+pub struct LookupRecord {
+    pub table: u32,
+    /// 0, or the negative errno of a failed lookup (-11: no match in this table).
+    pub err: i32,
+    pub src: std::net::Ipv4Addr,
+    pub dst: std::net::Ipv4Addr,
+    pub iif: u32,
+    pub oif: u32,
+    pub mark: u32,
+    /// Result interface name, resolved in the packet's namespace.
+    pub dev: Option<String>,
+    pub gw: Option<std::net::Ipv4Addr>,
 }
 
 impl DropRecord {
@@ -168,6 +186,7 @@ pub(crate) mod tests {
             reason: Some("IP_RPFILTER".into()),
             location: "ip_rcv_finish_core+0x1a3".into(),
             mark: 0,
+            route_lookups: vec![],
             finding: None,
         }
     }

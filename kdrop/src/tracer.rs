@@ -20,7 +20,7 @@ use crate::{
     diagnosis::{self, routing, DropFacts, Finding},
     event::{self, Drop, Event},
     kernel::Reasons,
-    output::{rfc3339, DropRecord},
+    output::{rfc3339, DropRecord, LookupRecord},
     probes::{self, KernelSetup, Probes},
     symbols::Symbols,
 };
@@ -178,8 +178,27 @@ impl Enricher {
             reason,
             location,
             mark: d.mark,
+            route_lookups: Vec::new(),
             finding: None,
         };
+        r.route_lookups = d
+            .fib
+            .iter()
+            .map(|l| LookupRecord {
+                table: l.table,
+                err: l.err,
+                src: l.src,
+                dst: l.dst,
+                iif: l.iif,
+                oif: l.oif,
+                mark: l.mark,
+                dev: (l.err == 0 && l.res_ifindex != 0).then(|| {
+                    self.ifnames
+                        .get(ns.as_ref(), self.own_netns, d.netns, l.res_ifindex)
+                }),
+                gw: l.gw,
+            })
+            .collect();
         r.finding = self.explain_routing(d, &r, ns.as_ref()).or_else(|| {
             diagnosis::explain(&DropFacts {
                 reason: r.reason.as_deref(),

@@ -3,7 +3,7 @@
 use std::{
     io::{BufRead as _, BufReader},
     net::SocketAddr,
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::PathBuf,
     process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc::{self, Receiver, RecvTimeoutError},
@@ -336,6 +336,54 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
         }
     };
     (ss, len as libc::socklen_t)
+}
+
+/// A full handshake `src -> dst` from inside `ns` with a fixed source
+/// address and port, bounded by 3 s.
+pub fn connect_from(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> std::io::Result<()> {
+    let fd = send_syn(ns, src, dst);
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 3000) };
+    if n == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no handshake in 3 s",
+        ));
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: err/len are valid out-parameters for SO_ERROR.
+    unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&raw mut err).cast(),
+            &mut len,
+        )
+    };
+    if err != 0 {
+        return Err(std::io::Error::from_raw_os_error(err));
+    }
+    Ok(())
+}
+
+/// Runs one of kdrop's fix commands exactly as printed.
+pub fn run_fix(cmd: &str) {
+    let out = Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("running sh");
+    assert!(
+        out.status.success(),
+        "fix `{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Sends one SYN `src -> dst` from inside `ns` with a non-blocking connect
