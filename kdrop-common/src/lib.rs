@@ -58,7 +58,26 @@ pub struct Offsets {
     pub nhc_gw_family: u32,
     /// `fib_nh_common.nhc_scope` (`unsigned char`).
     pub nhc_scope: u32,
-    pub _pad: u32,
+    /// `sk_buff.data` (`unsigned char *`).
+    pub skb_data: u32,
+    /// `sk_buff._nfct` (`unsigned long`: `struct nf_conn *` | ctinfo).
+    pub skb_nfct: u32,
+    /// `nf_conn.tuplehash[0].tuple`; the reply tuple follows at
+    /// `+ ct_tuplehash_size`.
+    pub ct_tuple: u32,
+    pub ct_tuplehash_size: u32,
+    /// Within `struct nf_conntrack_tuple`: `src.u3`, `src.u.all`,
+    /// `dst.u3`, `dst.u.all`, `dst.protonum`.
+    pub tuple_src_addr: u32,
+    pub tuple_src_port: u32,
+    pub tuple_dst_addr: u32,
+    pub tuple_dst_port: u32,
+    pub tuple_protonum: u32,
+    /// `nf_conn.status` (`unsigned long`), `nf_conn.mark` (`u32`),
+    /// `nf_conn.zone.id` (`u16`).
+    pub ct_status: u32,
+    pub ct_mark: u32,
+    pub ct_zone: u32,
 }
 
 impl Offsets {
@@ -84,7 +103,18 @@ impl Offsets {
             nhc_gw: ABSENT,
             nhc_gw_family: ABSENT,
             nhc_scope: ABSENT,
-            _pad: 0,
+            skb_data: ABSENT,
+            skb_nfct: ABSENT,
+            ct_tuple: ABSENT,
+            ct_tuplehash_size: ABSENT,
+            tuple_src_addr: ABSENT,
+            tuple_src_port: ABSENT,
+            tuple_dst_addr: ABSENT,
+            tuple_dst_port: ABSENT,
+            tuple_protonum: ABSENT,
+            ct_status: ABSENT,
+            ct_mark: ABSENT,
+            ct_zone: ABSENT,
         }
     }
 }
@@ -212,6 +242,9 @@ pub struct FibRecent {
 pub struct Cidr {
     /// Network-order address bytes; IPv4 uses the first 4.
     pub addr: [u8; 16],
+    /// The prefix as a byte mask (userspace fills it from `prefix_len`), so
+    /// the kernel side compares without branches.
+    pub mask: [u8; 16],
     /// `AF_INET` or `AF_INET6`.
     pub family: u8,
     pub prefix_len: u8,
@@ -222,37 +255,41 @@ impl Cidr {
     pub const fn zeroed() -> Self {
         Self {
             addr: [0; 16],
+            mask: [0; 16],
             family: 0,
             prefix_len: 0,
             _pad: [0; 2],
         }
     }
 
+    /// `addr`/`prefix_len` with the mask filled in.
+    pub fn new(family: u8, addr: [u8; 16], prefix_len: u8) -> Self {
+        let mut mask = [0u8; 16];
+        let mut bits = prefix_len as usize;
+        for m in mask.iter_mut() {
+            *m = if bits >= 8 { 0xff } else { !(0xffu8 >> bits) };
+            bits = bits.saturating_sub(8);
+        }
+        Self {
+            addr,
+            mask,
+            family,
+            prefix_len,
+            _pad: [0; 2],
+        }
+    }
+
     /// Does `addr` (network-order bytes of `family`) fall inside this CIDR?
+    /// Branch-free over the bytes: the verifier walks it once.
     #[inline(always)]
     pub fn contains(&self, family: u8, addr: &[u8; 16]) -> bool {
-        if family != self.family {
-            return false;
-        }
-        let mut bits = self.prefix_len as usize;
+        let mut diff = 0u8;
         let mut i = 0;
-        // Bounded by 16 so the verifier sees a fixed trip count.
         while i < 16 {
-            if bits == 0 {
-                return true;
-            }
-            let mask: u8 = if bits >= 8 {
-                0xff
-            } else {
-                0xffu8 << (8 - bits)
-            };
-            if (addr[i] ^ self.addr[i]) & mask != 0 {
-                return false;
-            }
-            bits = bits.saturating_sub(8);
+            diff |= (addr[i] ^ self.addr[i]) & self.mask[i];
             i += 1;
         }
-        true
+        diff == 0 && family == self.family
     }
 }
 
@@ -338,10 +375,93 @@ pub struct DropEvent {
     pub n_fib: u32,
     pub _pad2: u32,
     pub fib: [FibLookup; FIB_PER_EVENT],
+    pub ct: CtInfo,
 }
 
-/// Index of the single entry of the per-CPU `COUNTERS` map.
+/// One direction of a conntrack entry (`struct nf_conntrack_tuple`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtTuple {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    /// Host order.
+    pub sport: u16,
+    pub dport: u16,
+    pub protonum: u8,
+    pub _pad: [u8; 3],
+}
+
+impl CtTuple {
+    pub const fn zeroed() -> Self {
+        Self {
+            saddr: [0; 16],
+            daddr: [0; 16],
+            sport: 0,
+            dport: 0,
+            protonum: 0,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// The conntrack entry a packet carried (`skb->_nfct`), if any.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtInfo {
+    pub orig: CtTuple,
+    pub reply: CtTuple,
+    /// `enum ip_conntrack_status` bits (names from BTF).
+    pub status: u32,
+    pub mark: u32,
+    pub zone: u16,
+    /// `enum ip_conntrack_info` of this packet.
+    pub ctinfo: u8,
+    /// 1 when the packet had an entry.
+    pub present: u8,
+    pub _pad: u32,
+}
+
+impl CtInfo {
+    pub const fn zeroed() -> Self {
+        Self {
+            orig: CtTuple::zeroed(),
+            reply: CtTuple::zeroed(),
+            status: 0,
+            mark: 0,
+            zone: 0,
+            ctinfo: 0,
+            present: 0,
+            _pad: 0,
+        }
+    }
+}
+
+/// `EventHeader.kind` of a handshake packet leaving a device.
+pub const EVENT_EGRESS: u32 = 2;
+
+/// A handshake packet (SYN, SYN-ACK or RST) handed to a device for
+/// transmission (`net:net_dev_queue`), with its conntrack entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketEvent {
+    pub header: EventHeader,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub mark: u32,
+    pub _pad0: u32,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u8,
+    pub tcp_flags: u8,
+    pub _pad: [u8; 2],
+    pub ct: CtInfo,
+}
+
+/// Entries of the per-CPU `COUNTERS` map: drops, and egress handshake packets.
 pub const COUNTERS_KEY: u32 = 0;
+pub const EGRESS_COUNTERS_KEY: u32 = 1;
 
 /// Per-CPU counters. `matched == emitted + lost` on every CPU, always.
 #[repr(C)]
@@ -370,6 +490,9 @@ mod pod {
     unsafe impl aya::Pod for FibLookupArgs {}
     unsafe impl aya::Pod for FibLookup {}
     unsafe impl aya::Pod for FibRecent {}
+    unsafe impl aya::Pod for CtTuple {}
+    unsafe impl aya::Pod for CtInfo {}
+    unsafe impl aya::Pod for PacketEvent {}
 }
 
 #[cfg(test)]
@@ -383,12 +506,7 @@ mod tests {
     }
 
     fn cidr(a: [u8; 4], len: u8) -> Cidr {
-        Cidr {
-            addr: v4(a),
-            family: AF_INET,
-            prefix_len: len,
-            _pad: [0; 2],
-        }
+        Cidr::new(AF_INET, v4(a), len)
     }
 
     #[test]
@@ -407,16 +525,19 @@ mod tests {
     #[test]
     fn layouts_have_no_hidden_padding() {
         use core::mem::size_of;
-        assert_eq!(size_of::<Offsets>(), 21 * 4);
+        assert_eq!(size_of::<Offsets>(), 32 * 4);
         assert_eq!(size_of::<FibLookup>(), 56);
         assert_eq!(size_of::<FibRecent>(), 8 + 56 * FIB_RECENT);
-        assert_eq!(size_of::<Cidr>(), 20);
-        assert_eq!(size_of::<Filter>(), 2 * MAX_PORTS + 20 * MAX_HOSTS + 16 + 8);
+        assert_eq!(size_of::<Cidr>(), 36);
+        assert_eq!(size_of::<Filter>(), 2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 8);
         assert_eq!(size_of::<EventHeader>(), 16);
         assert_eq!(
             size_of::<DropEvent>(),
-            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_PER_EVENT
+            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_PER_EVENT + 96
         );
+        assert_eq!(size_of::<CtTuple>(), 40);
+        assert_eq!(size_of::<CtInfo>(), 96);
+        assert_eq!(size_of::<PacketEvent>(), 16 + 16 + 32 + 8 + 96);
         assert_eq!(size_of::<Counters>(), 24);
     }
 }

@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
-use kdrop_common::{Counters, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, Offsets};
+use kdrop_common::{Counters, CtInfo, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, Offsets};
 
 #[unsafe(no_mangle)]
 static OFFSETS: Offsets = Offsets::zeroed();
@@ -32,8 +32,13 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 pub static FIB_LOOKUPS: PerCpuArray<FibRecent> = PerCpuArray::with_max_entries(1, 0);
 
+/// Scratch space for a packet's conntrack entry: too big for the BPF stack
+/// next to everything else.
 #[map]
-pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
+pub static CT_SCRATCH: PerCpuArray<CtInfo> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(2, 0);
 
 // Volatile reads so the compiler does not fold the zeroed initialisers.
 #[inline(always)]

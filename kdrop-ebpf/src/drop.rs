@@ -1,13 +1,13 @@
 //! The drop path: a packet freed by `kfree_skb` with a reason.
 use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
 use kdrop_common::{
-    DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, AF_INET, COUNTERS_KEY, EVENT_DROP,
-    MAX_HOSTS, MAX_PORTS,
+    Cidr, CtInfo, DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, AF_INET, COUNTERS_KEY,
+    EVENT_DROP, MAX_HOSTS, MAX_PORTS,
 };
 
 use crate::{
-    config::{filter, offsets, COUNTERS, EVENTS},
-    fib,
+    config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS},
+    ct, fib,
     skb::{self, Tcp},
 };
 
@@ -28,7 +28,16 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     let o = offsets();
     let tcp = skb::parse_tcp(skb, &o)?;
     let f = filter();
-    if !matches_packet(f, &tcp) {
+    if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
+        return None;
+    }
+    // Read before filtering: --port/--host also match the addresses the
+    // client used before NAT (a service port, a VIP).
+    let ct = CT_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU scratch slot, used by one program run at a time.
+    let ct = unsafe { &mut *ct };
+    ct::read_ct(skb, &o, ct);
+    if !matches_packet(f, &tcp, ct) {
         return None;
     }
     let (netns, ifindex) = skb::netns_and_ifindex(skb, &o);
@@ -77,23 +86,36 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     } else {
         0
     };
+    e.ct = *ct;
     entry.submit(0);
     counters.emitted += 1;
     Some(())
 }
 
-/// Flags, ports and addresses: everything that needs only the headers.
+/// `any == 0` matches every packet.
 #[inline(always)]
-fn matches_packet(f: &Filter, t: &Tcp) -> bool {
-    if f.tcp_flags_any != 0 && t.tcp_flags & f.tcp_flags_any == 0 {
-        return false;
-    }
+pub fn flags_match(any: u8, flags: u8) -> bool {
+    any == 0 || flags & any != 0
+}
+
+/// Ports and addresses, of the packet or of the conntrack entry's original
+/// direction. Loops stop at the first hit and at the configured count, which
+/// keeps both the verifier's path count and the stack small.
+// A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
+#[inline(never)]
+pub fn matches_packet(f: &Filter, t: &Tcp, ct: &CtInfo) -> bool {
+    let has_ct = ct.present != 0;
     if f.n_ports != 0 {
         let mut hit = false;
         let mut i = 0;
-        while i < MAX_PORTS {
-            if (i as u32) < f.n_ports && (f.ports[i] == t.sport || f.ports[i] == t.dport) {
+        while i < MAX_PORTS && (i as u32) < f.n_ports {
+            let p = f.ports[i];
+            if p == t.sport
+                || p == t.dport
+                || (has_ct && (p == ct.orig.sport || p == ct.orig.dport))
+            {
                 hit = true;
+                break;
             }
             i += 1;
         }
@@ -104,12 +126,16 @@ fn matches_packet(f: &Filter, t: &Tcp) -> bool {
     if f.n_hosts != 0 {
         let mut hit = false;
         let mut i = 0;
-        while i < MAX_HOSTS {
-            if (i as u32) < f.n_hosts
-                && (f.hosts[i].contains(t.family, &t.saddr)
-                    || f.hosts[i].contains(t.family, &t.daddr))
+        while i < MAX_HOSTS && (i as u32) < f.n_hosts {
+            let h = &f.hosts[i];
+            if in_cidr(h, t.family, &t.saddr)
+                || in_cidr(h, t.family, &t.daddr)
+                || (has_ct
+                    && (in_cidr(h, t.family, &ct.orig.saddr)
+                        || in_cidr(h, t.family, &ct.orig.daddr)))
             {
                 hit = true;
+                break;
             }
             i += 1;
         }
@@ -118,4 +144,10 @@ fn matches_packet(f: &Filter, t: &Tcp) -> bool {
         }
     }
     true
+}
+
+/// One subprogram for every address test keeps each frame small.
+#[inline(never)]
+fn in_cidr(c: &Cidr, family: u8, addr: &[u8; 16]) -> bool {
+    c.contains(family, addr)
 }

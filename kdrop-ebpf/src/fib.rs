@@ -56,7 +56,8 @@ fn fill_result(e: &mut FibLookup, nhc: u64, o: &Offsets) {
 /// forward lookup, and the reverse one with the addresses swapped) into
 /// `out`, oldest first; returns how many. A lookup whose result lives in
 /// another namespace (the sender's, on a veth) is not this packet's.
-#[inline(always)]
+// A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
+#[inline(never)]
 pub fn lookups_for(
     saddr: &[u8; 4],
     daddr: &[u8; 4],

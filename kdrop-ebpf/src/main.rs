@@ -4,7 +4,9 @@
 #![no_main]
 
 mod config;
+mod ct;
 mod drop;
+mod egress;
 mod fib;
 mod skb;
 
@@ -74,6 +76,18 @@ pub fn fib_table_lookup_raw(ctx: RawTracePointContext) -> i32 {
         arg_at(a.nhc, |n| ctx.arg(n)),
         arg_at(a.err, |n| ctx.arg(n)),
     )
+}
+
+/// `net:net_dev_queue` as tp_btf: `(struct sk_buff *skb)`.
+#[btf_tracepoint(function = "net_dev_queue")]
+pub fn net_dev_queue_btf(ctx: BtfTracePointContext) -> i32 {
+    egress::on_net_dev_queue(ctx.arg(0))
+}
+
+/// The same as a raw tracepoint.
+#[raw_tracepoint(tracepoint = "net_dev_queue")]
+pub fn net_dev_queue_raw(ctx: RawTracePointContext) -> i32 {
+    egress::on_net_dev_queue(ctx.arg(0))
 }
 
 /// Reads argument `n` with a constant index: the verifier refuses variable

@@ -30,7 +30,8 @@ pub struct Tcp {
 /// The IP header is found through `network_header`, which every path that
 /// can drop an IP packet has set; the TCP header is located from the IP
 /// header itself because `transport_header` is unset on early drops.
-#[inline(always)]
+// A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
+#[inline(never)]
 pub fn parse_tcp(skb: u64, o: &Offsets) -> Option<Tcp> {
     let proto = u16::from_be(read::<u16>(skb, o.skb_protocol).ok()?);
     // Locally built packets can be freed before ip_output sets protocol.

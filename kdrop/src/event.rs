@@ -1,8 +1,9 @@
 //! Decoding ring buffer records into owned events.
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kdrop_common::{
-    DropEvent, EventHeader, FibLookup, AF_INET, AF_INET6, EVENT_DROP, FIB_PER_EVENT,
+    CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, PacketEvent, AF_INET, AF_INET6, EVENT_DROP,
+    EVENT_EGRESS, FIB_PER_EVENT,
 };
 
 /// A dropped TCP packet as the kernel reported it, before any enrichment.
@@ -23,6 +24,48 @@ pub struct Drop {
     pub tcp_flags: u8,
     /// The kernel's route lookups for this packet, oldest first (IPv4).
     pub fib: Vec<Lookup>,
+    /// The conntrack entry the packet carried.
+    pub ct: Option<Ct>,
+}
+
+/// One direction of a conntrack entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tuple {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+impl Tuple {
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            src: self.dst,
+            dst: self.src,
+        }
+    }
+}
+
+/// A conntrack entry as the packet carried it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ct {
+    pub orig: Tuple,
+    pub reply: Tuple,
+    /// `enum ip_conntrack_status` bits.
+    pub status: u32,
+    pub mark: u32,
+    pub zone: u16,
+    pub ctinfo: u8,
+}
+
+/// A handshake packet handed to a device for transmission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packet {
+    pub ts_ns: u64,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub mark: u32,
+    pub tuple: Tuple,
+    pub tcp_flags: u8,
+    pub ct: Option<Ct>,
 }
 
 /// One FIB table lookup, as `fib:fib_table_lookup` reported it.
@@ -64,6 +107,7 @@ impl From<&FibLookup> for Lookup {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Drop(Drop),
+    Egress(Packet),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -106,6 +150,26 @@ fn addr(family: u8, bytes: [u8; 16]) -> Result<IpAddr, DecodeError> {
     }
 }
 
+fn ct(family: u8, c: &CtInfo) -> Result<Option<Ct>, DecodeError> {
+    if c.present == 0 {
+        return Ok(None);
+    }
+    let tuple = |t: &CtTuple| -> Result<Tuple, DecodeError> {
+        Ok(Tuple {
+            src: SocketAddr::new(addr(family, t.saddr)?, t.sport),
+            dst: SocketAddr::new(addr(family, t.daddr)?, t.dport),
+        })
+    };
+    Ok(Some(Ct {
+        orig: tuple(&c.orig)?,
+        reply: tuple(&c.reply)?,
+        status: c.status,
+        mark: c.mark,
+        zone: c.zone,
+        ctinfo: c.ctinfo,
+    }))
+}
+
 /// Decodes one ring buffer record.
 pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
     let header: EventHeader = read(data, 0)?;
@@ -131,6 +195,22 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
                     .take((e.n_fib as usize).min(FIB_PER_EVENT))
                     .map(Lookup::from)
                     .collect(),
+                ct: ct(e.family, &e.ct)?,
+            }))
+        }
+        EVENT_EGRESS => {
+            let e: PacketEvent = read(data, header.kind)?;
+            Ok(Event::Egress(Packet {
+                ts_ns: e.header.ts_ns,
+                netns: e.netns,
+                ifindex: e.ifindex,
+                mark: e.mark,
+                tuple: Tuple {
+                    src: SocketAddr::new(addr(e.family, e.saddr)?, e.sport),
+                    dst: SocketAddr::new(addr(e.family, e.daddr)?, e.dport),
+                },
+                tcp_flags: e.tcp_flags,
+                ct: ct(e.family, &e.ct)?,
             }))
         }
         k => Err(DecodeError::UnknownKind(k)),
@@ -186,6 +266,7 @@ pub(crate) mod tests {
             n_fib: 0,
             _pad2: 0,
             fib: [FibLookup::zeroed(); FIB_PER_EVENT],
+            ct: CtInfo::zeroed(),
         }
     }
 
@@ -200,8 +281,11 @@ pub(crate) mod tests {
     #[test]
     fn decodes_v4_drop() {
         let e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
-        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
         assert_eq!(d.saddr, "198.51.100.7".parse::<IpAddr>().unwrap());
+        assert_eq!(d.ct, None);
         assert_eq!(d.daddr, "10.0.2.20".parse::<IpAddr>().unwrap());
         assert_eq!(
             (d.sport, d.dport, d.reason, d.ifindex),
@@ -231,7 +315,9 @@ pub(crate) mod tests {
             ..e.fib[0]
         };
         e.fib[1].err = 0;
-        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
         assert_eq!(d.fib.len(), 2);
         assert_eq!(d.fib[0].table, 255);
         assert_eq!(d.fib[0].err, -11);
@@ -240,8 +326,35 @@ pub(crate) mod tests {
         assert_eq!(d.fib[1].dst, Ipv4Addr::new(198, 51, 100, 7));
         // A corrupt count never reads past the array.
         e.n_fib = 1000;
-        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
         assert_eq!(d.fib.len(), FIB_PER_EVENT);
+    }
+
+    #[test]
+    fn decodes_conntrack_entry() {
+        let mut e = raw_v4([10, 244, 1, 5], [10, 244, 1, 9], 43534, 80);
+        e.ct.present = 1;
+        e.ct.status = 0b10_1000; // CONFIRMED | DST_NAT
+        let t = |s: [u8; 4], sp, d: [u8; 4], dp| {
+            let mut x = CtTuple::zeroed();
+            x.saddr[..4].copy_from_slice(&s);
+            x.daddr[..4].copy_from_slice(&d);
+            x.sport = sp;
+            x.dport = dp;
+            x
+        };
+        e.ct.orig = t([10, 244, 1, 5], 43534, [10, 96, 0, 10], 80);
+        e.ct.reply = t([10, 244, 1, 9], 80, [10, 244, 1, 5], 43534);
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
+        let ct = d.ct.unwrap();
+        assert_eq!(ct.orig.dst.to_string(), "10.96.0.10:80");
+        assert_eq!(ct.reply.src.to_string(), "10.244.1.9:80");
+        assert_eq!(ct.reply.reversed().dst.to_string(), "10.244.1.9:80");
+        assert_eq!(ct.status, 0b10_1000);
     }
 
     #[test]
@@ -251,7 +364,9 @@ pub(crate) mod tests {
         e.saddr = "2001:db8::7".parse::<Ipv6Addr>().unwrap().octets();
         e.daddr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
         e.reason = ABSENT;
-        let Event::Drop(d) = decode(&bytes(&e)).unwrap();
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
         assert_eq!(d.saddr.to_string(), "2001:db8::7");
         assert_eq!(d.daddr.to_string(), "fd00::1");
         assert_eq!(d.reason, ABSENT);

@@ -55,8 +55,114 @@ pub fn offsets(btf: &Btf) -> Result<Offsets> {
         nhc_gw: optional(btf, "fib_nh_common", "nhc_gw", 16),
         nhc_gw_family: optional(btf, "fib_nh_common", "nhc_gw_family", 1),
         nhc_scope: optional(btf, "fib_nh_common", "nhc_scope", 1),
-        _pad: 0,
+        skb_data: offset(btf, "sk_buff", "data", 8)?,
+        skb_nfct: optional(btf, "sk_buff", "_nfct", 8),
+        // Conntrack members are filled by `conntrack_offsets` (nf_conn may
+        // live in module BTF).
+        ct_tuple: ABSENT,
+        ct_tuplehash_size: ABSENT,
+        tuple_src_addr: ABSENT,
+        tuple_src_port: ABSENT,
+        tuple_dst_addr: ABSENT,
+        tuple_dst_port: ABSENT,
+        tuple_protonum: ABSENT,
+        ct_status: ABSENT,
+        ct_mark: ABSENT,
+        ct_zone: ABSENT,
     })
+}
+
+/// Offsets of `struct nf_conn` and its tuples (include/net/netfilter/
+/// nf_conntrack.h and nf_conntrack_tuple.h as of v6.18), from vmlinux BTF when
+/// conntrack is built in, else from the nf_conntrack module's split BTF. All
+/// or nothing: a partial layout would misread tuples.
+pub fn conntrack_offsets(o: &mut Offsets, btf: &Btf) -> Result<()> {
+    let set = |o: &mut Offsets, btf: &Btf| -> Result<()> {
+        let th = btf
+            .find("nf_conntrack_tuple_hash", Kind::Struct)
+            .context("no struct nf_conntrack_tuple_hash")?;
+        o.ct_tuple = offset(
+            btf,
+            "nf_conn",
+            "tuplehash",
+            2 * btf.size_of(th).unwrap_or(0),
+        )? + offset(btf, "nf_conntrack_tuple_hash", "tuple", 40)?;
+        o.ct_tuplehash_size = btf.size_of(th).context("sizeof nf_conntrack_tuple_hash")?;
+        o.tuple_src_addr = offset(btf, "nf_conntrack_tuple", "src.u3", 16)?;
+        o.tuple_src_port = offset(btf, "nf_conntrack_tuple", "src.u.all", 2)?;
+        o.tuple_dst_addr = offset(btf, "nf_conntrack_tuple", "dst.u3", 16)?;
+        o.tuple_dst_port = offset(btf, "nf_conntrack_tuple", "dst.u.all", 2)?;
+        o.tuple_protonum = offset(btf, "nf_conntrack_tuple", "dst.protonum", 1)?;
+        o.ct_status = offset(btf, "nf_conn", "status", 8)?;
+        o.ct_mark = offset(btf, "nf_conn", "mark", 4).unwrap_or(ABSENT);
+        o.ct_zone = offset(btf, "nf_conn", "zone.id", 2).unwrap_or(ABSENT);
+        Ok(())
+    };
+    let mut tmp = *o;
+    let result = set(&mut tmp, btf);
+    if result.is_ok() {
+        *o = tmp;
+    }
+    result
+}
+
+/// Names of `enum ip_conntrack_status` bits (`IPS_SEEN_REPLY_BIT` → bit 1,
+/// "SEEN_REPLY") and of `enum ip_conntrack_info` values, from BTF.
+#[derive(Clone, Debug, Default)]
+pub struct CtNames {
+    pub status_bits: Vec<(u32, String)>,
+}
+
+impl CtNames {
+    pub fn from_btf(btf: &Btf) -> Self {
+        let mut n = CtNames::default();
+        if let Some(id) = btf.find("ip_conntrack_status", Kind::Enum) {
+            for (name, v) in btf.enum_values(id) {
+                if let Some(short) = name
+                    .strip_prefix("IPS_")
+                    .and_then(|s| s.strip_suffix("_BIT"))
+                {
+                    n.status_bits.push((v as u32, short.to_string()));
+                }
+            }
+        }
+        n
+    }
+
+    /// The status bit for `name` (`"DST_NAT"`), if the kernel has it.
+    pub fn bit(&self, name: &str) -> Option<u32> {
+        self.status_bits
+            .iter()
+            .find(|(_, n)| n == name)
+            .map(|(b, _)| 1u32 << b)
+    }
+
+    pub fn status(&self, status: u32) -> Vec<String> {
+        self.status_bits
+            .iter()
+            .filter(|(b, _)| *b < 32 && status & (1 << b) != 0)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+}
+
+/// `net:net_dev_queue` passes `(struct sk_buff *skb)`:
+/// https://github.com/torvalds/linux/blob/v6.18/include/trace/events/net.h#L89
+pub fn net_dev_queue_args(btf: &Btf) -> Result<()> {
+    let id = btf
+        .find("btf_trace_net_dev_queue", Kind::Typedef)
+        .context("kernel BTF has no btf_trace_net_dev_queue")?;
+    let params = btf
+        .params(id)
+        .context("btf_trace_net_dev_queue is not a function")?;
+    let names: Vec<String> = params.iter().skip(1).map(|&p| btf.type_name(p)).collect();
+    if names.first().map(String::as_str) != Some("struct sk_buff *") {
+        bail!(
+            "net_dev_queue passes ({}), not the skb first",
+            names.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn optional(btf: &Btf, strukt: &str, path: &str, size: u32) -> u32 {

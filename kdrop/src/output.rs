@@ -29,7 +29,26 @@ pub struct DropRecord {
     pub mark: u32,
     /// The kernel's IPv4 route lookups for this packet (fib:fib_table_lookup).
     pub route_lookups: Vec<LookupRecord>,
+    /// The conntrack entry the packet carried.
+    pub ct: Option<CtRecord>,
     pub finding: Option<Finding>,
+}
+
+/// A conntrack entry: both directions, as `conntrack -L` shows them.
+#[derive(Clone, Debug, Serialize)]
+pub struct CtRecord {
+    pub orig: TupleRecord,
+    pub reply: TupleRecord,
+    /// `enum ip_conntrack_status` bit names, e.g. `["CONFIRMED", "DST_NAT"]`.
+    pub status: Vec<String>,
+    pub mark: u32,
+    pub zone: u16,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TupleRecord {
+    pub src: String,
+    pub dst: String,
 }
 
 /// One route lookup the kernel did for the packet.
@@ -72,14 +91,20 @@ pub fn text_line(r: &DropRecord) -> String {
         Some(n) => n.clone(),
         None => r.netns.to_string(),
     };
+    let what = match (r.kind, &r.reason) {
+        ("drop", reason) => format!(
+            "reason={} at={}",
+            reason.as_deref().unwrap_or("unknown"),
+            r.location
+        ),
+        (kind, _) => kind.to_string(),
+    };
     format!(
-        "{time} netns={netns} if={} {} -> {} [{}] reason={} at={}",
+        "{time} netns={netns} if={} {} -> {} [{}] {what}",
         r.ifname,
         r.src(),
         r.dst(),
         r.tcp_flags,
-        r.reason.as_deref().unwrap_or("unknown"),
-        r.location,
     )
 }
 
@@ -87,10 +112,19 @@ pub fn json_line(r: &DropRecord) -> String {
     serde_json::to_string(r).expect("records serialize")
 }
 
-/// Writes one record; `Err` only for a closed output (the caller stops quietly).
+/// Writes one record (text: the headline, then the finding indented);
+/// `Err` only for a closed output (the caller stops quietly).
 pub fn write_record(out: &mut impl Write, r: &DropRecord, json: bool) -> std::io::Result<()> {
-    let line = if json { json_line(r) } else { text_line(r) };
-    writeln!(out, "{line}")
+    if json {
+        return writeln!(out, "{}", json_line(r));
+    }
+    writeln!(out, "{}", text_line(r))?;
+    if let Some(f) = &r.finding {
+        for line in finding_lines(f) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(())
 }
 
 /// Counts kept while tracing, printed at exit.
@@ -104,7 +138,11 @@ pub struct Summary {
 impl Summary {
     pub fn add(&mut self, r: &DropRecord) {
         self.received += 1;
-        let reason = r.reason.clone().unwrap_or_else(|| "unknown".into());
+        let reason = match (&r.reason, r.kind) {
+            (Some(reason), _) => reason.clone(),
+            (None, "drop") => "unknown".into(),
+            (None, kind) => kind.to_string(),
+        };
         *self.by_reason.entry(reason).or_default() += 1;
     }
 
@@ -187,6 +225,7 @@ pub(crate) mod tests {
             location: "ip_rcv_finish_core+0x1a3".into(),
             mark: 0,
             route_lookups: vec![],
+            ct: None,
             finding: None,
         }
     }

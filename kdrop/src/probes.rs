@@ -1,6 +1,10 @@
 //! Loading the eBPF object and attaching each probe point by the best rung of
 //! its ladder the kernel allows, remembering why the others were refused.
-use std::{fmt, path::PathBuf};
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -8,9 +12,14 @@ use aya::{
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
-use kdrop_common::{Counters, FibLookupArgs, Filter, KfreeSkbArgs, Offsets, COUNTERS_KEY};
+use kdrop_common::{
+    Counters, FibLookupArgs, Filter, KfreeSkbArgs, Offsets, COUNTERS_KEY, EGRESS_COUNTERS_KEY,
+};
 
-use crate::{btf::Btf, kernel, UserError};
+use crate::{
+    btf::{Btf, Kind},
+    kernel, UserError,
+};
 
 /// The eBPF object, built by build.rs and embedded.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kdrop"));
@@ -68,12 +77,16 @@ impl ProbeReport {
 /// Everything read from the kernel before loading.
 pub struct KernelSetup {
     pub btf_path: PathBuf,
-    pub btf: Btf,
+    pub btf: Arc<Btf>,
     pub offsets: Offsets,
     pub reasons: kernel::Reasons,
     pub kfree_skb_args: Result<KfreeSkbArgs, String>,
     pub kfree_skb_fields: Result<KfreeSkbArgs, String>,
     pub fib_lookup_args: Result<FibLookupArgs, String>,
+    /// Where struct nf_conn came from, or why conntrack cannot be read.
+    pub conntrack: Result<String, String>,
+    pub ct_names: kernel::CtNames,
+    pub net_dev_queue: Result<(), String>,
 }
 
 impl KernelSetup {
@@ -87,12 +100,16 @@ impl KernelSetup {
             ))
             .into());
         }
-        let btf = Btf::from_file(&btf_path)?;
-        let offsets = kernel::offsets(&btf).context("resolving kernel struct offsets from BTF")?;
+        let btf = Arc::new(Btf::from_file(&btf_path)?);
+        let mut offsets =
+            kernel::offsets(&btf).context("resolving kernel struct offsets from BTF")?;
+        let conntrack = conntrack_offsets(&mut offsets, &btf);
+        let ct_names = kernel::CtNames::from_btf(&btf);
         let reasons = kernel::Reasons::from_btf(&btf);
         let kfree_skb_args = kernel::kfree_skb_args(&btf, &reasons).map_err(|e| format!("{e:#}"));
         let kfree_skb_fields = kernel::kfree_skb_fields(&reasons).map_err(|e| format!("{e:#}"));
         let fib_lookup_args = kernel::fib_lookup_args(&btf, &offsets).map_err(|e| format!("{e:#}"));
+        let net_dev_queue = kernel::net_dev_queue_args(&btf).map_err(|e| format!("{e:#}"));
         Ok(Self {
             btf_path,
             btf,
@@ -101,8 +118,29 @@ impl KernelSetup {
             kfree_skb_args,
             kfree_skb_fields,
             fib_lookup_args,
+            conntrack,
+            ct_names,
+            net_dev_queue,
         })
     }
+}
+
+/// nf_conn offsets from vmlinux, or from the nf_conntrack module's BTF when
+/// conntrack is a module (Debian kernels).
+fn conntrack_offsets(offsets: &mut Offsets, vmlinux: &Arc<Btf>) -> Result<String, String> {
+    if vmlinux.find("nf_conn", Kind::Struct).is_some() {
+        return kernel::conntrack_offsets(offsets, vmlinux)
+            .map(|()| "vmlinux BTF".into())
+            .map_err(|e| format!("{e:#}"));
+    }
+    let module = Path::new("/sys/kernel/btf/nf_conntrack");
+    if !module.exists() {
+        return Err("nf_conntrack is not loaded (no struct nf_conn in BTF)".into());
+    }
+    let btf = Btf::from_file_split(module, vmlinux.clone()).map_err(|e| format!("{e:#}"))?;
+    kernel::conntrack_offsets(offsets, &btf)
+        .map(|()| format!("{} (module BTF)", module.display()))
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// Loaded programs and maps. Dropping it detaches and unloads everything.
@@ -164,6 +202,11 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
         .as_ref()
         .map(|_| ())
         .map_err(String::as_str);
+    let egress = setup
+        .net_dev_queue
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
     vec![
         Point {
             name: "skb:kfree_skb",
@@ -222,6 +265,27 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
                         name: "fib_table_lookup",
                     },
                     Err("not implemented: its record has no flowi4/nexthop pointers"),
+                ),
+            ],
+        },
+        Point {
+            name: "net:net_dev_queue",
+            what: "handshake packets leaving devices (unanswered SYNs, NAT)",
+            required: false,
+            rungs: vec![
+                (
+                    Attach::TpBtf {
+                        prog: "net_dev_queue_btf",
+                        tp: "net_dev_queue",
+                    },
+                    egress,
+                ),
+                (
+                    Attach::RawTp {
+                        prog: "net_dev_queue_raw",
+                        tp: "net_dev_queue",
+                    },
+                    egress,
                 ),
             ],
         },
@@ -357,12 +421,21 @@ impl Probes {
         Ok(RingBuf::try_from(map)?)
     }
 
-    /// Counters summed over CPUs.
+    /// Drop counters summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
+        self.counters_at(COUNTERS_KEY)
+    }
+
+    /// Egress handshake packet counters summed over CPUs.
+    pub fn egress_counters(&self) -> Result<Counters> {
+        self.counters_at(EGRESS_COUNTERS_KEY)
+    }
+
+    fn counters_at(&self, key: u32) -> Result<Counters> {
         let map = self.ebpf.map("COUNTERS").context("COUNTERS map missing")?;
         let arr = PerCpuArray::<_, Counters>::try_from(map)?;
         let mut sum = Counters::default();
-        for c in arr.get(&COUNTERS_KEY, 0)?.iter() {
+        for c in arr.get(&key, 0)?.iter() {
             sum.matched += c.matched;
             sum.emitted += c.emitted;
             sum.lost += c.lost;

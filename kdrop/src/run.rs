@@ -86,16 +86,18 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     let limit = args.count.unwrap_or(u64::MAX);
     let mut closed = false;
 
-    let emit = |batch: Vec<crate::event::Drop>,
+    let emit = |batch: Vec<crate::event::Event>,
                 tracer: &mut Tracer,
                 summary: &mut Summary,
                 out: &mut io::BufWriter<io::StdoutLock<'_>>|
      -> bool {
-        for d in batch {
+        for e in batch {
             if summary.received >= limit {
                 return true;
             }
-            let r = tracer.enricher.enrich(&d);
+            let Some(r) = tracer.enricher.on_event(&e) else {
+                continue;
+            };
             summary.add(&r);
             if output::write_record(out, &r, args.json).is_err() {
                 return true;
@@ -129,5 +131,12 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
         "{}",
         summary.render(&counters, tracer.started.elapsed().as_secs_f64())
     );
+    let eg = tracer.egress_counters()?;
+    if eg.matched > 0 {
+        eprintln!(
+            "kdrop: handshake packets followed: matched {}, emitted {}, lost {}",
+            eg.matched, eg.emitted, eg.lost
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -2,14 +2,14 @@
 //! turned into records.
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
-use kdrop_common::{Counters, Filter, AF_INET, AF_INET6};
+use kdrop_common::{Counters, Filter, AF_INET, AF_INET6, TCP_ACK, TCP_SYN};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
@@ -17,10 +17,14 @@ use crate::{
         netns::{self, IfNames, NetnsRegistry},
         routing::ContextCache,
     },
-    diagnosis::{self, routing, DropFacts, Finding},
-    event::{self, Drop, Event},
-    kernel::Reasons,
-    output::{rfc3339, DropRecord, LookupRecord},
+    diagnosis::{
+        self,
+        handshake::{self, BridgeFacts, CtBits, Flow, Tracker},
+        routing, DropFacts, Finding,
+    },
+    event::{self, Ct, Drop, Event, Tuple},
+    kernel::{CtNames, Reasons},
+    output::{rfc3339, CtRecord, DropRecord, LookupRecord, TupleRecord},
     probes::{self, KernelSetup, Probes},
     symbols::Symbols,
 };
@@ -45,7 +49,7 @@ impl Tracer {
         Ok(Self {
             probes,
             events,
-            enricher: Enricher::new(setup.reasons)?,
+            enricher: Enricher::new(setup.reasons, setup.ct_names)?,
             started: Instant::now(),
             undecodable: 0,
         })
@@ -59,8 +63,12 @@ impl Tracer {
         self.probes.counters()
     }
 
+    pub fn egress_counters(&self) -> Result<Counters> {
+        self.probes.egress_counters()
+    }
+
     /// Waits until records are available, then decodes all of them.
-    pub async fn next_batch(&mut self) -> Result<Vec<Drop>> {
+    pub async fn next_batch(&mut self) -> Result<Vec<Event>> {
         loop {
             let mut guard = self.events.readable_mut().await?;
             let batch = Self::drain_ring(guard.get_inner_mut(), &mut self.undecodable);
@@ -72,15 +80,15 @@ impl Tracer {
     }
 
     /// Whatever is on the ring buffer now, without waiting.
-    pub fn drain(&mut self) -> Vec<Drop> {
+    pub fn drain(&mut self) -> Vec<Event> {
         Self::drain_ring(self.events.get_mut(), &mut self.undecodable)
     }
 
-    fn drain_ring(ring: &mut RingBuf<MapData>, undecodable: &mut u64) -> Vec<Drop> {
+    fn drain_ring(ring: &mut RingBuf<MapData>, undecodable: &mut u64) -> Vec<Event> {
         let mut out = Vec::new();
         while let Some(item) = ring.next() {
             match event::decode(&item) {
-                Ok(Event::Drop(d)) => out.push(d),
+                Ok(e) => out.push(e),
                 Err(e) => {
                     *undecodable += 1;
                     log::debug!("{e}");
@@ -102,6 +110,9 @@ pub struct Enricher {
     symbols: Option<Symbols>,
     symbols_loading: Option<JoinHandle<Result<Symbols>>>,
     contexts: ContextCache,
+    ct_names: CtNames,
+    ct_bits: CtBits,
+    tracker: Tracker,
     /// One diagnosis per distinct drop while the context stays the same: a
     /// flood of identical drops costs one.
     findings: HashMap<FindingKey, Option<Finding>>,
@@ -121,8 +132,17 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
 }
 
 impl Enricher {
-    pub fn new(reasons: Reasons) -> Result<Self> {
+    pub fn new(reasons: Reasons, ct_names: CtNames) -> Result<Self> {
+        let bit = |n: &str| ct_names.bit(n).unwrap_or(0);
+        let ct_bits = CtBits {
+            seen_reply: bit("SEEN_REPLY"),
+            src_nat: bit("SRC_NAT"),
+            dst_nat: bit("DST_NAT"),
+        };
         Ok(Self {
+            ct_names,
+            ct_bits,
+            tracker: Tracker::default(),
             reasons,
             registry: NetnsRegistry::new(),
             ifnames: IfNames::default(),
@@ -149,6 +169,122 @@ impl Enricher {
             self.symbols = Some(syms);
         }
         self.symbols.get_or_insert_with(Symbols::default)
+    }
+
+    /// Records for one event: a drop is always one; a packet leaving a
+    /// device is one when it shows a handshake died unanswered.
+    pub fn on_event(&mut self, e: &Event) -> Option<DropRecord> {
+        match e {
+            Event::Drop(d) => Some(self.enrich(d)),
+            Event::Egress(p) => {
+                let flow = self.tracker.on_egress(p, &self.ct_bits)?;
+                Some(self.unanswered(&flow))
+            }
+        }
+    }
+
+    fn ct_record(&self, ct: &Ct) -> CtRecord {
+        let t = |t: &Tuple| TupleRecord {
+            src: t.src.to_string(),
+            dst: t.dst.to_string(),
+        };
+        CtRecord {
+            orig: t(&ct.orig),
+            reply: t(&ct.reply),
+            status: self.ct_names.status(ct.status),
+            mark: ct.mark,
+            zone: ct.zone,
+        }
+    }
+
+    fn netns_exec(name: Option<&String>) -> String {
+        name.map(|n| format!("ip netns exec {n} "))
+            .unwrap_or_default()
+    }
+
+    /// A handshake that died silently, as an event of kind "unanswered".
+    fn unanswered(&mut self, flow: &Flow) -> DropRecord {
+        let ns = self.registry.lookup(flow.netns);
+        let ifname = self
+            .ifnames
+            .get(ns.as_ref(), self.own_netns, flow.netns, flow.ifindex);
+        let tables = ns
+            .as_ref()
+            .and_then(|n| self.contexts.get(n).ok())
+            .map(|c| c.tables.clone())
+            .unwrap_or_default();
+        let status = flow
+            .ct
+            .map(|c| self.ct_names.status(c.status))
+            .unwrap_or_default();
+        let exec = Self::netns_exec(ns.as_ref().and_then(|n| n.name.as_ref()));
+        let finding = handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec);
+        let epoch = (i128::from(flow.last_ns) + self.realtime_offset_ns).max(0) as u64;
+        DropRecord {
+            ts: rfc3339(epoch),
+            kind: "unanswered",
+            netns: flow.netns,
+            netns_name: ns.as_ref().and_then(|n| n.name.clone()),
+            ifname,
+            ifindex: flow.ifindex,
+            family: if flow.orig.src.is_ipv4() {
+                "ipv4"
+            } else {
+                "ipv6"
+            },
+            saddr: flow.orig.src.ip(),
+            sport: flow.orig.src.port(),
+            daddr: flow.orig.dst.ip(),
+            dport: flow.orig.dst.port(),
+            tcp_flags: "SYN".into(),
+            reason: None,
+            location: String::new(),
+            mark: 0,
+            route_lookups: Vec::new(),
+            ct: flow.ct.as_ref().map(|c| self.ct_record(c)),
+            finding: Some(finding),
+        }
+    }
+
+    /// A refused SYN-ACK that is the reply side of a DNAT'd SYN seen leaving.
+    fn explain_hairpin(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+        if r.reason.as_deref() != Some("NO_SOCKET")
+            || d.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN | TCP_ACK
+        {
+            return None;
+        }
+        let syn_ack = Tuple {
+            src: SocketAddr::new(d.saddr, d.sport),
+            dst: SocketAddr::new(d.daddr, d.dport),
+        };
+        let flow = self.tracker.dnat_reply(&syn_ack)?.clone();
+        let ns = self.registry.lookup(flow.netns)?;
+        let ctx = self.contexts.get(&ns).ok()?;
+        let status = flow
+            .ct
+            .map(|c| self.ct_names.status(c.status))
+            .unwrap_or_default();
+        let bridge = BridgeFacts {
+            br_netfilter_loaded: std::path::Path::new("/sys/module/br_netfilter").exists(),
+            call_iptables: ctx.confs.bridge_nf_call_iptables,
+        };
+        let kernel = format!(
+            "kernel: drop reason NO_SOCKET at {} in netns {}: no socket for {} -> {}, so it \
+             answers with a RST",
+            r.location,
+            r.netns_name.clone().unwrap_or_else(|| r.netns.to_string()),
+            syn_ack.src,
+            syn_ack.dst
+        );
+        handshake::hairpin(
+            &syn_ack,
+            &flow,
+            &status,
+            &ctx.tables,
+            &bridge,
+            &kernel,
+            &Self::netns_exec(ns.name.as_ref()),
+        )
     }
 
     pub fn enrich(&mut self, d: &Drop) -> DropRecord {
@@ -179,8 +315,10 @@ impl Enricher {
             location,
             mark: d.mark,
             route_lookups: Vec::new(),
+            ct: None,
             finding: None,
         };
+        r.ct = d.ct.as_ref().map(|c| self.ct_record(c));
         r.route_lookups = d
             .fib
             .iter()
@@ -199,16 +337,19 @@ impl Enricher {
                 gw: l.gw,
             })
             .collect();
-        r.finding = self.explain_routing(d, &r, ns.as_ref()).or_else(|| {
-            diagnosis::explain(&DropFacts {
-                reason: r.reason.as_deref(),
-                ifname: &r.ifname,
-                netns: r.netns_name.as_deref(),
-                src: r.src(),
-                dst: r.dst(),
-                location: Some(&r.location),
-            })
-        });
+        r.finding = self
+            .explain_routing(d, &r, ns.as_ref())
+            .or_else(|| self.explain_hairpin(d, &r))
+            .or_else(|| {
+                diagnosis::explain(&DropFacts {
+                    reason: r.reason.as_deref(),
+                    ifname: &r.ifname,
+                    netns: r.netns_name.as_deref(),
+                    src: r.src(),
+                    dst: r.dst(),
+                    location: Some(&r.location),
+                })
+            });
         r
     }
 
@@ -294,19 +435,14 @@ pub fn build_filter(
     }
     f.n_ports = ports.len() as u32;
     for (i, (addr, len)) in hosts.iter().enumerate() {
-        let mut c = Cidr::zeroed();
-        match addr {
+        f.hosts[i] = match addr {
             std::net::IpAddr::V4(a) => {
-                c.family = AF_INET;
-                c.addr[..4].copy_from_slice(&a.octets());
+                let mut b = [0u8; 16];
+                b[..4].copy_from_slice(&a.octets());
+                Cidr::new(AF_INET, b, *len)
             }
-            std::net::IpAddr::V6(a) => {
-                c.family = AF_INET6;
-                c.addr = a.octets();
-            }
-        }
-        c.prefix_len = *len;
-        f.hosts[i] = c;
+            std::net::IpAddr::V6(a) => Cidr::new(AF_INET6, a.octets(), *len),
+        };
     }
     f.n_hosts = hosts.len() as u32;
     f.netns = netns;

@@ -144,7 +144,17 @@ impl Kdrop {
 
     /// The first event `want` accepts, failing the test after EVENT_TIMEOUT.
     pub fn expect_event(&self, what: &str, want: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
+        self.expect_event_within(what, EVENT_TIMEOUT, want)
+    }
+
+    /// The first event `want` accepts, failing the test after `timeout`.
+    pub fn expect_event_within(
+        &self,
+        what: &str,
+        timeout: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
         let mut seen = Vec::new();
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.next_event(left) {
@@ -153,7 +163,7 @@ impl Kdrop {
                 None => break,
             }
         }
-        panic!("no event for {what} within {EVENT_TIMEOUT:?}; saw {seen:?}")
+        panic!("no event for {what} within {timeout:?}; saw {seen:?}")
     }
 
     /// Sends `signal` and waits for the exit (bounded).

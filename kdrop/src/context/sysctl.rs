@@ -32,6 +32,8 @@ impl Conf {
 pub struct Confs {
     pub all: Conf,
     pub devs: HashMap<String, Conf>,
+    /// net.bridge.bridge-nf-call-iptables (absent without br_netfilter).
+    pub bridge_nf_call_iptables: Option<u32>,
 }
 
 impl Confs {
@@ -42,6 +44,11 @@ impl Confs {
                 .into_iter()
                 .map(|d| (d.to_string(), Conf::read(d)))
                 .collect(),
+            bridge_nf_call_iptables: fs::read_to_string(
+                "/proc/sys/net/bridge/bridge-nf-call-iptables",
+            )
+            .ok()
+            .and_then(|v| v.trim().parse().ok()),
         }
     }
 

@@ -537,6 +537,7 @@ mod tests {
         Confs {
             all: conf(all, vmark),
             devs: [("eth1".to_string(), conf(eth1, 0))].into(),
+            bridge_nf_call_iptables: None,
         }
     }
 

@@ -87,19 +87,15 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         _ = sigint.recv() => bail!("interrupted; lab torn down"),
         _ = sigterm.recv() => bail!("terminated; lab torn down"),
     };
-    let Some(first) = batch.first() else {
-        bail!("empty batch");
+    let Some(r) = batch
+        .iter()
+        .flat_map(|e| tracer.enricher.on_event(e))
+        .find(|r| r.kind == "drop")
+    else {
+        bail!("no drop in the first batch");
     };
-    let r = tracer.enricher.enrich(first);
     let mut stdout = std::io::stdout().lock();
     output::write_record(&mut stdout, &r, json)?;
-    if !json {
-        if let Some(f) = &r.finding {
-            for line in output::finding_lines(f) {
-                writeln!(stdout, "{line}")?;
-            }
-        }
-    }
     stdout.flush()?;
 
     // Prove the fix: apply kdrop's first fix command, connect again.

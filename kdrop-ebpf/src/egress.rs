@@ -1,0 +1,75 @@
+//! Handshake packets leaving a device (`net:net_dev_queue`, called from
+//! `__dev_queue_xmit` with the skb; as of v6.18:
+//! https://github.com/torvalds/linux/blob/v6.18/include/trace/events/net.h#L89).
+//! Userspace follows each handshake with them: a DNAT'd SYN sent again and
+//! again with no answer, a SYN whose reply tuple later shows up un-NAT'd.
+use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
+use kdrop_common::{EventHeader, PacketEvent, EGRESS_COUNTERS_KEY, EVENT_EGRESS, TCP_RST, TCP_SYN};
+
+use crate::{
+    config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS},
+    ct,
+    drop::{flags_match, matches_packet},
+    skb::{self, read},
+};
+
+#[inline(always)]
+pub fn on_net_dev_queue(skb: u64) -> i32 {
+    let _ = try_net_dev_queue(skb);
+    0
+}
+
+#[inline(always)]
+fn try_net_dev_queue(skb: u64) -> Option<()> {
+    let o = offsets();
+    let tcp = skb::parse_tcp(skb, &o)?;
+    // The handshake and its refusal, whatever --all-flags says for drops.
+    if !flags_match(TCP_SYN | TCP_RST, tcp.tcp_flags) {
+        return None;
+    }
+    let f = filter();
+    let ct = CT_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU scratch slot, used by one program run at a time.
+    let ct = unsafe { &mut *ct };
+    ct::read_ct(skb, &o, ct);
+    if !matches_packet(f, &tcp, ct) {
+        return None;
+    }
+    let dev: u64 = read(skb, o.skb_dev).ok()?;
+    let net: u64 = read(dev, o.dev_net).unwrap_or(0);
+    let netns: u32 = read(net, o.net_inum).unwrap_or(0);
+    if f.netns != 0 && f.netns != netns {
+        return None;
+    }
+    let counters = COUNTERS.get_ptr_mut(EGRESS_COUNTERS_KEY)?;
+    // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
+    let counters = unsafe { &mut *counters };
+    counters.matched += 1;
+    let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
+        counters.lost += 1;
+        return None;
+    };
+    // SAFETY: the reservation is sizeof(PacketEvent) bytes, written before submit.
+    let e = unsafe { &mut *entry.as_mut_ptr() };
+    e.header = EventHeader {
+        kind: EVENT_EGRESS,
+        // SAFETY: plain helper calls.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    e.netns = netns;
+    e.ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
+    e.mark = read(skb, o.skb_mark).unwrap_or(0);
+    e._pad0 = 0;
+    e.saddr = tcp.saddr;
+    e.daddr = tcp.daddr;
+    e.sport = tcp.sport;
+    e.dport = tcp.dport;
+    e.family = tcp.family;
+    e.tcp_flags = tcp.tcp_flags;
+    e._pad = [0; 2];
+    e.ct = *ct;
+    entry.submit(0);
+    counters.emitted += 1;
+    Some(())
+}

@@ -1,0 +1,512 @@
+//! Following handshakes through conntrack and NAT: SYNs leaving a device
+//! (with the conntrack entry they carry) in, handshakes that died silently
+//! out. Pure: recorded packets and context in, findings out.
+use std::{collections::HashMap, net::IpAddr};
+
+use kdrop_common::{TCP_ACK, TCP_SYN};
+
+use super::Finding;
+use crate::{
+    context::netlink::Tables,
+    event::{Ct, Packet, Tuple},
+};
+
+/// A SYN sent this many times without an answer is a dead handshake: the
+/// first and two retransmissions (1 s and 3 s after it, Linux defaults).
+pub const UNANSWERED_AFTER: u32 = 3;
+/// The same SYN seen leaving several devices (pod veth, bridge, port) within
+/// this long is one transmission; retransmissions are at least 200 ms
+/// apart (TCP_RTO_MIN), the first one 1 s.
+const SAME_TRANSMISSION_NS: u64 = 150_000_000;
+/// Flows idle this long are forgotten.
+const FORGET_AFTER_NS: u64 = 60_000_000_000;
+/// At most this many flows are remembered (oldest dropped first).
+const MAX_FLOWS: usize = 65_536;
+
+/// The conntrack status bits diagnosis needs, named from the kernel's BTF.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CtBits {
+    pub seen_reply: u32,
+    pub src_nat: u32,
+    pub dst_nat: u32,
+}
+
+/// One handshake, keyed by its conntrack original tuple (what the client
+/// sent), or by the packet's tuple when untracked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub orig: Tuple,
+    pub ct: Option<Ct>,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub syns: u32,
+    pub answered: bool,
+    pub reported: bool,
+    /// Where the (last) SYN left: namespace and device.
+    pub netns: u32,
+    pub ifindex: u32,
+    /// The SYN as it left (after any DNAT).
+    pub wire: Tuple,
+}
+
+#[derive(Debug, Default)]
+pub struct Tracker {
+    flows: HashMap<Tuple, Flow>,
+    /// Reply tuple of a DNAT'd entry → its flow.
+    dnat_replies: HashMap<Tuple, Tuple>,
+}
+
+impl Tracker {
+    /// Feeds one packet leaving a device; returns the flow when its SYN has
+    /// now gone unanswered `UNANSWERED_AFTER` times (once per flow).
+    pub fn on_egress(&mut self, p: &Packet, bits: &CtBits) -> Option<Flow> {
+        let syn = p.tcp_flags & TCP_SYN != 0;
+        let ack = p.tcp_flags & TCP_ACK != 0;
+        if syn && ack {
+            // A SYN-ACK leaving answers the flow it replies to.
+            let key = p.ct.map_or(p.tuple.reversed(), |c| c.orig);
+            if let Some(f) = self.flows.get_mut(&key) {
+                f.answered = true;
+            }
+            return None;
+        }
+        if !syn {
+            return None;
+        }
+        let key = p.ct.map_or(p.tuple, |c| c.orig);
+        if self.flows.len() >= MAX_FLOWS && !self.flows.contains_key(&key) {
+            self.expire(p.ts_ns.saturating_add(FORGET_AFTER_NS));
+        }
+        let f = self.flows.entry(key).or_insert_with(|| Flow {
+            orig: key,
+            ct: None,
+            first_ns: p.ts_ns,
+            last_ns: p.ts_ns,
+            syns: 0,
+            answered: false,
+            reported: false,
+            netns: p.netns,
+            ifindex: p.ifindex,
+            wire: p.tuple,
+        });
+        if f.syns == 0 || p.ts_ns.saturating_sub(f.last_ns) >= SAME_TRANSMISSION_NS {
+            f.syns += 1;
+        }
+        f.last_ns = p.ts_ns;
+        f.netns = p.netns;
+        f.ifindex = p.ifindex;
+        f.wire = p.tuple;
+        if let Some(ct) = p.ct {
+            f.ct = Some(ct);
+            if ct.status & bits.seen_reply != 0 {
+                f.answered = true;
+            }
+            if ct.status & bits.dst_nat != 0 {
+                self.dnat_replies.insert(ct.reply, key);
+            }
+        }
+        if f.syns >= UNANSWERED_AFTER && !f.answered && !f.reported {
+            f.reported = true;
+            return Some(f.clone());
+        }
+        None
+    }
+
+    /// The DNAT'd flow whose reply side `t` is, if one was seen.
+    pub fn dnat_reply(&self, t: &Tuple) -> Option<&Flow> {
+        self.flows.get(self.dnat_replies.get(t)?)
+    }
+
+    /// Forgets flows idle since before `now_ns - FORGET_AFTER_NS`.
+    pub fn expire(&mut self, now_ns: u64) {
+        let cutoff = now_ns.saturating_sub(FORGET_AFTER_NS);
+        self.flows.retain(|_, f| f.last_ns >= cutoff);
+        let flows = &self.flows;
+        self.dnat_replies.retain(|_, k| flows.contains_key(k));
+    }
+
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+}
+
+fn ct_text(ct: &Ct, status: &[String]) -> String {
+    format!(
+        "orig {} -> {}, reply {} -> {}, status [{}]",
+        ct.orig.src,
+        ct.orig.dst,
+        ct.reply.src,
+        ct.reply.dst,
+        status.join(",")
+    )
+}
+
+/// Bridge facts for the hairpin case, read from the namespace that did the
+/// DNAT.
+#[derive(Clone, Debug, Default)]
+pub struct BridgeFacts {
+    pub br_netfilter_loaded: bool,
+    /// net.bridge.bridge-nf-call-iptables in that namespace (None: absent).
+    pub call_iptables: Option<u32>,
+}
+
+/// A SYN-ACK refused (NO_SOCKET) whose tuple is the reply side of a DNAT'd
+/// entry: the reply skipped de-NAT, so the client has no socket for it.
+#[allow(clippy::too_many_arguments)]
+pub fn hairpin(
+    syn_ack: &Tuple,
+    flow: &Flow,
+    status: &[String],
+    t: &Tables,
+    bridge: &BridgeFacts,
+    kernel: &str,
+    dnat_ns: &str,
+) -> Option<Finding> {
+    let ct = flow.ct?;
+    let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
+    let port = t.link(flow.ifindex);
+    let br = port
+        .and_then(|p| p.master)
+        .and_then(|m| t.link(m))
+        .filter(|b| b.kind.as_deref() == Some("bridge"));
+    let mut evidence = vec![
+        kernel.to_string(),
+        format!("conntrack: {}", ct_text(&ct, status)),
+    ];
+    let (same_bridge, br_name) = match (port, br) {
+        (Some(p), Some(b)) => {
+            let client_on_bridge = t
+                .addrs
+                .iter()
+                .any(|a| a.index == b.index && same_subnet(a.addr, client.ip(), a.prefix_len));
+            evidence.push(format!(
+                "the DNAT'd SYN left by {}, a port of bridge {}{}",
+                p.name,
+                b.name,
+                if client_on_bridge {
+                    format!("; {} is on {}'s subnet too: the reply is bridged straight back, never routed", client.ip(), b.name)
+                } else {
+                    String::new()
+                }
+            ));
+            (client_on_bridge, b.name.clone())
+        }
+        _ => (false, String::new()),
+    };
+    evidence.push(format!(
+        "br_netfilter {}; net.bridge.bridge-nf-call-iptables = {}: bridged packets skip \
+         netfilter, so the reply is not un-DNAT'd",
+        if bridge.br_netfilter_loaded {
+            "loaded"
+        } else {
+            "not loaded"
+        },
+        bridge
+            .call_iptables
+            .map_or("absent".to_string(), |v| v.to_string())
+    ));
+    let mut fix = Vec::new();
+    if !bridge.br_netfilter_loaded && bridge.call_iptables.is_none() {
+        fix.push("modprobe br_netfilter".to_string());
+    }
+    fix.push(format!(
+        "{dnat_ns}sysctl -w net.bridge.bridge-nf-call-iptables=1"
+    ));
+    if same_bridge {
+        fix.push(format!(
+            "{dnat_ns}iptables -t nat -A POSTROUTING -s {} -d {}/32 -p tcp --dport {} -j MASQUERADE",
+            client.ip(),
+            backend.ip(),
+            backend.port()
+        ));
+    }
+    Some(Finding {
+        cause: "hairpin_no_reverse_nat",
+        summary: format!(
+            "hairpin: the SYN-ACK from {} matches the reply side of a DNAT'd connection ({} -> {} => {}) but arrived un-NAT'd{}",
+            syn_ack.src,
+            client,
+            service,
+            backend,
+            if br_name.is_empty() {
+                String::new()
+            } else {
+                format!(": both ends are on bridge {br_name}")
+            }
+        ),
+        evidence,
+        fix,
+    })
+}
+
+fn same_subnet(a: IpAddr, b: IpAddr, len: u8) -> bool {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let len = u32::from(len.min(32));
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+/// A SYN sent `UNANSWERED_AFTER` times without an answer, explained.
+pub fn unanswered(
+    flow: &Flow,
+    bits: &CtBits,
+    status: &[String],
+    t: &Tables,
+    dnat_ns: &str,
+) -> Finding {
+    let dev = t.link_name(flow.ifindex);
+    let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
+    let sent = format!(
+        "{} transmissions of the same SYN over {secs:.1}s, none answered",
+        flow.syns
+    );
+    match flow.ct {
+        Some(ct) if ct.status & bits.dst_nat != 0 && ct.status & bits.src_nat == 0 => {
+            let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
+            Finding {
+                cause: "asymmetric_return_path",
+                summary: format!(
+                    "SYN {client} -> {service} was DNAT'd to {backend} and sent out {dev}, but no \
+                     reply came back through this host: asymmetric return path"
+                ),
+                evidence: vec![
+                    format!("conntrack: {} (UNREPLIED)", ct_text(&ct, status)),
+                    sent,
+                    format!(
+                        "no SNAT: {backend} sees {} as the source and answers it directly, \
+                         bypassing this host, so the reply is never un-DNAT'd",
+                        client.ip()
+                    ),
+                ],
+                fix: vec![
+                    format!(
+                        "{dnat_ns}iptables -t nat -A POSTROUTING -d {}/32 -p tcp --dport {} -j MASQUERADE",
+                        backend.ip(),
+                        backend.port()
+                    ),
+                    format!(
+                        "or route {} back through this host on {}'s side",
+                        client.ip(),
+                        backend.ip()
+                    ),
+                ],
+            }
+        }
+        _ => Finding {
+            cause: "unanswered",
+            summary: format!(
+                "SYN {} -> {} sent {} times out of {dev} without an answer",
+                flow.orig.src, flow.orig.dst, flow.syns
+            ),
+            evidence: vec![sent],
+            fix: vec![],
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::netlink::{Addr, Link};
+
+    const BITS: CtBits = CtBits {
+        seen_reply: 1 << 1,
+        src_nat: 1 << 4,
+        dst_nat: 1 << 5,
+    };
+
+    fn tuple(s: &str, d: &str) -> Tuple {
+        Tuple {
+            src: s.parse().unwrap(),
+            dst: d.parse().unwrap(),
+        }
+    }
+
+    fn dnat_ct(status: u32) -> Ct {
+        Ct {
+            orig: tuple("172.16.0.50:40000", "10.0.58.158:80"),
+            reply: tuple("10.0.0.13:80", "172.16.0.50:40000"),
+            status: status | BITS.dst_nat,
+            mark: 0,
+            zone: 0,
+            ctinfo: 2,
+        }
+    }
+
+    fn syn(ts: u64, ct: Option<Ct>) -> Packet {
+        Packet {
+            ts_ns: ts,
+            netns: 7,
+            ifindex: 2,
+            mark: 0,
+            tuple: tuple("172.16.0.50:40000", "10.0.0.13:80"),
+            tcp_flags: TCP_SYN,
+            ct,
+        }
+    }
+
+    fn tables() -> Tables {
+        Tables {
+            links: vec![
+                Link {
+                    index: 2,
+                    name: "eth0".into(),
+                    master: None,
+                    kind: Some("veth".into()),
+                    up: true,
+                },
+                Link {
+                    index: 5,
+                    name: "cni0".into(),
+                    master: None,
+                    kind: Some("bridge".into()),
+                    up: true,
+                },
+                Link {
+                    index: 6,
+                    name: "vethb".into(),
+                    master: Some(5),
+                    kind: Some("veth".into()),
+                    up: true,
+                },
+            ],
+            addrs: vec![Addr {
+                index: 5,
+                addr: "10.244.1.1".parse().unwrap(),
+                prefix_len: 24,
+                label: None,
+            }],
+            routes: vec![],
+            rules: vec![],
+        }
+    }
+
+    #[test]
+    fn a_dnat_syn_sent_three_times_is_an_asymmetric_return() {
+        let mut tr = Tracker::default();
+        assert_eq!(tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS), None);
+        assert_eq!(
+            tr.on_egress(&syn(1_000_000_000, Some(dnat_ct(8))), &BITS),
+            None
+        );
+        let f = tr
+            .on_egress(&syn(3_000_000_000, Some(dnat_ct(8))), &BITS)
+            .unwrap();
+        assert_eq!(f.syns, 3);
+        // Reported once.
+        assert_eq!(
+            tr.on_egress(&syn(7_000_000_000, Some(dnat_ct(8))), &BITS),
+            None
+        );
+        let status = vec!["CONFIRMED".to_string(), "DST_NAT".to_string()];
+        let fd = unanswered(&f, &BITS, &status, &tables(), "ip netns exec nodeb ");
+        assert_eq!(fd.cause, "asymmetric_return_path");
+        assert_eq!(
+            fd.summary,
+            "SYN 172.16.0.50:40000 -> 10.0.58.158:80 was DNAT'd to 10.0.0.13:80 and sent out \
+             eth0, but no reply came back through this host: asymmetric return path"
+        );
+        assert_eq!(
+            fd.evidence[0],
+            "conntrack: orig 172.16.0.50:40000 -> 10.0.58.158:80, reply 10.0.0.13:80 -> \
+             172.16.0.50:40000, status [CONFIRMED,DST_NAT] (UNREPLIED)"
+        );
+        assert_eq!(
+            fd.evidence[1],
+            "3 transmissions of the same SYN over 3.0s, none answered"
+        );
+        assert_eq!(
+            fd.fix[0],
+            "ip netns exec nodeb iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 80 -j MASQUERADE"
+        );
+    }
+
+    #[test]
+    fn answered_or_snatted_flows_are_not_asymmetric() {
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS);
+        // The SYN-ACK leaving (back towards the client) answers it.
+        let mut synack = syn(1, Some(dnat_ct(8 | BITS.seen_reply)));
+        synack.tcp_flags = TCP_SYN | TCP_ACK;
+        tr.on_egress(&synack, &BITS);
+        tr.on_egress(&syn(2_000_000_000, Some(dnat_ct(8))), &BITS);
+        assert_eq!(
+            tr.on_egress(&syn(4_000_000_000, Some(dnat_ct(8))), &BITS),
+            None
+        );
+
+        let mut tr = Tracker::default();
+        let snat = dnat_ct(8 | BITS.src_nat);
+        for ts in 0..2 {
+            tr.on_egress(&syn(ts * 1_000_000_000, Some(snat)), &BITS);
+        }
+        let f = tr
+            .on_egress(&syn(3_000_000_000, Some(snat)), &BITS)
+            .unwrap();
+        assert_eq!(
+            unanswered(&f, &BITS, &[], &tables(), "").cause,
+            "unanswered"
+        );
+    }
+
+    #[test]
+    fn a_refused_syn_ack_matching_a_dnat_reply_is_a_hairpin() {
+        let mut tr = Tracker::default();
+        let ct = Ct {
+            orig: tuple("10.244.1.5:43534", "100.67.30.133:80"),
+            reply: tuple("10.244.1.9:80", "10.244.1.5:43534"),
+            status: 8 | BITS.dst_nat,
+            mark: 0,
+            zone: 0,
+            ctinfo: 2,
+        };
+        let mut p = syn(0, Some(ct));
+        p.ifindex = 6;
+        tr.on_egress(&p, &BITS);
+        let syn_ack = tuple("10.244.1.9:80", "10.244.1.5:43534");
+        let flow = tr.dnat_reply(&syn_ack).unwrap();
+        let f = hairpin(
+            &syn_ack,
+            flow,
+            &["CONFIRMED".into(), "DST_NAT".into()],
+            &tables(),
+            &BridgeFacts::default(),
+            "kernel: drop reason NO_SOCKET at tcp_v4_rcv+0x1",
+            "",
+        )
+        .unwrap();
+        assert_eq!(f.cause, "hairpin_no_reverse_nat");
+        assert_eq!(
+            f.summary,
+            "hairpin: the SYN-ACK from 10.244.1.9:80 matches the reply side of a DNAT'd \
+             connection (10.244.1.5:43534 -> 100.67.30.133:80 => 10.244.1.9:80) but arrived \
+             un-NAT'd: both ends are on bridge cni0"
+        );
+        assert!(f.evidence[2].contains("a port of bridge cni0; 10.244.1.5 is on cni0's subnet too"));
+        assert!(f.evidence[3]
+            .starts_with("br_netfilter not loaded; net.bridge.bridge-nf-call-iptables = absent"));
+        assert_eq!(f.fix[0], "modprobe br_netfilter");
+        assert_eq!(f.fix[1], "sysctl -w net.bridge.bridge-nf-call-iptables=1");
+        assert!(tr
+            .dnat_reply(&tuple("10.244.1.9:81", "10.244.1.5:43534"))
+            .is_none());
+    }
+
+    #[test]
+    fn flows_expire() {
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS);
+        assert_eq!(tr.len(), 1);
+        tr.expire(FORGET_AFTER_NS + 1);
+        assert!(tr.is_empty());
+        assert!(tr.dnat_reply(&dnat_ct(8).reply).is_none());
+    }
+}

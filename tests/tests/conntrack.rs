@@ -1,0 +1,418 @@
+//! Handshakes followed through conntrack and NAT: incident 2 (hairpin DNAT
+//! on one bridge, the SYN-ACK skips de-NAT) and incident 5 (DNAT'd SYN
+//! forwarded, the reply returns another way). The remote side lives in
+//! namespaces of its own; controls must produce nothing.
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::Path,
+    time::Duration,
+};
+
+use integration_tests::{connect_from, ns_name, run_fix, send_syn, veth, Kdrop, Ns};
+use kdrop::context::netns::in_netns;
+use serde_json::Value;
+
+fn listen(ns: &Ns, addr: &str) -> TcpListener {
+    let addr: SocketAddr = addr.parse().unwrap();
+    in_netns(&ns.path(), move || TcpListener::bind(addr))
+        .unwrap()
+        .unwrap()
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn iptables(ns: &Ns, args: &[&str]) {
+    ns.exec("iptables", args).unwrap();
+}
+
+/// Incident 5: office client -> gateway/router -> node B (route for the
+/// service CIDR, DNAT) -> backend on the same subnet as node B, whose reply
+/// goes back through the router directly, bypassing node B.
+struct Asym {
+    client: Ns,
+    router: Ns,
+    node: Ns,
+    pod: Ns,
+}
+
+const VIP: &str = "10.0.58.158";
+const BACKEND: &str = "10.0.0.13";
+
+fn asymmetric(test: &str) -> Asym {
+    let a = Asym {
+        client: Ns::new(&ns_name(&format!("{test}-cl"))).unwrap(),
+        router: Ns::new(&ns_name(&format!("{test}-rt"))).unwrap(),
+        node: Ns::new(&ns_name(&format!("{test}-nb"))).unwrap(),
+        pod: Ns::new(&ns_name(&format!("{test}-pod"))).unwrap(),
+    };
+    veth(
+        &a.client,
+        "c0",
+        "02:00:00:00:50:01",
+        &a.router,
+        "r0",
+        "02:00:00:00:50:02",
+    )
+    .unwrap();
+    veth(
+        &a.node,
+        "eth0",
+        "02:00:00:00:50:03",
+        &a.router,
+        "rb",
+        "02:00:00:00:50:04",
+    )
+    .unwrap();
+    veth(
+        &a.pod,
+        "eth0",
+        "02:00:00:00:50:05",
+        &a.router,
+        "ra",
+        "02:00:00:00:50:06",
+    )
+    .unwrap();
+    a.router
+        .ip(&["link", "add", "vpc", "type", "bridge"])
+        .unwrap();
+    for port in ["rb", "ra"] {
+        a.router
+            .ip(&["link", "set", port, "master", "vpc"])
+            .unwrap();
+    }
+    a.router.ip(&["link", "set", "vpc", "up"]).unwrap();
+    a.router
+        .ip(&["addr", "add", "10.0.0.1/24", "dev", "vpc"])
+        .unwrap();
+    a.router
+        .ip(&["addr", "add", "172.16.0.1/24", "dev", "r0"])
+        .unwrap();
+    // The route for the service CIDR points at node B.
+    a.router
+        .ip(&["route", "add", "10.0.58.0/24", "via", "10.0.0.12"])
+        .unwrap();
+    a.router.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    a.client
+        .ip(&["addr", "add", "172.16.0.50/24", "dev", "c0"])
+        .unwrap();
+    a.client
+        .ip(&["route", "add", "default", "via", "172.16.0.1"])
+        .unwrap();
+    a.node
+        .ip(&["addr", "add", "10.0.0.12/24", "dev", "eth0"])
+        .unwrap();
+    a.node
+        .ip(&["route", "add", "default", "via", "10.0.0.1"])
+        .unwrap();
+    a.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    iptables(
+        &a.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            VIP,
+            "-p",
+            "tcp",
+            "--dport",
+            "8005",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.0.0.13:8005",
+        ],
+    );
+    a.pod
+        .ip(&["addr", "add", &format!("{BACKEND}/24"), "dev", "eth0"])
+        .unwrap();
+    a.pod
+        .ip(&["route", "add", "default", "via", "10.0.0.1"])
+        .unwrap();
+    a
+}
+
+#[test]
+fn incident5_asymmetric_return_path_and_its_fix() {
+    let a = asymmetric("asym");
+    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
+    let src: SocketAddr = "172.16.0.50:45005".parse().unwrap();
+    let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
+    // The client retransmits on its own schedule (1 s, then 2 s later).
+    let _syn = send_syn(&a.client, src, dst);
+    let e = k.expect_event_within("the unanswered handshake", Duration::from_secs(8), |e| {
+        e["kind"] == "unanswered"
+    });
+    assert_eq!(e["saddr"], "172.16.0.50");
+    assert_eq!(e["sport"], 45005);
+    assert_eq!(e["daddr"], VIP);
+    assert_eq!(e["dport"], 8005);
+    assert_eq!(e["ifname"], "eth0");
+    assert_eq!(e["ct"]["orig"]["dst"], "10.0.58.158:8005");
+    assert_eq!(e["ct"]["reply"]["src"], "10.0.0.13:8005");
+    let status = strs(&e["ct"]["status"]);
+    assert!(status.contains(&"DST_NAT".to_string()), "{status:?}");
+    assert!(!status.contains(&"SEEN_REPLY".to_string()), "{status:?}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "asymmetric_return_path");
+    assert_eq!(
+        f["summary"],
+        "SYN 172.16.0.50:45005 -> 10.0.58.158:8005 was DNAT'd to 10.0.0.13:8005 and sent out \
+         eth0, but no reply came back through this host: asymmetric return path"
+    );
+    assert!(
+        strs(&f["evidence"])[1].starts_with("3 transmissions of the same SYN"),
+        "{f}"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix[0],
+        format!(
+            "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 8005 -j MASQUERADE",
+            a.node.name
+        )
+    );
+    k.stop(libc::SIGINT);
+    run_fix(&fix[0]);
+    connect_from(&a.client, "172.16.0.50:45006".parse().unwrap(), dst)
+        .expect("handshake after the fix");
+}
+
+/// With masquerade in place from the start: the handshake completes and
+/// kdrop reports nothing.
+#[test]
+fn control_masquerade_reports_nothing() {
+    let a = asymmetric("asymc");
+    iptables(
+        &a.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            BACKEND,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
+    let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
+    connect_from(&a.client, "172.16.0.50:45007".parse().unwrap(), dst).expect("handshake");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    assert_eq!(done.counts().matched, 0);
+}
+
+/// Incident 2: pod A and pod B on bridge cni0 of one node; A connects to
+/// service B's cluster IP, DNAT'd to B; B's SYN-ACK is bridged straight back
+/// without netfilter, so A has no socket for it and answers with a RST.
+struct Hairpin {
+    node: Ns,
+    pod_a: Ns,
+    pod_b: Ns,
+}
+
+const CLUSTER_IP: &str = "100.67.30.133";
+
+fn hairpin(test: &str, bridge_nf_call_iptables: &str) -> Hairpin {
+    let h = Hairpin {
+        node: Ns::new(&ns_name(&format!("{test}-node"))).unwrap(),
+        pod_a: Ns::new(&ns_name(&format!("{test}-a"))).unwrap(),
+        pod_b: Ns::new(&ns_name(&format!("{test}-b"))).unwrap(),
+    };
+    h.node
+        .ip(&["link", "add", "cni0", "type", "bridge"])
+        .unwrap();
+    h.node.ip(&["link", "set", "cni0", "up"]).unwrap();
+    h.node
+        .ip(&["addr", "add", "10.244.1.1/24", "dev", "cni0"])
+        .unwrap();
+    veth(
+        &h.pod_a,
+        "eth0",
+        "02:00:00:00:20:05",
+        &h.node,
+        "vetha",
+        "02:00:00:00:20:15",
+    )
+    .unwrap();
+    veth(
+        &h.pod_b,
+        "eth0",
+        "02:00:00:00:20:09",
+        &h.node,
+        "vethb",
+        "02:00:00:00:20:19",
+    )
+    .unwrap();
+    for port in ["vetha", "vethb"] {
+        h.node.ip(&["link", "set", port, "master", "cni0"]).unwrap();
+    }
+    for (pod, ip) in [(&h.pod_a, "10.244.1.5"), (&h.pod_b, "10.244.1.9")] {
+        pod.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
+            .unwrap();
+        pod.ip(&["route", "add", "default", "via", "10.244.1.1"])
+            .unwrap();
+    }
+    h.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    iptables(
+        &h.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            CLUSTER_IP,
+            "-p",
+            "tcp",
+            "--dport",
+            "8002",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.244.1.9:8002",
+        ],
+    );
+    // br_netfilter may be built in or loaded on this host (then new
+    // namespaces start with bridge-nf-call-iptables=1): the incident is a
+    // node where bridged traffic skips iptables.
+    if Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        h.node
+            .sysctl(
+                "net/bridge/bridge-nf-call-iptables",
+                bridge_nf_call_iptables,
+            )
+            .unwrap();
+    }
+    h
+}
+
+#[test]
+fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
+    let h = hairpin("hairp", "0");
+    let _l = listen(&h.pod_b, "10.244.1.9:8002");
+    // The node runs kdrop for all its namespaces: the DNAT happens in the
+    // node's, the refused SYN-ACK dies in pod A's.
+    let k = Kdrop::start(&["--json", "--port", "8002"]);
+    let src: SocketAddr = "10.244.1.5:43534".parse().unwrap();
+    let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
+    let _syn = send_syn(&h.pod_a, src, dst);
+    let e = k.expect_event("the refused SYN-ACK", |e| {
+        e["kind"] == "drop" && e["tcp_flags"] == "SYN|ACK" && e["dport"] == 43534
+    });
+    assert_eq!(e["reason"], "NO_SOCKET");
+    assert_eq!(e["saddr"], "10.244.1.9");
+    assert_eq!(e["sport"], 8002);
+    assert_eq!(e["daddr"], "10.244.1.5");
+    assert_eq!(e["netns_name"], h.pod_a.name.as_str());
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "hairpin_no_reverse_nat");
+    assert_eq!(
+        f["summary"],
+        "hairpin: the SYN-ACK from 10.244.1.9:8002 matches the reply side of a DNAT'd \
+         connection (10.244.1.5:43534 -> 100.67.30.133:8002 => 10.244.1.9:8002) but arrived \
+         un-NAT'd: both ends are on bridge cni0"
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(ev[1].starts_with("conntrack: orig 10.244.1.5:43534 -> 100.67.30.133:8002, reply 10.244.1.9:8002 -> 10.244.1.5:43534"), "{ev:?}");
+    assert!(
+        ev[2].contains("a port of bridge cni0; 10.244.1.5 is on cni0's subnet too"),
+        "{ev:?}"
+    );
+    assert!(
+        ev[3].contains("net.bridge.bridge-nf-call-iptables = "),
+        "{ev:?}"
+    );
+    let fix = strs(&f["fix"]);
+    let masq = fix.last().unwrap();
+    assert_eq!(
+        masq,
+        &format!(
+            "ip netns exec {} iptables -t nat -A POSTROUTING -s 10.244.1.5 -d 10.244.1.9/32 -p tcp --dport 8002 -j MASQUERADE",
+            h.node.name
+        )
+    );
+    k.stop(libc::SIGINT);
+    run_fix(masq);
+    connect_from(&h.pod_a, "10.244.1.5:43535".parse().unwrap(), dst)
+        .expect("handshake after the fix");
+}
+
+/// Pod B on another node (routed, not bridged): the reply goes back
+/// through netfilter, the handshake works and kdrop reports nothing.
+#[test]
+fn control_backend_behind_a_router_reports_nothing() {
+    let h = hairpin("hairpc", "0");
+    let far = Ns::new(&ns_name("hairpc-far")).unwrap();
+    veth(
+        &h.node,
+        "tofar",
+        "02:00:00:00:21:01",
+        &far,
+        "eth0",
+        "02:00:00:00:21:02",
+    )
+    .unwrap();
+    h.node
+        .ip(&["addr", "add", "10.245.0.1/24", "dev", "tofar"])
+        .unwrap();
+    far.ip(&["addr", "add", "10.245.0.9/24", "dev", "eth0"])
+        .unwrap();
+    far.ip(&["route", "add", "default", "via", "10.245.0.1"])
+        .unwrap();
+    iptables(
+        &h.node,
+        &[
+            "-t",
+            "nat",
+            "-I",
+            "PREROUTING",
+            "-d",
+            CLUSTER_IP,
+            "-p",
+            "tcp",
+            "--dport",
+            "8003",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.245.0.9:8003",
+        ],
+    );
+    let _l = listen(&far, "10.245.0.9:8003");
+    let k = Kdrop::start(&["--json", "--port", "8003"]);
+    let dst: SocketAddr = format!("{CLUSTER_IP}:8003").parse().unwrap();
+    connect_from(&h.pod_a, "10.244.1.5:43536".parse().unwrap(), dst).expect("handshake");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    assert_eq!(done.counts().matched, 0);
+}
+
+/// br_netfilter with bridge-nf-call-iptables=1: the bridged SYN-ACK goes
+/// through conntrack, is un-DNAT'd, and the handshake works.
+#[test]
+fn control_bridge_nf_call_iptables_reports_nothing() {
+    if !Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        // Loading a module would change the host for every other test.
+        panic!("br_netfilter is not available here: run `modprobe br_netfilter` first");
+    }
+    let h = hairpin("hairpn", "1");
+    let _l = listen(&h.pod_b, "10.244.1.9:8002");
+    let k = Kdrop::start(&["--json", "--port", "8002"]);
+    let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
+    connect_from(&h.pod_a, "10.244.1.5:43537".parse().unwrap(), dst).expect("handshake");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    assert_eq!(done.counts().matched, 0);
+}
