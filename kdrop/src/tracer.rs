@@ -19,7 +19,7 @@ use crate::{
     },
     diagnosis::{
         self,
-        handshake::{self, BridgeFacts, CtBits, Flow, Tracker},
+        handshake::{self, BridgeFacts, CtBits, Dead, Flow, Tracker},
         routing, DropFacts, Finding,
     },
     event::{self, Ct, Drop, Event, Tuple},
@@ -176,10 +176,10 @@ impl Enricher {
     pub fn on_event(&mut self, e: &Event) -> Option<DropRecord> {
         match e {
             Event::Drop(d) => Some(self.enrich(d)),
-            Event::Egress(p) => {
-                let flow = self.tracker.on_egress(p, &self.ct_bits)?;
-                Some(self.unanswered(&flow))
-            }
+            Event::Egress(p) => match self.tracker.on_egress(p, &self.ct_bits)? {
+                Dead::Unanswered(flow) => Some(self.unanswered(&flow, None)),
+                Dead::LoopedBack(pair) => Some(self.unanswered(&pair.0, Some(&pair.1))),
+            },
         }
     }
 
@@ -202,8 +202,9 @@ impl Enricher {
             .unwrap_or_default()
     }
 
-    /// A handshake that died silently, as an event of kind "unanswered".
-    fn unanswered(&mut self, flow: &Flow) -> DropRecord {
+    /// A handshake that died silently, as an event of kind "unanswered";
+    /// `back` is the same SYN come back DNAT'd (incident 4).
+    fn unanswered(&mut self, flow: &Flow, back: Option<&Flow>) -> DropRecord {
         let ns = self.registry.lookup(flow.netns);
         let ifname = self
             .ifnames
@@ -213,12 +214,23 @@ impl Enricher {
             .and_then(|n| self.contexts.get(n).ok())
             .map(|c| c.tables.clone())
             .unwrap_or_default();
-        let status = flow
-            .ct
-            .map(|c| self.ct_names.status(c.status))
-            .unwrap_or_default();
         let exec = Self::netns_exec(ns.as_ref().and_then(|n| n.name.as_ref()));
-        let finding = handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec);
+        let finding = match back {
+            Some(back) => {
+                let status = back
+                    .ct
+                    .map(|c| self.ct_names.status(c.status))
+                    .unwrap_or_default();
+                handshake::looped_back(flow, back, &status, &tables, &exec)
+            }
+            None => {
+                let status = flow
+                    .ct
+                    .map(|c| self.ct_names.status(c.status))
+                    .unwrap_or_default();
+                handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec)
+            }
+        };
         let epoch = (i128::from(flow.last_ns) + self.realtime_offset_ns).max(0) as u64;
         DropRecord {
             ts: rfc3339(epoch),
@@ -241,7 +253,10 @@ impl Enricher {
             location: String::new(),
             mark: 0,
             route_lookups: Vec::new(),
-            ct: flow.ct.as_ref().map(|c| self.ct_record(c)),
+            ct: back
+                .and_then(|b| b.ct.as_ref())
+                .or(flow.ct.as_ref())
+                .map(|c| self.ct_record(c)),
             finding: Some(finding),
         }
     }

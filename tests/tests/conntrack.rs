@@ -416,3 +416,216 @@ fn control_bridge_nf_call_iptables_reports_nothing() {
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
     assert_eq!(done.counts().matched, 0);
 }
+
+/// Incident 4: a client pod sends to an internal LB's VIP; the LB (its own
+/// namespace, preserving the client address) forwards to this node's
+/// NodePort, which DNATs to a backend on this node without SNAT
+/// (externalTrafficPolicy=Local): the reply never goes back through the LB.
+struct Loop {
+    node: Ns,
+    lb: Ns,
+    pod_a: Ns,
+    pod_b: Ns,
+}
+
+const LB_VIP: &str = "203.0.113.80";
+
+fn lb_loopback(test: &str) -> Loop {
+    let l = Loop {
+        node: Ns::new(&ns_name(&format!("{test}-node"))).unwrap(),
+        lb: Ns::new(&ns_name(&format!("{test}-lb"))).unwrap(),
+        pod_a: Ns::new(&ns_name(&format!("{test}-a"))).unwrap(),
+        pod_b: Ns::new(&ns_name(&format!("{test}-b"))).unwrap(),
+    };
+    veth(
+        &l.node,
+        "eth0",
+        "02:00:00:00:40:01",
+        &l.lb,
+        "lb0",
+        "02:00:00:00:40:02",
+    )
+    .unwrap();
+    l.node
+        .ip(&["addr", "add", "10.70.0.10/24", "dev", "eth0"])
+        .unwrap();
+    l.node
+        .ip(&["route", "add", "default", "via", "10.70.0.1"])
+        .unwrap();
+    l.node
+        .ip(&["link", "add", "cni0", "type", "bridge"])
+        .unwrap();
+    l.node.ip(&["link", "set", "cni0", "up"]).unwrap();
+    l.node
+        .ip(&["addr", "add", "10.244.2.1/24", "dev", "cni0"])
+        .unwrap();
+    veth(
+        &l.pod_a,
+        "eth0",
+        "02:00:00:00:40:05",
+        &l.node,
+        "vetha",
+        "02:00:00:00:40:15",
+    )
+    .unwrap();
+    veth(
+        &l.pod_b,
+        "eth0",
+        "02:00:00:00:40:09",
+        &l.node,
+        "vethb",
+        "02:00:00:00:40:19",
+    )
+    .unwrap();
+    for port in ["vetha", "vethb"] {
+        l.node.ip(&["link", "set", port, "master", "cni0"]).unwrap();
+    }
+    for (pod, ip) in [(&l.pod_a, "10.244.2.5"), (&l.pod_b, "10.244.2.9")] {
+        pod.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
+            .unwrap();
+        pod.ip(&["route", "add", "default", "via", "10.244.2.1"])
+            .unwrap();
+    }
+    l.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    // NodePort with externalTrafficPolicy=Local: DNAT to the local backend,
+    // no masquerade.
+    iptables(
+        &l.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            "10.70.0.10",
+            "-p",
+            "tcp",
+            "--dport",
+            "30080",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.244.2.9:8004",
+        ],
+    );
+    l.lb.ip(&["addr", "add", "10.70.0.1/24", "dev", "lb0"])
+        .unwrap();
+    l.lb.ip(&["route", "add", "10.244.2.0/24", "via", "10.70.0.10"])
+        .unwrap();
+    l.lb.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    l.lb.sysctl("net/ipv4/conf/all/send_redirects", "0")
+        .unwrap();
+    l.lb.sysctl("net/ipv4/conf/lb0/send_redirects", "0")
+        .unwrap();
+    // The load balancer keeps the client's address (no SNAT).
+    iptables(
+        &l.lb,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            LB_VIP,
+            "-p",
+            "tcp",
+            "--dport",
+            "8004",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.70.0.10:30080",
+        ],
+    );
+    l
+}
+
+#[test]
+fn incident4_lb_loopback_without_snat_and_its_fix() {
+    let l = lb_loopback("lbloop");
+    let _b = listen(&l.pod_b, "10.244.2.9:8004");
+    let k = Kdrop::start(&["--json", "--netns", &l.node.name, "--port", "8004"]);
+    let src: SocketAddr = "10.244.2.5:46004".parse().unwrap();
+    let dst: SocketAddr = format!("{LB_VIP}:8004").parse().unwrap();
+    let _syn = send_syn(&l.pod_a, src, dst);
+    let e = k.expect_event_within("the looped-back handshake", Duration::from_secs(8), |e| {
+        e["kind"] == "unanswered"
+    });
+    assert_eq!(e["saddr"], "10.244.2.5");
+    assert_eq!(e["sport"], 46004);
+    assert_eq!(e["daddr"], LB_VIP);
+    assert_eq!(e["ifname"], "eth0");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "lb_loopback_without_snat");
+    assert_eq!(
+        f["summary"],
+        "SYN 10.244.2.5:46004 -> 203.0.113.80:8004 left by eth0 to the load balancer, came back \
+         as 10.244.2.5:46004 -> 10.70.0.10:30080 and was DNAT'd to 10.244.2.9:8004 without SNAT: \
+         the reply goes straight to 10.244.2.5 and bypasses the load balancer"
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[0].starts_with("3 transmissions of the same SYN"),
+        "{ev:?}"
+    );
+    assert!(ev[1].contains("sent out vethb"), "{ev:?}");
+    let fix = strs(&f["fix"]);
+    k.stop(libc::SIGINT);
+    run_fix(&fix[0]);
+    run_fix(&fix[1]);
+    connect_from(&l.pod_a, "10.244.2.5:46005".parse().unwrap(), dst)
+        .expect("handshake after the fix");
+}
+
+/// The VIP served locally with masquerade (what Cluster policy gives
+/// in-cluster clients): the handshake works and kdrop reports nothing.
+#[test]
+fn control_vip_served_locally_with_snat_reports_nothing() {
+    let l = lb_loopback("lbloopc");
+    iptables(
+        &l.node,
+        &[
+            "-t",
+            "nat",
+            "-I",
+            "PREROUTING",
+            "-s",
+            "10.244.2.0/24",
+            "-d",
+            LB_VIP,
+            "-p",
+            "tcp",
+            "--dport",
+            "8004",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.244.2.9:8004",
+        ],
+    );
+    iptables(
+        &l.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            "10.244.2.0/24",
+            "-d",
+            "10.244.2.9",
+            "-p",
+            "tcp",
+            "--dport",
+            "8004",
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    let _b = listen(&l.pod_b, "10.244.2.9:8004");
+    let k = Kdrop::start(&["--json", "--netns", &l.node.name, "--port", "8004"]);
+    let dst: SocketAddr = format!("{LB_VIP}:8004").parse().unwrap();
+    connect_from(&l.pod_a, "10.244.2.5:46006".parse().unwrap(), dst).expect("handshake");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+}

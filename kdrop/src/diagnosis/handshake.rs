@@ -56,10 +56,49 @@ pub struct Tracker {
     dnat_replies: HashMap<Tuple, Tuple>,
 }
 
+/// What a dead handshake turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dead {
+    /// Sent `UNANSWERED_AFTER` times without an answer.
+    Unanswered(Box<Flow>),
+    /// Sent to a VIP (first flow), came back in from the load balancer with
+    /// the same client address and port, and was DNAT'd to a backend without
+    /// SNAT (second flow): the reply bypasses the load balancer.
+    LoopedBack(Box<(Flow, Flow)>),
+}
+
 impl Tracker {
-    /// Feeds one packet leaving a device; returns the flow when its SYN has
-    /// now gone unanswered `UNANSWERED_AFTER` times (once per flow).
-    pub fn on_egress(&mut self, p: &Packet, bits: &CtBits) -> Option<Flow> {
+    /// Feeds one packet leaving a device; returns a dead handshake when a
+    /// SYN has now gone unanswered `UNANSWERED_AFTER` times (once per flow).
+    pub fn on_egress(&mut self, p: &Packet, bits: &CtBits) -> Option<Dead> {
+        let flow = self.count(p, bits)?;
+        // The same client endpoint with another destination, DNAT'd without
+        // SNAT: the SYN looped back through a load balancer.
+        let looped = self
+            .flows
+            .values()
+            .find(|o| {
+                o.orig.src == flow.orig.src
+                    && o.orig.dst != flow.orig.dst
+                    && o.ct.is_some_and(|c| {
+                        c.status & bits.dst_nat != 0 && c.status & bits.src_nat == 0
+                    })
+            })
+            .cloned();
+        let (first, back) = match looped {
+            None => return Some(Dead::Unanswered(Box::new(flow))),
+            Some(o) if o.first_ns >= flow.first_ns => (flow, o),
+            Some(o) => (o, flow),
+        };
+        for key in [first.orig, back.orig] {
+            if let Some(f) = self.flows.get_mut(&key) {
+                f.reported = true;
+            }
+        }
+        Some(Dead::LoopedBack(Box::new((first, back))))
+    }
+
+    fn count(&mut self, p: &Packet, bits: &CtBits) -> Option<Flow> {
         let syn = p.tcp_flags & TCP_SYN != 0;
         let ack = p.tcp_flags & TCP_ACK != 0;
         if syn && ack {
@@ -254,6 +293,63 @@ fn same_subnet(a: IpAddr, b: IpAddr, len: u8) -> bool {
     }
 }
 
+fn transmissions(flow: &Flow) -> String {
+    let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
+    format!(
+        "{} transmissions of the same SYN over {secs:.1}s, none answered",
+        flow.syns
+    )
+}
+
+/// Incident 4: this host's SYN to a VIP went to the load balancer, came back
+/// in and was DNAT'd to a backend without SNAT.
+pub fn looped_back(first: &Flow, back: &Flow, status: &[String], t: &Tables, ns: &str) -> Finding {
+    let client = first.orig.src;
+    let vip = first.orig.dst;
+    let ct = back.ct.expect("a looped-back flow is DNAT'd");
+    let backend = ct.reply.src;
+    let out_dev = t.link_name(first.ifindex);
+    let back_dev = t.link_name(back.ifindex);
+    Finding {
+        cause: "lb_loopback_without_snat",
+        summary: format!(
+            "SYN {client} -> {vip} left by {out_dev} to the load balancer, came back as {client} -> {} and was DNAT'd to {backend} without SNAT: the reply goes straight to {} and bypasses the load balancer",
+            ct.orig.dst,
+            client.ip()
+        ),
+        evidence: vec![
+            format!("{} (to {vip}, out of {out_dev})", transmissions(first)),
+            format!(
+                "the same client address and port came back in: conntrack {} -> {}, reply {} -> {}, status [{}], sent out {back_dev}",
+                ct.orig.src,
+                ct.orig.dst,
+                ct.reply.src,
+                ct.reply.dst,
+                status.join(",")
+            ),
+            format!(
+                "no SNAT: {backend} answers {} directly from its own address, not from {vip}, so the client's socket never sees its SYN-ACK",
+                client.ip()
+            ),
+        ],
+        fix: vec![
+            format!(
+                "{ns}iptables -t nat -I PREROUTING -s {}/32 -d {}/32 -p tcp --dport {} -j DNAT --to-destination {backend}",
+                client.ip(),
+                vip.ip(),
+                vip.port()
+            ),
+            format!(
+                "{ns}iptables -t nat -I POSTROUTING -s {}/32 -d {}/32 -p tcp --dport {} -j MASQUERADE",
+                client.ip(),
+                backend.ip(),
+                backend.port()
+            ),
+            "Kubernetes: externalTrafficPolicy: Cluster, or a kube-proxy that serves LoadBalancer IPs locally for in-cluster clients".into(),
+        ],
+    }
+}
+
 /// A SYN sent `UNANSWERED_AFTER` times without an answer, explained.
 pub fn unanswered(
     flow: &Flow,
@@ -263,11 +359,7 @@ pub fn unanswered(
     dnat_ns: &str,
 ) -> Finding {
     let dev = t.link_name(flow.ifindex);
-    let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
-    let sent = format!(
-        "{} transmissions of the same SYN over {secs:.1}s, none answered",
-        flow.syns
-    );
+    let sent = transmissions(flow);
     match flow.ct {
         Some(ct) if ct.status & bits.dst_nat != 0 && ct.status & bits.src_nat == 0 => {
             let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
@@ -393,13 +485,16 @@ mod tests {
     fn a_dnat_syn_sent_three_times_is_an_asymmetric_return() {
         let mut tr = Tracker::default();
         assert_eq!(tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS), None);
+        // The same SYN leaving the next device on its way is not a retransmission.
+        assert_eq!(tr.on_egress(&syn(20_000, Some(dnat_ct(8))), &BITS), None);
         assert_eq!(
             tr.on_egress(&syn(1_000_000_000, Some(dnat_ct(8))), &BITS),
             None
         );
-        let f = tr
-            .on_egress(&syn(3_000_000_000, Some(dnat_ct(8))), &BITS)
-            .unwrap();
+        let Some(Dead::Unanswered(f)) = tr.on_egress(&syn(3_000_000_000, Some(dnat_ct(8))), &BITS)
+        else {
+            panic!()
+        };
         assert_eq!(f.syns, 3);
         // Reported once.
         assert_eq!(
@@ -448,9 +543,9 @@ mod tests {
         for ts in 0..2 {
             tr.on_egress(&syn(ts * 1_000_000_000, Some(snat)), &BITS);
         }
-        let f = tr
-            .on_egress(&syn(3_000_000_000, Some(snat)), &BITS)
-            .unwrap();
+        let Some(Dead::Unanswered(f)) = tr.on_egress(&syn(3_000_000_000, Some(snat)), &BITS) else {
+            panic!()
+        };
         assert_eq!(
             unanswered(&f, &BITS, &[], &tables(), "").cause,
             "unanswered"
@@ -498,6 +593,56 @@ mod tests {
         assert!(tr
             .dnat_reply(&tuple("10.244.1.9:81", "10.244.1.5:43534"))
             .is_none());
+    }
+
+    #[test]
+    fn a_syn_that_comes_back_dnatted_without_snat_looped_through_the_lb() {
+        let mut tr = Tracker::default();
+        let out = |ts| Packet {
+            ts_ns: ts,
+            netns: 7,
+            ifindex: 2,
+            mark: 0,
+            tuple: tuple("10.244.2.5:41000", "203.0.113.80:80"),
+            tcp_flags: TCP_SYN,
+            ct: None,
+        };
+        let back_ct = Ct {
+            orig: tuple("10.244.2.5:41000", "10.70.0.10:30080"),
+            reply: tuple("10.244.2.9:80", "10.244.2.5:41000"),
+            status: 8 | BITS.dst_nat,
+            mark: 0,
+            zone: 0,
+            ctinfo: 2,
+        };
+        let back = |ts| Packet {
+            ifindex: 6,
+            tuple: tuple("10.244.2.5:41000", "10.244.2.9:80"),
+            ct: Some(back_ct),
+            ..out(ts)
+        };
+        let mut dead = None;
+        for ts in [0, 1_000_000_000, 3_000_000_000] {
+            dead = dead.or(tr.on_egress(&out(ts), &BITS));
+            dead = dead.or(tr.on_egress(&back(ts + 1_000_000), &BITS));
+        }
+        let Some(Dead::LoopedBack(pair)) = dead else {
+            panic!("{dead:?}")
+        };
+        let (first, came_back) = *pair;
+        assert_eq!(first.orig.dst.to_string(), "203.0.113.80:80");
+        assert_eq!(came_back.orig.dst.to_string(), "10.70.0.10:30080");
+        let f = looped_back(&first, &came_back, &["DST_NAT".into()], &tables(), "");
+        assert_eq!(f.cause, "lb_loopback_without_snat");
+        assert_eq!(
+            f.summary,
+            "SYN 10.244.2.5:41000 -> 203.0.113.80:80 left by eth0 to the load balancer, came \
+             back as 10.244.2.5:41000 -> 10.70.0.10:30080 and was DNAT'd to 10.244.2.9:80 \
+             without SNAT: the reply goes straight to 10.244.2.5 and bypasses the load balancer"
+        );
+        assert_eq!(f.fix[0], "iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d 203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.9:80");
+        // Reported once, for the pair.
+        assert_eq!(tr.on_egress(&back(9_000_000_000), &BITS), None);
     }
 
     #[test]
