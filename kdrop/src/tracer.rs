@@ -173,6 +173,7 @@ impl Enricher {
             src: r.src(),
             dst: r.dst(),
             location: Some(&r.location),
+            netfilter: None,
         });
         r
     }
