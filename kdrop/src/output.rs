@@ -28,6 +28,8 @@ pub struct DropRecord {
     pub location: String,
     pub mark: u32,
     pub finding: Option<Finding>,
+    /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
+    pub netfilter: Option<crate::netfilter::Attribution>,
 }
 
 impl DropRecord {
@@ -169,6 +171,7 @@ pub(crate) mod tests {
             location: "ip_rcv_finish_core+0x1a3".into(),
             mark: 0,
             finding: None,
+            netfilter: None,
         }
     }
 

@@ -11,7 +11,10 @@ use kdrop_common::{Counters, Filter, AF_INET, AF_INET6};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    context::netns::{self, IfNames, NetnsRegistry},
+    context::{
+        netfilter::NetfilterContext,
+        netns::{self, IfNames, NetnsRegistry},
+    },
     diagnosis::{self, DropFacts},
     event::{self, Drop, Event},
     kernel::Reasons,
@@ -37,10 +40,12 @@ impl Tracer {
         // fd stays open for as long as it is registered.
         let events = unsafe { AsyncFd::register(probes.take_events()?) }
             .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+        let mut enricher = Enricher::new(setup.reasons)?;
+        enricher.prime_netfilter(filter.netns);
         Ok(Self {
             probes,
             events,
-            enricher: Enricher::new(setup.reasons)?,
+            enricher,
             started: Instant::now(),
             undecodable: 0,
         })
@@ -96,6 +101,7 @@ pub struct Enricher {
     realtime_offset_ns: i128,
     symbols: Option<Symbols>,
     symbols_loading: Option<JoinHandle<Result<Symbols>>>,
+    netfilter: NetfilterContext,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> i128 {
@@ -119,7 +125,17 @@ impl Enricher {
             symbols: None,
             // 100k+ lines: read off the startup path.
             symbols_loading: Some(std::thread::spawn(Symbols::load)),
+            netfilter: NetfilterContext::new(),
         })
+    }
+
+    /// Reads the rulesets of the traced namespace (or kdrop's own) now, so
+    /// that the first NETFILTER_DROP has counters from before it.
+    pub fn prime_netfilter(&mut self, netns: u32) {
+        let inode = if netns == 0 { self.own_netns } else { netns };
+        if let Some(ns) = self.registry.lookup(inode) {
+            self.netfilter.prime(&ns);
+        }
     }
 
     fn symbols(&mut self) -> &Symbols {
@@ -147,6 +163,10 @@ impl Enricher {
             .symbols()
             .resolve(d.location)
             .unwrap_or_else(|| format!("{:#x}", d.location));
+        let netfilter = match reason.as_deref() {
+            Some("NETFILTER_DROP") => self.netfilter.attribute(ns.as_ref(), d),
+            _ => None,
+        };
         let epoch = (i128::from(d.ts_ns) + self.realtime_offset_ns).max(0) as u64;
         let mut r = DropRecord {
             ts: rfc3339(epoch),
@@ -165,6 +185,7 @@ impl Enricher {
             location,
             mark: d.mark,
             finding: None,
+            netfilter,
         };
         r.finding = diagnosis::explain(&DropFacts {
             reason: r.reason.as_deref(),
@@ -173,7 +194,7 @@ impl Enricher {
             src: r.src(),
             dst: r.dst(),
             location: Some(&r.location),
-            netfilter: None,
+            netfilter: r.netfilter.as_ref(),
         });
         r
     }

@@ -601,13 +601,7 @@ fn describe(
     let (rule, rule_number, handle, target, ctstate_invalid) = match c.kind {
         Kind::Rule(i) => {
             let r = &c.chain.rules[i];
-            evidence.push(format!(
-                "{} rule {} of {place}: {}",
-                t.backend.name(),
-                i + 1,
-                r.text
-            ));
-            evidence.push(format!("its counter {moved}"));
+            evidence.push(format!("rule counter {moved}"));
             let unknown: Vec<&str> = r
                 .matches
                 .iter()
@@ -617,12 +611,12 @@ fn describe(
                 })
                 .collect();
             match c.matches {
-                Tri::Yes => evidence.push("its matches fit this packet".into()),
+                Tri::Yes => evidence.push("the rule's matches fit this packet".into()),
                 _ if !unknown.is_empty() => evidence.push(format!(
-                    "its other matches fit this packet; not evaluated: {}",
+                    "the rule's other matches fit this packet; not evaluated: {}",
                     unknown.join(", ")
                 )),
-                _ => evidence.push("its matches may fit this packet".into()),
+                _ => evidence.push("the rule's matches may fit this packet".into()),
             }
             (
                 Some(r.text.clone()),
@@ -638,11 +632,11 @@ fn describe(
             } else {
                 "DROP"
             };
+            evidence.push(format!("policy counter {moved}"));
             evidence.push(format!(
-                "policy {policy} of base chain {place} ({} hook)",
+                "no rule of {place} ({} hook) accepted or dropped it before the policy",
                 c.hook
             ));
-            evidence.push(format!("its policy counter {moved}"));
             (None, None, None, Some(policy.to_string()), false)
         }
     };
