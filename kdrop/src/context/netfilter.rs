@@ -37,8 +37,9 @@ const TOOL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Snapshots kept per namespace (before, after, and one spare for events
 /// read out of order across a batch).
 const HISTORY: usize = 3;
-/// Namespaces remembered; the least recently used is forgotten.
-const MAX_NAMESPACES: usize = 256;
+/// Namespaces remembered (a kube-proxy ruleset can hold tens of thousands of
+/// rules); the least recently used is forgotten.
+const MAX_NAMESPACES: usize = 64;
 
 /// The binaries found on this host.
 #[derive(Clone, Debug, Default)]
@@ -361,6 +362,10 @@ impl NetfilterContext {
     /// Which rule, policy or conntrack drop killed this NETFILTER_DROP
     /// packet in `ns`.
     pub fn attribute(&mut self, ns: Option<&Netns>, d: &Drop) -> Option<Attribution> {
+        // The rung above this one, kernel evidence (the verdict and hook
+        // recorded by a fexit/kretprobe on nft_do_chain / ipt_do_table /
+        // nf_hook_slow and carried on the event), would answer here first;
+        // no kernel kdrop is developed on allows those probes yet.
         let ns = ns?;
         let hist = self.history.get(&ns.inode).cloned().unwrap_or_default();
         let before = hist.iter().rev().find(|s| s.finished_ns < d.ts_ns).cloned();
