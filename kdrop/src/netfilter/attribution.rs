@@ -187,7 +187,9 @@ pub fn path_of(d: &Dropped, ifaces: &[Iface]) -> (Vec<Hook>, Packet) {
         match (local(d.src), local(d.dst)) {
             (true, true) => vec![Output, Postrouting, Prerouting, Input],
             (true, false) => {
-                // Locally sent: the kernel's interface is where it leaves.
+                // Locally sent: the event's interface is where it leaves.
+                // At LOCAL_OUT skb->dev is not set yet (ifindex 0); ip_output()
+                // sets it before POSTROUTING (net/ipv4/ip_output.c, Linux 6.18).
                 p.iif = None;
                 p.iif_master = None;
                 p.oif = name;

@@ -17,7 +17,8 @@ pub struct Packet {
     /// past routing); `None` when the kernel gave none.
     pub iif: Option<String>,
     /// The bridge `iif` is a port of: with br_netfilter, iptables sees the
-    /// bridge as the input device.
+    /// bridge as the input device (`brnf_get_logical_dev()` in
+    /// br_nf_forward_ip(), net/bridge/br_netfilter_hooks.c, Linux 6.18).
     pub iif_master: Option<String>,
     /// The interface it leaves by, when known (locally sent, past routing).
     pub oif: Option<String>,
@@ -309,7 +310,9 @@ pub fn iface_matches(pattern: &str, name: &str) -> bool {
 /// SYN opens a connection: NEW (or INVALID, or UNTRACKED after NOTRACK), never
 /// ESTABLISHED or RELATED: the kernel keeps a connection NEW until it has
 /// seen a reply (`IPS_SEEN_REPLY`, nf_conntrack_core.c, Linux 6.18). A
-/// SYN-ACK is the reply: ESTABLISHED, or INVALID without a SYN before it.
+/// SYN-ACK is the reply: ESTABLISHED, or INVALID without a SYN before it
+/// (tcp_new() refuses to open a connection on one, nf_conntrack_proto_tcp.c,
+/// Linux 6.18).
 fn possible_states(flags: u8) -> Option<&'static [CtState]> {
     use CtState::*;
     match flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) {
