@@ -55,6 +55,14 @@ pub fn run() -> Result<ExitCode> {
             println!("probe       skb:kfree_skb (drop path): {e:#}");
         }
     }
+    // NETFILTER_DROP attribution: methods in the order kdrop tries them.
+    for (i, m) in crate::context::netfilter::describe_methods()
+        .iter()
+        .enumerate()
+    {
+        let head = if i == 0 { "netfilter" } else { "" };
+        println!("{head:<12}{m}");
+    }
     println!(
         "verdict     {}",
         if ok {

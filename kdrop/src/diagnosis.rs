@@ -24,6 +24,8 @@ pub struct DropFacts<'a> {
     pub src: String,
     pub dst: String,
     pub location: Option<&'a str>,
+    /// The rule, chain policy or conntrack drop behind a NETFILTER_DROP.
+    pub netfilter: Option<&'a crate::netfilter::Attribution>,
 }
 
 /// A finding from the kernel's drop reason alone. Richer causes (the route
@@ -55,6 +57,11 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
             ),
             vec![format!("{ns}ss -ltn")],
         ),
+        "NETFILTER_DROP" if f.netfilter.is_some() => {
+            return f
+                .netfilter
+                .map(|a| crate::netfilter::finding::explain(a, f));
+        }
         "NETFILTER_DROP" => (
             "netfilter",
             format!("a netfilter rule or chain policy dropped it on {iface}"),
@@ -146,6 +153,7 @@ mod tests {
             src: "198.51.100.7:40000".into(),
             dst: "10.0.2.20:8080".into(),
             location: Some("ip_rcv_finish_core+0x1a3"),
+            netfilter: None,
         }
     }
 

@@ -32,6 +32,8 @@ pub struct DropRecord {
     /// The conntrack entry the packet carried.
     pub ct: Option<CtRecord>,
     pub finding: Option<Finding>,
+    /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
+    pub netfilter: Option<crate::netfilter::Attribution>,
 }
 
 /// A conntrack entry: both directions, as `conntrack -L` shows them.
@@ -227,6 +229,7 @@ pub(crate) mod tests {
             route_lookups: vec![],
             ct: None,
             finding: None,
+            netfilter: None,
         }
     }
 

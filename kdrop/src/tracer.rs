@@ -14,6 +14,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     context::{
+        netfilter::NetfilterContext,
         netns::{self, IfNames, NetnsRegistry},
         routing::ContextCache,
     },
@@ -46,10 +47,12 @@ impl Tracer {
         // fd stays open for as long as it is registered.
         let events = unsafe { AsyncFd::register(probes.take_events()?) }
             .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
+        let mut enricher = Enricher::new(setup.reasons, setup.ct_names)?;
+        enricher.prime_netfilter(filter.netns);
         Ok(Self {
             probes,
             events,
-            enricher: Enricher::new(setup.reasons, setup.ct_names)?,
+            enricher,
             started: Instant::now(),
             undecodable: 0,
         })
@@ -116,6 +119,7 @@ pub struct Enricher {
     /// One diagnosis per distinct drop while the context stays the same: a
     /// flood of identical drops costs one.
     findings: HashMap<FindingKey, Option<Finding>>,
+    netfilter: NetfilterContext,
 }
 
 type FindingKey = (u64, u32, u32, u32, Ipv4Addr, Ipv4Addr, u32);
@@ -153,7 +157,17 @@ impl Enricher {
             symbols_loading: Some(std::thread::spawn(Symbols::load)),
             contexts: ContextCache::default(),
             findings: HashMap::new(),
+            netfilter: NetfilterContext::new(),
         })
+    }
+
+    /// Reads the rulesets of the traced namespace (or kdrop's own) now, so
+    /// that the first NETFILTER_DROP has counters from before it.
+    pub fn prime_netfilter(&mut self, netns: u32) {
+        let inode = if netns == 0 { self.own_netns } else { netns };
+        if let Some(ns) = self.registry.lookup(inode) {
+            self.netfilter.prime(&ns);
+        }
     }
 
     fn symbols(&mut self) -> &Symbols {
@@ -257,6 +271,7 @@ impl Enricher {
                 .and_then(|b| b.ct.as_ref())
                 .or(flow.ct.as_ref())
                 .map(|c| self.ct_record(c)),
+            netfilter: None,
             finding: Some(finding),
         }
     }
@@ -312,6 +327,10 @@ impl Enricher {
             .symbols()
             .resolve(d.location)
             .unwrap_or_else(|| format!("{:#x}", d.location));
+        let netfilter = match reason.as_deref() {
+            Some("NETFILTER_DROP") => self.netfilter.attribute(ns.as_ref(), d),
+            _ => None,
+        };
         let epoch = (i128::from(d.ts_ns) + self.realtime_offset_ns).max(0) as u64;
         let mut r = DropRecord {
             ts: rfc3339(epoch),
@@ -332,6 +351,7 @@ impl Enricher {
             route_lookups: Vec::new(),
             ct: None,
             finding: None,
+            netfilter,
         };
         r.ct = d.ct.as_ref().map(|c| self.ct_record(c));
         r.route_lookups = d
@@ -363,6 +383,7 @@ impl Enricher {
                     src: r.src(),
                     dst: r.dst(),
                     location: Some(&r.location),
+                    netfilter: r.netfilter.as_ref(),
                 })
             });
         r

@@ -99,7 +99,11 @@ fn iptables_drop_in_input_is_netfilter_drop() {
     assert_eq!(e["reason"], "NETFILTER_DROP");
     assert_eq!(e["ifname"], "s0");
     assert_eq!(e["netns"], inode(&p.server));
-    assert_eq!(e["finding"]["cause"], "netfilter");
+    assert_eq!(e["finding"]["cause"], "netfilter_rule");
+    assert_eq!(
+        e["netfilter"]["rule"],
+        "-A INPUT -p tcp -m tcp --dport 5502 -j DROP"
+    );
     k.stop(libc::SIGINT);
 }
 

@@ -1,5 +1,6 @@
 //! What the node looks like around an event: namespaces and their names,
-//! interfaces, routing tables and rules, sysctls.
+//! interfaces, routing tables and rules, sysctls, netfilter counters.
+pub mod netfilter;
 pub mod netlink;
 pub mod netns;
 pub mod routing;

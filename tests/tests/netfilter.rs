@@ -1,0 +1,735 @@
+//! NETFILTER_DROP named down to the rule or chain policy, on real rulesets
+//! (iptables-legacy, iptables-nft, native nftables) in namespaces the tests
+//! create, with SYNs the tests send.
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use integration_tests::{inode, ns_name, send_syn, veth, Kdrop, Ns, Pair};
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Legacy,
+    Nft,
+}
+
+impl Backend {
+    /// `iptables-legacy`, `ip6tables-nft`, ...
+    fn tool(self, v6: bool) -> String {
+        let fam = if v6 { "ip6tables" } else { "iptables" };
+        match self {
+            Backend::Legacy => format!("{fam}-legacy"),
+            Backend::Nft => format!("{fam}-nft"),
+        }
+    }
+
+    /// The `backend` kdrop reports.
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Legacy => "iptables-legacy",
+            Backend::Nft => "iptables-nft",
+        }
+    }
+
+    fn counters_method(self, v6: bool) -> String {
+        format!("rule counters ({}-save -c)", self.tool(v6))
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Backend::Legacy => "l",
+            Backend::Nft => "n",
+        }
+    }
+}
+
+/// `iptables ARGS` (split on spaces) in `ns`.
+fn ipt(ns: &Ns, b: Backend, v6: bool, args: &str) {
+    let args: Vec<&str> = args.split_whitespace().collect();
+    ns.exec(&b.tool(v6), &args)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// A file removed on drop (rulesets for `nft -f` / `iptables-restore`).
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("{}.rules", ns_name(name)));
+        std::fs::write(&path, text).unwrap();
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Loads a whole ruleset from text: `nft -f` or `iptables-restore`.
+fn load(ns: &Ns, tool: &str, name: &str, text: &str) {
+    let f = TempFile::new(name, text);
+    let path = f.0.to_str().unwrap();
+    let args: &[&str] = if tool == "nft" {
+        &["-f", path]
+    } else {
+        &[path]
+    };
+    ns.exec(tool, args).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
+    e["saddr"] == src.ip().to_string()
+        && e["sport"] == src.port()
+        && e["daddr"] == dst.ip().to_string()
+        && e["dport"] == dst.port()
+}
+
+/// Sends a SYN and returns kdrop's event for it.
+fn drop_of(k: &Kdrop, ns: &Ns, src: SocketAddr, dst: SocketAddr) -> Value {
+    let _syn = send_syn(ns, src, dst);
+    let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
+    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
+    e
+}
+
+/// The fields every attribution is checked on.
+struct Want<'a> {
+    dropped_by: &'a str,
+    cause: &'a str,
+    method: &'a str,
+    hook: &'a str,
+    family: &'a str,
+    backend: &'a str,
+    table: &'a str,
+    chain: &'a str,
+    rule: Option<&'a str>,
+}
+
+fn check(e: &Value, w: &Want) {
+    let nf = &e["netfilter"];
+    let pairs = [
+        ("dropped_by", w.dropped_by),
+        ("method", w.method),
+        ("hook", w.hook),
+        ("family", w.family),
+        ("backend", w.backend),
+        ("table", w.table),
+        ("chain", w.chain),
+    ];
+    for (field, want) in pairs {
+        assert_eq!(nf[field], want, "{field} in {e}");
+    }
+    match w.rule {
+        Some(r) => assert_eq!(nf["rule"], r, "{e}"),
+        None => assert!(nf["rule"].is_null(), "{e}"),
+    }
+    assert_eq!(e["finding"]["cause"], w.cause, "{e}");
+    let summary = e["finding"]["summary"].as_str().unwrap();
+    assert!(summary.contains(w.chain), "{summary}");
+    if let Some(r) = w.rule {
+        assert!(summary.contains(r), "{summary}");
+    }
+}
+
+fn input_drop(b: Backend, net: u8) {
+    let p = Pair::new(&format!("in{}", b.tag()), net);
+    for v6 in [false, true] {
+        ipt(&p.server, b, v6, "-A INPUT -p tcp --dport 6001 -j ACCEPT");
+        ipt(&p.server, b, v6, "-A INPUT -p udp --dport 6101 -j DROP");
+        let other = if v6 { "2001:db8::/32" } else { "192.0.2.0/24" };
+        ipt(&p.server, b, v6, &format!("-A INPUT -s {other} -j DROP"));
+        ipt(&p.server, b, v6, "-A INPUT -p tcp --dport 6101 -j DROP");
+    }
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6101"]);
+    for (v6, src, dst) in [
+        (false, p.client_v4(42101), p.server_v4(6101)),
+        (true, p.client_v6(42102), p.server_v6(6101)),
+    ] {
+        let e = drop_of(&k, &p.client, src, dst);
+        assert_eq!(e["netns"], inode(&p.server));
+        check(
+            &e,
+            &Want {
+                dropped_by: "rule",
+                cause: "netfilter_rule",
+                method: &b.counters_method(v6),
+                hook: "INPUT",
+                family: if v6 { "ip6" } else { "ip" },
+                backend: b.name(),
+                table: "filter",
+                chain: "INPUT",
+                rule: Some("-A INPUT -p tcp -m tcp --dport 6101 -j DROP"),
+            },
+        );
+        assert_eq!(e["netfilter"]["rule_number"], 4, "{e}");
+        let after = e["netfilter"]["packets_after"].as_u64().unwrap();
+        let before = e["netfilter"]["packets_before"].as_u64().unwrap();
+        assert!(after > before, "{e}");
+        let look = e["finding"]["fix"][0].as_str().unwrap();
+        assert_eq!(
+            look,
+            format!(
+                "ip netns exec {} {} -t filter -L INPUT -v -n -x --line-numbers",
+                p.server.name,
+                b.tool(v6)
+            )
+        );
+    }
+    k.stop(libc::SIGINT);
+}
+
+#[test]
+fn input_drop_legacy() {
+    input_drop(Backend::Legacy, 61);
+}
+
+#[test]
+fn input_drop_nft() {
+    input_drop(Backend::Nft, 62);
+}
+
+fn output_drop(b: Backend, net: u8) {
+    let p = Pair::new(&format!("out{}", b.tag()), net);
+    ipt(
+        &p.client,
+        b,
+        false,
+        "-A OUTPUT -p tcp --dport 6001 -j ACCEPT",
+    );
+    ipt(&p.client, b, false, "-A OUTPUT -p tcp --dport 6102 -j DROP");
+    let k = Kdrop::start(&["--json", "--netns", &p.client.name, "-p", "6102"]);
+    let e = drop_of(&k, &p.client, p.client_v4(42103), p.server_v4(6102));
+    assert_eq!(e["netns"], inode(&p.client));
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "netfilter_rule",
+            method: &b.counters_method(false),
+            hook: "OUTPUT",
+            family: "ip",
+            backend: b.name(),
+            table: "filter",
+            chain: "OUTPUT",
+            rule: Some("-A OUTPUT -p tcp -m tcp --dport 6102 -j DROP"),
+        },
+    );
+    k.stop(libc::SIGINT);
+}
+
+#[test]
+fn output_drop_legacy() {
+    output_drop(Backend::Legacy, 63);
+}
+
+#[test]
+fn output_drop_nft() {
+    output_drop(Backend::Nft, 64);
+}
+
+fn reject(b: Backend, net: u8) {
+    let p = Pair::new(&format!("rej{}", b.tag()), net);
+    ipt(
+        &p.server,
+        b,
+        false,
+        "-A INPUT -p tcp --dport 6103 -j REJECT --reject-with tcp-reset",
+    );
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6103"]);
+    let e = drop_of(&k, &p.client, p.client_v4(42104), p.server_v4(6103));
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "netfilter_rule",
+            method: &b.counters_method(false),
+            hook: "INPUT",
+            family: "ip",
+            backend: b.name(),
+            table: "filter",
+            chain: "INPUT",
+            rule: Some("-A INPUT -p tcp -m tcp --dport 6103 -j REJECT --reject-with tcp-reset"),
+        },
+    );
+    assert_eq!(
+        e["netfilter"]["target"], "REJECT --reject-with tcp-reset",
+        "{e}"
+    );
+    k.stop(libc::SIGINT);
+}
+
+#[test]
+fn reject_legacy() {
+    reject(Backend::Legacy, 65);
+}
+
+#[test]
+fn reject_nft() {
+    reject(Backend::Nft, 66);
+}
+
+/// The raw table runs before conntrack and filter: its rule is the one.
+fn raw_drop(b: Backend, net: u8) {
+    let p = Pair::new(&format!("raw{}", b.tag()), net);
+    ipt(
+        &p.server,
+        b,
+        false,
+        "-t raw -A PREROUTING -p tcp --dport 6104 -j DROP",
+    );
+    ipt(&p.server, b, false, "-A INPUT -p tcp --dport 6104 -j DROP");
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6104"]);
+    let e = drop_of(&k, &p.client, p.client_v4(42105), p.server_v4(6104));
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "netfilter_rule",
+            method: &b.counters_method(false),
+            hook: "PREROUTING",
+            family: "ip",
+            backend: b.name(),
+            table: "raw",
+            chain: "PREROUTING",
+            rule: Some("-A PREROUTING -p tcp -m tcp --dport 6104 -j DROP"),
+        },
+    );
+    k.stop(libc::SIGINT);
+}
+
+#[test]
+fn raw_drop_legacy() {
+    raw_drop(Backend::Legacy, 67);
+}
+
+#[test]
+fn raw_drop_nft() {
+    raw_drop(Backend::Nft, 68);
+}
+
+/// br_netfilter must be there for bridged packets to meet iptables. If the
+/// module has to be loaded, it is unloaded again afterwards; the bridge
+/// tests take turns so that one never unloads it under the other.
+struct BrNetfilter {
+    loaded_here: bool,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+static BRIDGE_TURN: Mutex<()> = Mutex::new(());
+
+impl BrNetfilter {
+    fn ensure() -> Self {
+        let turn = BRIDGE_TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let present = || std::path::Path::new("/proc/sys/net/bridge").exists();
+        let mut loaded_here = false;
+        if !present() {
+            let out = std::process::Command::new("modprobe")
+                .arg("br_netfilter")
+                .output();
+            loaded_here = out.as_ref().is_ok_and(|o| o.status.success());
+            assert!(
+                present(),
+                "br_netfilter is neither built in nor loadable: {out:?}"
+            );
+        }
+        BrNetfilter {
+            loaded_here,
+            _turn: turn,
+        }
+    }
+}
+
+impl Drop for BrNetfilter {
+    fn drop(&mut self) {
+        if self.loaded_here {
+            let _ = std::process::Command::new("modprobe")
+                .args(["-r", "br_netfilter"])
+                .status();
+        }
+    }
+}
+
+/// The Docker case: two ports of a bridge, bridge-nf-call-iptables=1, and
+/// FORWARD's policy DROP. The bridge's namespace is kdrop's.
+fn forward_policy_on_bridge(b: Backend, net: u8) {
+    let _br = BrNetfilter::ensure();
+    let tag = format!("br{}", b.tag());
+    let client = Ns::new(&ns_name(&format!("{tag}-c"))).unwrap();
+    let server = Ns::new(&ns_name(&format!("{tag}-s"))).unwrap();
+    let bridge = Ns::new(&ns_name(&format!("{tag}-b"))).unwrap();
+    veth(
+        &client,
+        "c0",
+        "02:00:00:00:01:01",
+        &bridge,
+        "bp0",
+        "02:00:00:00:01:02",
+    )
+    .unwrap();
+    veth(
+        &server,
+        "s0",
+        "02:00:00:00:01:03",
+        &bridge,
+        "bp1",
+        "02:00:00:00:01:04",
+    )
+    .unwrap();
+    bridge
+        .ip(&["link", "add", "br0", "type", "bridge"])
+        .unwrap();
+    for port in ["bp0", "bp1"] {
+        bridge.ip(&["link", "set", port, "master", "br0"]).unwrap();
+    }
+    bridge.ip(&["link", "set", "br0", "up"]).unwrap();
+    // Per namespace once br_netfilter is loaded: set here, gone with it.
+    bridge
+        .sysctl("net/bridge/bridge-nf-call-iptables", "1")
+        .unwrap();
+    bridge
+        .sysctl("net/bridge/bridge-nf-call-ip6tables", "1")
+        .unwrap();
+    for (ns, dev, last) in [(&client, "c0", 1), (&server, "s0", 2)] {
+        ns.ip(&["addr", "add", &format!("10.{net}.0.{last}/24"), "dev", dev])
+            .unwrap();
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("fd00:{net}::{last}/64"),
+            "dev",
+            dev,
+            "nodad",
+        ])
+        .unwrap();
+    }
+    for v6 in [false, true] {
+        ipt(&bridge, b, v6, "-P FORWARD DROP");
+        ipt(&bridge, b, v6, "-A FORWARD -p tcp --dport 22 -j ACCEPT");
+    }
+    // Neighbour discovery crosses FORWARD too.
+    ipt(&bridge, b, true, "-A FORWARD -p ipv6-icmp -j ACCEPT");
+    let k = Kdrop::start(&["--json", "--netns", &bridge.name, "-p", "6105"]);
+    for v6 in [false, true] {
+        let (src, dst): (SocketAddr, SocketAddr) = if v6 {
+            (
+                format!("[fd00:{net}::1]:42106").parse().unwrap(),
+                format!("[fd00:{net}::2]:6105").parse().unwrap(),
+            )
+        } else {
+            (
+                format!("10.{net}.0.1:42106").parse().unwrap(),
+                format!("10.{net}.0.2:6105").parse().unwrap(),
+            )
+        };
+        let e = drop_of(&k, &client, src, dst);
+        assert_eq!(e["netns"], inode(&bridge));
+        assert_eq!(e["ifname"], "bp0", "{e}");
+        check(
+            &e,
+            &Want {
+                dropped_by: "policy",
+                cause: "netfilter_policy",
+                method: &b.counters_method(v6),
+                hook: "FORWARD",
+                family: if v6 { "ip6" } else { "ip" },
+                backend: b.name(),
+                table: "filter",
+                chain: "FORWARD",
+                rule: None,
+            },
+        );
+        assert_eq!(e["netfilter"]["target"], "DROP", "{e}");
+    }
+    k.stop(libc::SIGINT);
+}
+
+#[test]
+fn forward_policy_on_bridge_legacy() {
+    forward_policy_on_bridge(Backend::Legacy, 69);
+}
+
+#[test]
+fn forward_policy_on_bridge_nft() {
+    forward_policy_on_bridge(Backend::Nft, 70);
+}
+
+/// nftables keeps no counter for a chain policy: kdrop walks the packet
+/// through the ruleset and says so.
+#[test]
+fn nft_chain_policy_drop() {
+    let p = Pair::new("nftpol", 71);
+    load(
+        &p.server,
+        "nft",
+        "nftpol",
+        "table inet kdt {
+            chain input {
+                type filter hook input priority filter; policy drop;
+                iifname \"lo\" accept
+                ct state established,related accept
+                tcp dport 22 accept
+                meta l4proto ipv6-icmp accept
+            }
+        }",
+    );
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6106"]);
+    for (v6, src, dst) in [
+        (false, p.client_v4(42107), p.server_v4(6106)),
+        (true, p.client_v6(42108), p.server_v6(6106)),
+    ] {
+        let e = drop_of(&k, &p.client, src, dst);
+        check(
+            &e,
+            &Want {
+                dropped_by: "policy",
+                cause: "netfilter_policy",
+                method: "ruleset evaluation (nft -j list ruleset)",
+                hook: "INPUT",
+                family: "inet",
+                backend: "nftables",
+                table: "kdt",
+                chain: "input",
+                rule: None,
+            },
+        );
+        assert_eq!(e["netfilter"]["target"], "drop", "{e}");
+        assert_eq!(
+            e["finding"]["fix"][0],
+            format!(
+                "ip netns exec {} nft -a list chain inet kdt input",
+                p.server.name
+            ),
+            "{v6} {e}"
+        );
+    }
+    k.stop(libc::SIGINT);
+}
+
+/// The handle nft gave the rule with this text, from nft's JSON.
+fn nft_handle(ns: &Ns, family: &str, table: &str, chain: &str, text_has: &str) -> u64 {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &ns.name, "nft", "-j", "list", "chain", family, table, chain,
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i.get("rule"))
+        .find(|r| r["expr"].to_string().contains(text_has))
+        .and_then(|r| r["handle"].as_u64())
+        .unwrap_or_else(|| panic!("no rule with {text_has} in {v}"))
+}
+
+/// A native nftables rule: by its counter, and one without a counter by
+/// walking the ruleset.
+#[test]
+fn nft_rule_drop() {
+    let p = Pair::new("nftrule", 72);
+    load(
+        &p.server,
+        "nft",
+        "nftrule",
+        "table inet kdt {
+            chain input {
+                type filter hook input priority filter; policy accept;
+                tcp dport 6107 ip saddr 192.0.2.0/24 counter drop
+                tcp dport 6107 ip saddr 10.72.0.1 counter drop
+                ip6 saddr fd00:72::1 tcp dport 6107 drop
+            }
+        }",
+    );
+    let counted = nft_handle(&p.server, "inet", "kdt", "input", "10.72.0.1");
+    let uncounted = nft_handle(&p.server, "inet", "kdt", "input", "fd00:72::1");
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6107"]);
+    let e = drop_of(&k, &p.client, p.client_v4(42109), p.server_v4(6107));
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "netfilter_rule",
+            method: "rule counters (nft -j list ruleset)",
+            hook: "INPUT",
+            family: "inet",
+            backend: "nftables",
+            table: "kdt",
+            chain: "input",
+            rule: Some("tcp dport 6107 ip saddr 10.72.0.1 counter drop"),
+        },
+    );
+    assert_eq!(e["netfilter"]["handle"], counted, "{e}");
+    let e = drop_of(&k, &p.client, p.client_v6(42110), p.server_v6(6107));
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "netfilter_rule",
+            method: "ruleset evaluation (nft -j list ruleset)",
+            hook: "INPUT",
+            family: "inet",
+            backend: "nftables",
+            table: "kdt",
+            chain: "input",
+            rule: Some("ip6 saddr fd00:72::1 tcp dport 6107 drop"),
+        },
+    );
+    assert_eq!(e["netfilter"]["handle"], uncounted, "{e}");
+    k.stop(libc::SIGINT);
+}
+
+/// A SYN-ACK conntrack cannot place (the SYN went out untracked) meets a
+/// `--ctstate INVALID` DROP on its way in.
+fn conntrack_invalid(b: Backend, net: u8) {
+    let p = Pair::new(&format!("inv{}", b.tag()), net);
+    ipt(
+        &p.client,
+        b,
+        false,
+        "-t raw -A OUTPUT -p tcp --dport 6108 -j CT --notrack",
+    );
+    ipt(
+        &p.client,
+        b,
+        false,
+        "-A INPUT -m conntrack --ctstate INVALID -j DROP",
+    );
+    let server = p.server_v4(6108);
+    let listener = kdrop::context::netns::in_netns(&p.server.path(), move || {
+        std::net::TcpListener::bind(server)
+    })
+    .unwrap()
+    .unwrap();
+    let k = Kdrop::start(&["--json", "--netns", &p.client.name, "-p", "6108"]);
+    let client = p.client_v4(42111);
+    let _syn = send_syn(&p.client, client, server);
+    let e = k.expect_event("the dropped SYN-ACK", |e| is_tuple(e, &server, &client));
+    assert_eq!(e["tcp_flags"], "SYN|ACK", "{e}");
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "conntrack_invalid",
+            method: &b.counters_method(false),
+            hook: "INPUT",
+            family: "ip",
+            backend: b.name(),
+            table: "filter",
+            chain: "INPUT",
+            rule: Some("-A INPUT -m conntrack --ctstate INVALID -j DROP"),
+        },
+    );
+    assert_eq!(e["netfilter"]["ctstate_invalid"], true, "{e}");
+    k.stop(libc::SIGINT);
+    drop(listener);
+}
+
+#[test]
+fn conntrack_invalid_legacy() {
+    conntrack_invalid(Backend::Legacy, 73);
+}
+
+#[test]
+fn conntrack_invalid_nft() {
+    conntrack_invalid(Backend::Nft, 74);
+}
+
+/// Hundreds of rules, and traffic that keeps moving other counters while
+/// the SYN under test is dropped, some of it to the same port from another
+/// address of the same client.
+fn busy_ruleset(b: Backend, net: u8) {
+    let p = Pair::new(&format!("busy{}", b.tag()), net);
+    p.client
+        .ip(&["addr", "add", &format!("10.{net}.0.3/24"), "dev", "c0"])
+        .unwrap();
+    let mut rules = String::from("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KDT-ZONE - [0:0]\n:KDT-EMPTY - [0:0]\n");
+    rules.push_str("-A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
+    rules.push_str("-A INPUT -i lo -j ACCEPT\n");
+    for i in 0..150 {
+        rules.push_str(&format!("-A INPUT -p tcp --dport {} -j DROP\n", 20000 + i));
+        rules.push_str("-A INPUT -j KDT-EMPTY\n");
+    }
+    rules.push_str("-A INPUT -p tcp -j KDT-ZONE\n");
+    for i in 0..100 {
+        rules.push_str(&format!("-A KDT-ZONE -s 198.51.100.{i}/32 -j DROP\n"));
+    }
+    rules.push_str(&format!(
+        "-A KDT-ZONE -s 10.{net}.0.3/32 -p tcp --dport 6109 -j DROP\n"
+    ));
+    rules.push_str(&format!(
+        "-A KDT-ZONE -s 10.{net}.0.1/32 -p tcp --dport 6109 -j DROP\n"
+    ));
+    rules.push_str("COMMIT\n");
+    let restore = format!("{}-restore", b.tool(false));
+    load(&p.server, &restore, &format!("busy{}", b.tag()), &rules);
+
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6109"]);
+    let stop = AtomicBool::new(false);
+    let (e, sent) = std::thread::scope(|scope| {
+        // Unrelated traffic until the event is in, bounded in count and time.
+        let noise = scope.spawn(|| {
+            let start = Instant::now();
+            let mut sent = 0u16;
+            while !stop.load(Ordering::Relaxed)
+                && sent < 400
+                && start.elapsed() < Duration::from_secs(20)
+            {
+                let other = format!("10.{net}.0.3:{}", 30000 + sent).parse().unwrap();
+                let from = format!("10.{net}.0.1:{}", 31000 + sent).parse().unwrap();
+                let port = format!("10.{net}.0.2:{}", 20000 + sent % 150);
+                drop(send_syn(&p.client, other, p.server_v4(6109)));
+                drop(send_syn(&p.client, from, port.parse().unwrap()));
+                sent += 1;
+                // Paces the noise; there is nothing to wait for.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            sent
+        });
+        // The noise is under way once its first drops are reported.
+        k.expect_event("a decoy drop", |e| e["saddr"] == format!("10.{net}.0.3"));
+        let e = drop_of(&k, &p.client, p.client_v4(42112), p.server_v4(6109));
+        stop.store(true, Ordering::Relaxed);
+        (e, noise.join().unwrap())
+    });
+    assert!(sent > 0);
+    let moved = e["netfilter"]["evidence"].to_string();
+    assert!(moved.contains("other rule counters moved meanwhile"), "{e}");
+    let target = format!("-A KDT-ZONE -s 10.{net}.0.1/32 -p tcp -m tcp --dport 6109 -j DROP");
+    check(
+        &e,
+        &Want {
+            dropped_by: "rule",
+            cause: "netfilter_rule",
+            method: &b.counters_method(false),
+            hook: "INPUT",
+            family: "ip",
+            backend: b.name(),
+            table: "filter",
+            chain: "KDT-ZONE",
+            rule: Some(&target),
+        },
+    );
+    assert_eq!(e["netfilter"]["rule_number"], 102, "{e}");
+    k.stop(libc::SIGINT);
+}
+
+#[test]
+fn busy_ruleset_legacy() {
+    busy_ruleset(Backend::Legacy, 75);
+}
+
+#[test]
+fn busy_ruleset_nft() {
+    busy_ruleset(Backend::Nft, 76);
+}
