@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, FExit, KProbe, RawTracePoint, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
 use kdrop_common::{
@@ -37,6 +37,8 @@ pub enum Rung {
     TpBtf,
     RawTp,
     Tracepoint,
+    FExit,
+    KRetProbe,
 }
 
 impl fmt::Display for Rung {
@@ -45,6 +47,8 @@ impl fmt::Display for Rung {
             Rung::TpBtf => "tp_btf",
             Rung::RawTp => "raw_tp",
             Rung::Tracepoint => "tracepoint",
+            Rung::FExit => "fexit",
+            Rung::KRetProbe => "kretprobe",
         })
     }
 }
@@ -87,6 +91,9 @@ pub struct KernelSetup {
     pub conntrack: Result<String, String>,
     pub ct_names: kernel::CtNames,
     pub net_dev_queue: Result<(), String>,
+    /// fexit needs the function in BTF and a trampoline for all its
+    /// arguments (6 on 6.1, more on newer kernels: the load says).
+    pub fib_validate_source: Result<(), String>,
 }
 
 impl KernelSetup {
@@ -110,6 +117,10 @@ impl KernelSetup {
         let kfree_skb_fields = kernel::kfree_skb_fields(&reasons).map_err(|e| format!("{e:#}"));
         let fib_lookup_args = kernel::fib_lookup_args(&btf, &offsets).map_err(|e| format!("{e:#}"));
         let net_dev_queue = kernel::net_dev_queue_args(&btf).map_err(|e| format!("{e:#}"));
+        let fib_validate_source = btf
+            .find("fib_validate_source", Kind::Func)
+            .map(|_| ())
+            .ok_or_else(|| "fib_validate_source is not in BTF (inlined or renamed?)".to_string());
         Ok(Self {
             btf_path,
             btf,
@@ -121,6 +132,7 @@ impl KernelSetup {
             conntrack,
             ct_names,
             net_dev_queue,
+            fib_validate_source,
         })
     }
 }
@@ -164,6 +176,14 @@ enum Attach {
         category: &'static str,
         name: &'static str,
     },
+    FExit {
+        prog: &'static str,
+        func: &'static str,
+    },
+    KRetProbe {
+        prog: &'static str,
+        func: &'static str,
+    },
 }
 
 impl Attach {
@@ -172,6 +192,8 @@ impl Attach {
             Attach::TpBtf { .. } => Rung::TpBtf,
             Attach::RawTp { .. } => Rung::RawTp,
             Attach::Tracepoint { .. } => Rung::Tracepoint,
+            Attach::FExit { .. } => Rung::FExit,
+            Attach::KRetProbe { .. } => Rung::KRetProbe,
         }
     }
 }
@@ -199,6 +221,11 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
         .map_err(String::as_str);
     let fib = setup
         .fib_lookup_args
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    let fvs = setup
+        .fib_validate_source
         .as_ref()
         .map(|_| ())
         .map_err(String::as_str);
@@ -269,6 +296,27 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
             ],
         },
         Point {
+            name: "fib_validate_source (return)",
+            what: "source validation result (reason on kernels without one)",
+            required: false,
+            rungs: vec![
+                (
+                    Attach::FExit {
+                        prog: "fib_validate_source_fexit",
+                        func: "fib_validate_source",
+                    },
+                    fvs,
+                ),
+                (
+                    Attach::KRetProbe {
+                        prog: "fib_validate_source_kretprobe",
+                        func: "fib_validate_source",
+                    },
+                    Ok(()),
+                ),
+            ],
+        },
+        Point {
             name: "net:net_dev_queue",
             what: "handshake packets leaving devices (unanswered SYNs, NAT)",
             required: false,
@@ -330,7 +378,7 @@ pub fn load(
             if point.required {
                 anyhow::bail!("cannot attach to {} ({})", point.name, why.join("; "));
             }
-            log::warn!("no {} ({}): {}", point.what, point.name, why.join("; "));
+            log::info!("no {} ({}): {}", point.what, point.name, why.join("; "));
         }
         reports.push(report);
     }
@@ -382,6 +430,16 @@ fn attach_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
             let p: &mut TracePoint = program(ebpf, prog)?;
             p.load()?;
             p.attach(category, name)?;
+        }
+        Attach::FExit { prog, func } => {
+            let p: &mut FExit = program(ebpf, prog)?;
+            p.load(func, btf)?;
+            p.attach()?;
+        }
+        Attach::KRetProbe { prog, func } => {
+            let p: &mut KProbe = program(ebpf, prog)?;
+            p.load()?;
+            p.attach(func, 0)?;
         }
     }
     Ok(())
@@ -443,14 +501,28 @@ impl Probes {
         Ok(sum)
     }
 
-    /// `kfree_skb via tp_btf`
+    /// `fib_validate_source (return), the source validation result: fexit
+    /// refused: ...; kretprobe refused: ...` for each point that did not attach.
+    pub fn missing(&self) -> Vec<String> {
+        self.reports
+            .iter()
+            .filter(|r| r.chosen().is_none())
+            .map(|r| {
+                let why: Vec<String> = r
+                    .rungs
+                    .iter()
+                    .map(|(rung, o)| format!("{rung} {}", outcome_text(o)))
+                    .collect();
+                format!("{} ({}): {}", r.point, r.what, why.join("; "))
+            })
+            .collect()
+    }
+
+    /// `skb:kfree_skb via tp_btf, ...`: the points that attached.
     pub fn describe(&self) -> String {
         self.reports
             .iter()
-            .map(|r| {
-                let rung = r.chosen().map_or("none".into(), |r| r.to_string());
-                format!("{} via {rung}", r.point)
-            })
+            .filter_map(|r| Some(format!("{} via {}", r.point, r.chosen()?)))
             .collect::<Vec<_>>()
             .join(", ")
     }

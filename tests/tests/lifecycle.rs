@@ -67,7 +67,9 @@ fn count_stops_after_n_events() {
 
 #[test]
 fn duration_stops_by_itself() {
-    let k = Kdrop::start(&["--duration", "0.3", "--port", "5507"]);
+    // A namespace of its own: other tests' traffic cannot match.
+    let quiet = integration_tests::Ns::new(&integration_tests::ns_name("quiet")).unwrap();
+    let k = Kdrop::start(&["--duration", "0.3", "--netns", &quiet.name]);
     let done = k.wait(Duration::from_secs(10));
     assert!(done.status.success(), "{done:?}");
     assert_eq!(
