@@ -480,6 +480,22 @@ pub fn bpf_object_exists(what: &str, id: u64) -> bool {
         .success()
 }
 
+/// A listener inside `ns`.
+pub fn listen(ns: &Ns, addr: SocketAddr) -> std::net::TcpListener {
+    in_netns(&ns.path(), move || std::net::TcpListener::bind(addr))
+        .expect("entering the namespace")
+        .unwrap_or_else(|e| panic!("listening on {addr}: {e}"))
+}
+
+/// A JSON array of strings (a finding's evidence or fix).
+pub fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
 /// The inode of a namespace, as JSON events carry it.
 pub fn inode(ns: &Ns) -> u64 {
     u64::from(ns.inode().unwrap())
