@@ -6,7 +6,10 @@ use std::{
     os::fd::{FromRawFd as _, OwnedFd},
     path::PathBuf,
     process::{Child, Command, ExitStatus, Stdio},
-    sync::mpsc::{self, Receiver, RecvTimeoutError},
+    sync::{
+        mpsc::{self, Receiver, RecvTimeoutError},
+        OnceLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -32,6 +35,51 @@ pub fn kdrop_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Does this kernel's `kfree_skb` carry a drop reason (5.17+; not on
+/// Debian 11's 5.10)? Asked of `kdrop check` once per test process, so tests
+/// key on what kdrop found in BTF, not on version strings.
+pub fn kernel_has_drop_reasons() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        let out = Command::new(kdrop_bin())
+            .arg("check")
+            .output()
+            .expect("running kdrop check");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("kfree_skb "))
+            .unwrap_or_else(|| panic!("kdrop check names no kfree_skb arguments:\n{text}"));
+        if line.contains("no reason argument") {
+            false
+        } else if line.contains("reason #") {
+            true
+        } else {
+            panic!("kdrop check: unexpected {line:?}")
+        }
+    })
+}
+
+/// The `reason` an event must carry for a drop the kernel names `name`:
+/// that name where kfree_skb has reasons, null where it has none.
+pub fn expected_reason(name: &str) -> Value {
+    if kernel_has_drop_reasons() {
+        Value::from(name)
+    } else {
+        Value::Null
+    }
+}
+
+/// The finding's `cause` for a drop whose kernel reason gives `cause`; on a
+/// kernel without reasons kdrop says it cannot know (`no_reason`).
+pub fn expected_cause(cause: &str) -> &str {
+    if kernel_has_drop_reasons() {
+        cause
+    } else {
+        "no_reason"
+    }
 }
 
 /// A namespace name unique to this test process and test.
