@@ -54,7 +54,7 @@ pub fn run() -> Result<ExitCode> {
                 let chosen = r.chosen().map_or("none".into(), |c| c.to_string());
                 println!("probe       {} ({}): using {chosen}", r.point, r.what);
                 for (rung, o) in &r.rungs {
-                    println!("              {rung:<10} {}", outcome_text(o));
+                    println!("              {:<10} {}", rung.to_string(), outcome_text(o));
                 }
             }
         }

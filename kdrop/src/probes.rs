@@ -23,6 +23,26 @@ pub fn btf_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/sys/kernel/btf/vmlinux"))
 }
 
+/// `KDROP_RUNG=<tp_btf|raw_tp|tracepoint>` restricts every ladder to that
+/// rung, so the tests can drive each rung on every kernel of the VM matrix;
+/// an unknown name is refused like bad input.
+fn forced_rung() -> Result<Option<Rung>> {
+    let Some(v) = std::env::var_os("KDROP_RUNG") else {
+        return Ok(None);
+    };
+    let v = v.to_string_lossy();
+    [Rung::TpBtf, Rung::RawTp, Rung::Tracepoint]
+        .into_iter()
+        .find(|r| r.to_string() == v)
+        .map(Some)
+        .ok_or_else(|| {
+            UserError(format!(
+                "KDROP_RUNG={v}: not a rung (tp_btf, raw_tp, tracepoint)"
+            ))
+            .into()
+        })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rung {
     TpBtf,
@@ -131,12 +151,19 @@ pub fn load(
         .load(OBJECT)
         .context("loading kdrop's eBPF object")?;
 
+    let forced = forced_rung()?;
     let mut report = ProbeReport {
         point: "skb:kfree_skb",
         what: "drop path",
         rungs: Vec::new(),
     };
     for rung in [Rung::TpBtf, Rung::RawTp, Rung::Tracepoint] {
+        if let Some(f) = forced.filter(|f| *f != rung) {
+            report
+                .rungs
+                .push((rung, Outcome::Refused(format!("KDROP_RUNG={f} set"))));
+            continue;
+        }
         if report.chosen().is_some() && !all_rungs {
             report.rungs.push((rung, Outcome::NotTried));
             continue;

@@ -41,24 +41,45 @@ pub fn kdrop_bin() -> PathBuf {
 /// Debian 11's 5.10)? Asked of `kdrop check` once per test process, so tests
 /// key on what kdrop found in BTF, not on version strings.
 pub fn kernel_has_drop_reasons() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
+    let text = check_output();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("kfree_skb "))
+        .unwrap_or_else(|| panic!("kdrop check names no kfree_skb arguments:\n{text}"));
+    if line.contains("no reason argument") {
+        false
+    } else if line.contains("reason #") {
+        true
+    } else {
+        panic!("kdrop check: unexpected {line:?}")
+    }
+}
+
+/// The rungs of the drop path's ladder that `kdrop check` could attach here
+/// (it tries every one), e.g. `["tp_btf", "raw_tp"]`.
+pub fn attachable_rungs() -> Vec<String> {
+    check_output()
+        .lines()
+        .skip_while(|l| !l.starts_with("probe       skb:kfree_skb"))
+        .skip(1)
+        .map_while(|l| l.strip_prefix("              "))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, outcome)| outcome.trim() == "attached")
+        .map(|(rung, _)| rung.to_string())
+        .collect()
+}
+
+/// `kdrop check`'s report, run once per test process.
+fn check_output() -> &'static str {
+    static OUT: OnceLock<String> = OnceLock::new();
+    OUT.get_or_init(|| {
         let out = Command::new(kdrop_bin())
             .arg("check")
             .output()
             .expect("running kdrop check");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("kfree_skb "))
-            .unwrap_or_else(|| panic!("kdrop check names no kfree_skb arguments:\n{text}"));
-        if line.contains("no reason argument") {
-            false
-        } else if line.contains("reason #") {
-            true
-        } else {
-            panic!("kdrop check: unexpected {line:?}")
-        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "kdrop check failed:\n{text}");
+        text
     })
 }
 
@@ -127,7 +148,12 @@ fn lines(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
 impl Kdrop {
     /// Starts kdrop and waits for `kdrop: tracing`.
     pub fn start(args: &[&str]) -> Self {
-        let mut k = Self::spawn(args, &[]);
+        Self::start_env(args, &[])
+    }
+
+    /// `start` with extra environment (e.g. `KDROP_RUNG`).
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut k = Self::spawn(args, env);
         k.wait_tracing();
         k
     }

@@ -1,7 +1,9 @@
 //! Real drops provoked in namespaces, reported with exact tuples and reasons.
 use std::net::Ipv4Addr;
 
-use integration_tests::{expected_cause, expected_reason, inode, ns_name, send_syn, Kdrop, Pair};
+use integration_tests::{
+    attachable_rungs, expected_cause, expected_reason, inode, ns_name, send_syn, Kdrop, Pair,
+};
 use kdrop::lab::rp_filter::RpFilter;
 use serde_json::Value;
 
@@ -182,4 +184,35 @@ fn non_handshake_drops_need_all_flags() {
     assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
     assert_eq!(handshake_only.stop(libc::SIGINT).counts().matched, 0);
     drop(listener);
+}
+
+/// Each rung `kdrop check` can attach here (KDROP_RUNG picks one) reports the
+/// same drop with the same facts: tp_btf and raw_tp on this host, all three
+/// on the VM kernels (`cargo xtask vm`), where tracefs is mounted.
+#[test]
+fn every_attachable_rung_reports_the_drop() {
+    let rungs = attachable_rungs();
+    assert!(rungs.iter().any(|r| r == "tp_btf"), "{rungs:?}");
+    let p = Pair::new("rungs", 57);
+    for (i, rung) in rungs.iter().enumerate() {
+        let k = Kdrop::start_env(
+            &["--json", "--netns", &p.server.name, "-p", "5508"],
+            &[("KDROP_RUNG", rung)],
+        );
+        let ready = k.stderr_seen.last().unwrap();
+        assert!(ready.contains(&format!("via {rung}")), "{ready}");
+        let (src, dst) = (p.client_v4(42010 + i as u16), p.server_v4(5508));
+        let _syn = send_syn(&p.client, src, dst);
+        let e = k.expect_event(&format!("the drop via {rung}"), |e| is_tuple(e, &src, &dst));
+        assert_eq!(e["reason"], expected_reason("NO_SOCKET"), "{rung}: {e}");
+        assert_eq!(e["tcp_flags"], "SYN", "{rung}: {e}");
+        assert_eq!(e["ifname"], "s0", "{rung}: {e}");
+        assert_eq!(e["netns"], inode(&p.server), "{rung}: {e}");
+        assert!(
+            e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
+            "{rung}: {e}"
+        );
+        let c = k.stop(libc::SIGINT).counts();
+        assert_eq!(c.matched, c.emitted + c.lost, "{rung}: {c:?}");
+    }
 }

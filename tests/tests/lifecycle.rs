@@ -115,6 +115,17 @@ fn bad_input_is_one_line_and_exit_2() {
 }
 
 #[test]
+fn unknown_forced_rung_is_exit_2() {
+    let (code, stderr) = refused(&["--port", "1"], &[("KDROP_RUNG", "kprobe")]);
+    assert_eq!(code, 2, "{stderr:?}");
+    assert_eq!(stderr.len(), 1, "{stderr:?}");
+    assert!(
+        stderr[0].contains("KDROP_RUNG=kprobe: not a rung"),
+        "{stderr:?}"
+    );
+}
+
+#[test]
 fn missing_btf_is_exit_2() {
     let (code, stderr) = refused(&["--port", "1"], &[("KDROP_BTF", "/nonexistent/vmlinux")]);
     assert_eq!(code, 2, "{stderr:?}");
