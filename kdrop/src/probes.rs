@@ -138,18 +138,21 @@ pub fn load(
 ) -> Result<Probes> {
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
-    let fields = setup.kfree_skb_fields.as_ref().unwrap_or(&absent);
     let aya_btf = AyaBtf::parse_file(&setup.btf_path, Endianness::default())
         .with_context(|| format!("parsing {}", setup.btf_path.display()))?;
-    let mut ebpf = EbpfLoader::new()
-        .btf(Some(&aya_btf))
-        .override_global("OFFSETS", &setup.offsets, true)
-        .override_global("KFREE_SKB_ARGS", args, true)
-        .override_global("KFREE_SKB_FIELDS", fields, true)
-        .override_global("FILTER", filter, true)
-        .map_max_entries("EVENTS", ring_kib * 1024)
-        .load(OBJECT)
-        .context("loading kdrop's eBPF object")?;
+    let load_object = |fields: &KfreeSkbArgs| {
+        EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global("OFFSETS", &setup.offsets, true)
+            .override_global("KFREE_SKB_ARGS", args, true)
+            .override_global("KFREE_SKB_FIELDS", fields, true)
+            .override_global("FILTER", filter, true)
+            .map_max_entries("EVENTS", ring_kib * 1024)
+            .load(OBJECT)
+            .context("loading kdrop's eBPF object")
+    };
+    let mut fields = setup.kfree_skb_fields.clone();
+    let mut ebpf = load_object(fields.as_ref().unwrap_or(&absent))?;
 
     let forced = forced_rung()?;
     let mut report = ProbeReport {
@@ -168,7 +171,21 @@ pub fn load(
             report.rungs.push((rung, Outcome::NotTried));
             continue;
         }
-        let outcome = match attach_kfree_skb(&mut ebpf, rung, setup, &aya_btf) {
+        if rung == Rung::Tracepoint && report.chosen().is_none() {
+            if let Err(why) = &fields {
+                // The last rung left needs the format file, and tracefs is
+                // not mounted (no systemd, e.g. this project's 6.18 VMs): mount
+                // it and reload, the record offsets being load-time constants.
+                // Nothing is attached yet, so nothing is lost by reloading.
+                fields = kernel::mount_tracefs()
+                    .and_then(|()| kernel::kfree_skb_fields(&setup.reasons))
+                    .map_err(|e| format!("{why}; {e:#}"));
+                if let Ok(f) = &fields {
+                    ebpf = load_object(f)?;
+                }
+            }
+        }
+        let outcome = match attach_kfree_skb(&mut ebpf, rung, setup, &fields, &aya_btf) {
             Ok(()) => Outcome::Attached,
             Err(e) => Outcome::Refused(short_error(&e)),
         };
@@ -188,7 +205,13 @@ pub fn load(
     })
 }
 
-fn attach_kfree_skb(ebpf: &mut Ebpf, rung: Rung, setup: &KernelSetup, btf: &AyaBtf) -> Result<()> {
+fn attach_kfree_skb(
+    ebpf: &mut Ebpf,
+    rung: Rung,
+    setup: &KernelSetup,
+    fields: &Result<KfreeSkbArgs, String>,
+    btf: &AyaBtf,
+) -> Result<()> {
     match rung {
         Rung::TpBtf => {
             setup
@@ -209,10 +232,7 @@ fn attach_kfree_skb(ebpf: &mut Ebpf, rung: Rung, setup: &KernelSetup, btf: &AyaB
             p.attach("kfree_skb")?;
         }
         Rung::Tracepoint => {
-            setup
-                .kfree_skb_fields
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            fields.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
             let p: &mut TracePoint = program(ebpf, "kfree_skb_tp")?;
             p.load()?;
             p.attach("skb", "kfree_skb")?;

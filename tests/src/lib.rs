@@ -159,9 +159,21 @@ impl Kdrop {
     }
 
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(kdrop_bin())
-            .args(args)
-            .envs(env.iter().copied())
+        let mut cmd = Command::new(kdrop_bin());
+        cmd.args(args).envs(env.iter().copied());
+        Self::spawn_command(cmd)
+    }
+
+    /// Starts kdrop through a command of the test's making (e.g. inside
+    /// `unshare`) and waits for `kdrop: tracing`.
+    pub fn start_command(cmd: Command) -> Self {
+        let mut k = Self::spawn_command(cmd);
+        k.wait_tracing();
+        k
+    }
+
+    fn spawn_command(mut cmd: Command) -> Self {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -2,7 +2,8 @@
 use std::net::Ipv4Addr;
 
 use integration_tests::{
-    attachable_rungs, expected_cause, expected_reason, inode, ns_name, send_syn, Kdrop, Pair,
+    attachable_rungs, expected_cause, expected_reason, inode, kdrop_bin, ns_name, send_syn, Kdrop,
+    Pair,
 };
 use kdrop::lab::rp_filter::RpFilter;
 use serde_json::Value;
@@ -215,4 +216,40 @@ fn every_attachable_rung_reports_the_drop() {
         let c = k.stop(libc::SIGINT).counts();
         assert_eq!(c.matched, c.emitted + c.lost, "{rung}: {c:?}");
     }
+}
+
+/// Where tracefs is not mounted (this machine; here a private mount namespace
+/// without it, so the machine's own mounts stay as they are) and only the
+/// classic tracepoint may be used, kdrop mounts tracefs and reports the drop.
+#[test]
+fn tracepoint_rung_mounts_tracefs_when_needed() {
+    let p = Pair::new("tracefs", 58);
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "umount -l /sys/kernel/debug 2>/dev/null; umount -l /sys/kernel/tracing 2>/dev/null; \
+             ! [ -e /sys/kernel/tracing/events ] || { echo 'tracefs still mounted' >&2; exit 1; }; \
+             exec \"$0\" \"$@\"",
+        )
+        .arg(kdrop_bin())
+        .args(["--json", "--netns", &p.server.name, "-p", "5509"])
+        .env("KDROP_RUNG", "tracepoint")
+        .env("KDROP_LOG", "info");
+    let k = Kdrop::start_command(cmd);
+    let seen = k.stderr_seen.join("\n");
+    assert!(
+        seen.contains("mounted tracefs at /sys/kernel/tracing"),
+        "{seen}"
+    );
+    assert!(seen.contains("via tracepoint"), "{seen}");
+    let (src, dst) = (p.client_v4(42020), p.server_v4(5509));
+    let _syn = send_syn(&p.client, src, dst);
+    let e = k.expect_event("the drop via the tracepoint", |e| is_tuple(e, &src, &dst));
+    assert_eq!(e["reason"], expected_reason("NO_SOCKET"), "{e}");
+    assert_eq!(e["ifname"], "s0", "{e}");
+    assert!(
+        e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
+        "{e}"
+    );
+    k.stop(libc::SIGINT);
 }
