@@ -108,6 +108,9 @@ pub fn run(opts: &Options) -> Result<()> {
     crate::build()?;
     let vng = vm_tools()?;
     let tests = test_executables(&opts.tests)?;
+    // One VM at a time on this machine, whichever worktree asks: TCG takes
+    // both cores.
+    let _lock = vm_lock()?;
     let mut results = Vec::new();
     for k in kernels {
         let booted = prepare(k)?;
@@ -133,6 +136,32 @@ pub fn run(opts: &Options) -> Result<()> {
         bail!("no test ran: does the filter match any test?");
     }
     Ok(())
+}
+
+/// An exclusive lock on /run/lock/kdrop-vm.lock, held until dropped (the
+/// kernel releases it if xtask dies).
+fn vm_lock() -> Result<fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let path = Path::new("/run/lock/kdrop-vm.lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock(2) on a file we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!("xtask vm: another VM run holds {}; waiting", path.display());
+        // SAFETY: as above, blocking.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "locking {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(f)
 }
 
 // ---------------------------------------------------------------------------
