@@ -23,6 +23,18 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long to wait for an event after provoking its drop.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A bound stretched by `KDROP_TEST_TIME_SCALE` (a whole number, default 1):
+/// `cargo xtask vm` sets it for guests under TCG, several times slower than
+/// this machine. Bounds only: nothing waits longer than its event needs.
+pub fn bound(d: Duration) -> Duration {
+    let scale = std::env::var("KDROP_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    d * scale
+}
+
 pub fn kdrop_bin() -> PathBuf {
     let bin = std::env::var_os("KDROP_BIN")
         .map(PathBuf::from)
@@ -194,7 +206,8 @@ impl Kdrop {
     }
 
     fn wait_tracing(&mut self) {
-        let deadline = Instant::now() + START_TIMEOUT;
+        let limit = bound(START_TIMEOUT);
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.stderr.recv_timeout(left) {
@@ -206,10 +219,7 @@ impl Kdrop {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    panic!(
-                        "kdrop not tracing after {START_TIMEOUT:?}: {:?}",
-                        self.stderr_seen
-                    )
+                    panic!("kdrop not tracing after {limit:?}: {:?}", self.stderr_seen)
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = self.child.as_mut().unwrap().wait();
@@ -230,7 +240,8 @@ impl Kdrop {
 
     /// The first event `want` accepts, failing the test after EVENT_TIMEOUT.
     pub fn expect_event(&self, what: &str, want: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
+        let limit = bound(EVENT_TIMEOUT);
+        let deadline = Instant::now() + limit;
         let mut seen = Vec::new();
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.next_event(left) {
@@ -239,7 +250,7 @@ impl Kdrop {
                 None => break,
             }
         }
-        panic!("no event for {what} within {EVENT_TIMEOUT:?}; saw {seen:?}")
+        panic!("no event for {what} within {limit:?}; saw {seen:?}")
     }
 
     /// Sends `signal` and waits for the exit (bounded).
@@ -247,7 +258,7 @@ impl Kdrop {
         let mut child = self.child.take().unwrap();
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + bound(Duration::from_secs(10));
         let status = loop {
             if let Some(s) = child.try_wait().expect("waiting for kdrop") {
                 break s;
@@ -264,6 +275,7 @@ impl Kdrop {
     /// Waits for kdrop to exit by itself (--count, --duration, errors).
     pub fn wait(mut self, timeout: Duration) -> Finished {
         let mut child = self.child.take().unwrap();
+        let timeout = bound(timeout);
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(s) = child.try_wait().expect("waiting for kdrop") {
