@@ -67,7 +67,10 @@ fn count_stops_after_n_events() {
 
 #[test]
 fn duration_stops_by_itself() {
-    let k = Kdrop::start(&["--duration", "0.3", "--port", "5507"]);
+    // Its own quiet namespace: the kernel is shared with other runs whose
+    // drops could match a port alone.
+    let ns = integration_tests::Ns::new(&integration_tests::ns_name("dur")).unwrap();
+    let k = Kdrop::start(&["--duration", "0.3", "--port", "5507", "--netns", &ns.name]);
     let done = k.wait(Duration::from_secs(10));
     assert!(done.status.success(), "{done:?}");
     assert_eq!(
