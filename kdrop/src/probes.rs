@@ -32,6 +32,25 @@ pub fn btf_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/sys/kernel/btf/vmlinux"))
 }
 
+/// `KDROP_RUNG=tp_btf|raw_tp|tracepoint` restricts the drop path to one rung
+/// (to test each rung on a kernel that offers several).
+fn forced_rung() -> Result<Option<Rung>> {
+    let Some(v) = std::env::var_os("KDROP_RUNG") else {
+        return Ok(None);
+    };
+    let v = v.to_string_lossy();
+    [Rung::TpBtf, Rung::RawTp, Rung::Tracepoint]
+        .into_iter()
+        .find(|r| r.to_string() == v)
+        .map(Some)
+        .ok_or_else(|| {
+            UserError(format!(
+                "KDROP_RUNG={v}: not a rung (tp_btf, raw_tp, tracepoint)"
+            ))
+            .into()
+        })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rung {
     TpBtf,
@@ -208,17 +227,13 @@ struct Point<'a> {
     rungs: Vec<(Attach, Result<(), &'a str>)>,
 }
 
-fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
+fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) -> Vec<Point<'a>> {
     let args = setup
         .kfree_skb_args
         .as_ref()
         .map(|_| ())
         .map_err(String::as_str);
-    let fields = setup
-        .kfree_skb_fields
-        .as_ref()
-        .map(|_| ())
-        .map_err(String::as_str);
+    let fields = fields.as_ref().map(|_| ()).map_err(String::as_str);
     let fib = setup
         .fib_lookup_args
         .as_ref()
@@ -340,6 +355,8 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
     ]
 }
 
+const DROP_PATH: &str = "skb:kfree_skb";
+
 /// `all_rungs`: try every rung (for `kdrop check`) instead of stopping at the
 /// first that attaches.
 pub fn load(
@@ -350,25 +367,63 @@ pub fn load(
 ) -> Result<Probes> {
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
-    let fields = setup.kfree_skb_fields.as_ref().unwrap_or(&absent);
     let no_fib = FibLookupArgs::zeroed();
     let fib = setup.fib_lookup_args.as_ref().unwrap_or(&no_fib);
     let aya_btf = AyaBtf::parse_file(&setup.btf_path, Endianness::default())
         .with_context(|| format!("parsing {}", setup.btf_path.display()))?;
-    let mut ebpf = EbpfLoader::new()
-        .btf(Some(&aya_btf))
-        .override_global("OFFSETS", &setup.offsets, true)
-        .override_global("KFREE_SKB_ARGS", args, true)
-        .override_global("KFREE_SKB_FIELDS", fields, true)
-        .override_global("FIB_ARGS", fib, true)
-        .override_global("FILTER", filter, true)
-        .map_max_entries("EVENTS", ring_kib * 1024)
-        .load(OBJECT)
-        .context("loading kdrop's eBPF object")?;
+    let load_object = |fields: &KfreeSkbArgs| {
+        EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global("OFFSETS", &setup.offsets, true)
+            .override_global("KFREE_SKB_ARGS", args, true)
+            .override_global("KFREE_SKB_FIELDS", fields, true)
+            .override_global("FIB_ARGS", fib, true)
+            .override_global("FILTER", filter, true)
+            .map_max_entries("EVENTS", ring_kib * 1024)
+            .load(OBJECT)
+            .context("loading kdrop's eBPF object")
+    };
+    let mut fields = setup.kfree_skb_fields.clone();
+    let mut ebpf = load_object(fields.as_ref().unwrap_or(&absent))?;
+    let forced = forced_rung()?;
 
     let mut reports = Vec::new();
-    for point in points(setup) {
-        let report = attach_ladder(&mut ebpf, &aya_btf, &point, all_rungs);
+    let n = points(setup, &fields).len();
+    for i in 0..n {
+        let mut report = attach_ladder(
+            &mut ebpf,
+            &aya_btf,
+            &points(setup, &fields)[i],
+            all_rungs,
+            forced,
+        );
+        let drop_path = report.point == DROP_PATH;
+        if drop_path
+            && report.chosen().is_none()
+            && fields.is_err()
+            && forced != Some(Rung::TpBtf)
+            && forced != Some(Rung::RawTp)
+        {
+            // The last rung left needs the format file, and tracefs is not
+            // mounted (no systemd, e.g. this project's VMs): mount it and
+            // reload, the record offsets being load-time constants. The drop
+            // path is the first point, so nothing is attached yet.
+            let why = fields.clone().unwrap_err();
+            fields = kernel::mount_tracefs()
+                .and_then(|()| kernel::kfree_skb_fields(&setup.reasons))
+                .map_err(|e| format!("{why}; {e:#}"));
+            if let Ok(f) = &fields {
+                ebpf = load_object(f)?;
+                report = attach_ladder(
+                    &mut ebpf,
+                    &aya_btf,
+                    &points(setup, &fields)[i],
+                    all_rungs,
+                    forced,
+                );
+            }
+        }
+        let point = &points(setup, &fields)[i];
         if report.chosen().is_none() {
             let why: Vec<String> = report
                 .rungs
@@ -385,7 +440,13 @@ pub fn load(
     Ok(Probes { ebpf, reports })
 }
 
-fn attach_ladder(ebpf: &mut Ebpf, btf: &AyaBtf, point: &Point, all_rungs: bool) -> ProbeReport {
+fn attach_ladder(
+    ebpf: &mut Ebpf,
+    btf: &AyaBtf,
+    point: &Point,
+    all_rungs: bool,
+    forced: Option<Rung>,
+) -> ProbeReport {
     let mut report = ProbeReport {
         point: point.name,
         what: point.what,
@@ -393,6 +454,12 @@ fn attach_ladder(ebpf: &mut Ebpf, btf: &AyaBtf, point: &Point, all_rungs: bool) 
     };
     for (attach, ready) in &point.rungs {
         let rung = attach.rung();
+        if let Some(f) = forced.filter(|f| point.name == DROP_PATH && *f != rung) {
+            report
+                .rungs
+                .push((rung, Outcome::Refused(format!("KDROP_RUNG={f} set"))));
+            continue;
+        }
         if report.chosen().is_some() && !all_rungs {
             report.rungs.push((rung, Outcome::NotTried));
             continue;
