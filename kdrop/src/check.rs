@@ -47,6 +47,12 @@ pub fn run() -> Result<ExitCode> {
     if let Err(e) = &setup.kfree_skb_fields {
         println!("tracefs     {e}");
     }
+    match &setup.conntrack {
+        Ok(from) => {
+            println!("conntrack   struct nf_conn from {from}: entries are read off packets")
+        }
+        Err(e) => println!("conntrack   {e}: packets are reported without their entry"),
+    }
     let mut ok = true;
     match probes::load(&setup, &Filter::zeroed(), 64, true) {
         Ok(p) => {
