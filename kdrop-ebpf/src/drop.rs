@@ -38,6 +38,12 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
     counters.matched += 1;
+    // 1 in N per CPU, counted off the per-CPU `matched`: the first match is
+    // always emitted, and the split stays exact without an atomic.
+    if f.sample_every > 1 && (counters.matched - 1) % u64::from(f.sample_every) != 0 {
+        counters.sampled_out += 1;
+        return None;
+    }
     let Some(mut entry) = EVENTS.reserve::<DropEvent>(0) else {
         counters.lost += 1;
         return None;

@@ -62,6 +62,8 @@ pub struct Counts {
     pub matched: u64,
     pub emitted: u64,
     pub lost: u64,
+    /// Left out by `--sample` (0 without it: the summary then omits it).
+    pub sampled_out: u64,
 }
 
 fn lines(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
@@ -215,7 +217,7 @@ impl Drop for Kdrop {
 }
 
 impl Finished {
-    /// `kdrop: N events in Xs (matched M, emitted E, lost L)`.
+    /// `kdrop: N events in Xs (matched M, emitted E, lost L[, sampled out S])`.
     pub fn counts(&self) -> Counts {
         let line = self
             .stderr
@@ -228,12 +230,16 @@ impl Finished {
             .map(|s| s.parse().unwrap())
             .collect();
         // N, then the integer part of the seconds is skipped by the '.' filter.
-        assert_eq!(nums.len(), 4, "summary {line:?}");
+        assert!(
+            nums.len() == 4 || (nums.len() == 5 && line.contains(", sampled out ")),
+            "summary {line:?}"
+        );
         Counts {
             received: nums[0],
             matched: nums[1],
             emitted: nums[2],
             lost: nums[3],
+            sampled_out: nums.get(4).copied().unwrap_or(0),
         }
     }
 

@@ -76,7 +76,8 @@ fn duration_stops_by_itself() {
             received: 0,
             matched: 0,
             emitted: 0,
-            lost: 0
+            lost: 0,
+            sampled_out: 0,
         }
     );
 }
