@@ -164,7 +164,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("setpriv", "util-linux"),
 ];
 
-fn have(bin: &str) -> bool {
+pub fn have(bin: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default()
@@ -182,19 +182,24 @@ fn system_tools() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
+    apt_install(&missing)
+}
+
+/// `apt-get install` of Debian packages, as root.
+pub fn apt_install(packages: &[&str]) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     let root_user = unsafe { libc::geteuid() } == 0;
     if !root_user || !have("apt-get") {
         bail!(
             "missing tools; install these packages: {} (as root, with apt-get)",
-            missing.join(" ")
+            packages.join(" ")
         );
     }
     run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
     run_cmd(
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }

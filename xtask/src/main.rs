@@ -1,7 +1,8 @@
-//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test>`.
+//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test|bench>`.
 //!
 //! Everything a fresh machine lacks is installed here, idempotently, so the
 //! README's two commands work with nothing installed by hand.
+mod bench;
 mod bootstrap;
 
 use std::{
@@ -38,6 +39,10 @@ enum Cmd {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         args: Vec<String>,
     },
+    /// Build, then measure kdrop's overhead under a SYN flood next to
+    /// bpftrace, tcpdump and dropwatch, in namespaces it creates; prints a
+    /// table of ratios to the no-tracer baseline.
+    Bench(bench::Opts),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Lab { args } => lab(&args),
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
         Cmd::Test { args } => test(&args),
+        Cmd::Bench(opts) => bench::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

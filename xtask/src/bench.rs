@@ -1,0 +1,322 @@
+//! `cargo xtask bench`: what kdrop costs a node under a SYN flood, side by
+//! side with what a user would run instead, in one run.
+//!
+//! A bounded flood (synflood) goes from a client namespace through a veth to
+//! a node namespace whose iptables rule drops every SYN. Each round runs
+//! every variant once, in an order that rotates between rounds, and each is
+//! compared to the round's own no-tracer baseline: the machine is shared, so
+//! absolute rates drift, ratios measured close together much less.
+mod tools;
+mod topo;
+
+use std::{collections::BTreeMap, process::Command};
+
+use anyhow::{Context as _, Result};
+
+use self::{
+    tools::{Running, Stopped, Tool, Variant},
+    topo::Topo,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Opts {
+    /// Rounds; each runs every variant once.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Length of each flood, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Most packets in one flood (it also stops after --secs).
+    #[arg(long, default_value_t = 50_000_000)]
+    count: u64,
+    /// Only these variants, e.g. `abc` (the baseline `a` always runs).
+    #[arg(long)]
+    only: Option<String>,
+    /// CPU to pin the flood to (its softirq, where the drops happen, runs
+    /// there too).
+    #[arg(long, default_value_t = 0)]
+    cpu: usize,
+    /// Run the full torture tests instead (a 60 s flood, 100 start/stop
+    /// cycles, ...): tests/tests/torture.rs with KDROP_TORTURE=full.
+    #[arg(long)]
+    torture: bool,
+}
+
+/// Debian packages for the tools compared, by binary.
+const TOOLS: &[(&str, &str)] = &[
+    ("bpftrace", "bpftrace"),
+    ("tcpdump", "tcpdump"),
+    ("dropwatch", "dropwatch"),
+];
+
+/// One variant in one round.
+#[derive(Clone, Debug)]
+struct Sample {
+    /// Packets the node dropped per second (its iptables counter).
+    pps: f64,
+    /// ... over the same round's baseline.
+    ratio: f64,
+    ready_ms: Option<f64>,
+    stopped: Option<Stopped>,
+    secs: f64,
+}
+
+pub fn run(o: &Opts) -> Result<()> {
+    if o.torture {
+        return torture();
+    }
+    crate::build()?;
+    let missing = install_tools();
+    let kdrop = crate::kdrop_bin();
+    let topo = Topo::new()?;
+    let mut variants = tools::variants(&topo, &kdrop);
+    if let Some(only) = &o.only {
+        variants.retain(|v| v.key == 'a' || only.contains(v.key));
+    }
+    let mut na: BTreeMap<char, String> = BTreeMap::new();
+    for v in &variants {
+        if let Some(t) = v.tool {
+            if let Some(why) = missing.get(&bin_of(t)) {
+                na.insert(v.key, why.clone());
+            }
+        }
+    }
+    eprintln!(
+        "xtask: bench: {} rounds of {} s floods, variants {}",
+        o.rounds,
+        o.secs,
+        variants.iter().map(|v| v.key).collect::<String>()
+    );
+    let mut samples: BTreeMap<char, Vec<Sample>> = BTreeMap::new();
+    for round in 0..o.rounds {
+        // Rotate the order so no variant always runs right after another.
+        let mut order: Vec<&Variant> = variants
+            .iter()
+            .filter(|v| !na.contains_key(&v.key))
+            .collect();
+        let k = round % order.len().max(1);
+        order.rotate_left(k);
+        let mut base = None;
+        let mut round_samples = Vec::new();
+        for v in order {
+            match measure(v, &topo, o) {
+                Ok(s) => {
+                    eprintln!(
+                        "xtask: bench: round {} ({}) {:>9.0} pps{}",
+                        round + 1,
+                        v.key,
+                        s.pps,
+                        s.stopped
+                            .as_ref()
+                            .and_then(|st| st.kdrop)
+                            .map(|[m, e, l, so]| format!(
+                                "  matched {m} emitted {e} lost {l} sampled out {so}"
+                            ))
+                            .unwrap_or_default()
+                    );
+                    if v.key == 'a' {
+                        base = Some(s.pps);
+                    }
+                    round_samples.push((v.key, s));
+                }
+                Err(e) if v.tool.is_some() && round == 0 => {
+                    eprintln!("xtask: bench: ({}) n/a: {e:#}", v.key);
+                    na.insert(v.key, format!("{e:#}"));
+                }
+                Err(e) => return Err(e.context(format!("variant ({})", v.key))),
+            }
+        }
+        let base = base.context("no baseline in this round")?;
+        for (key, mut s) in round_samples {
+            s.ratio = s.pps / base;
+            samples.entry(key).or_default().push(s);
+        }
+    }
+    drop(topo);
+    print!("{}", table(o, &variants, &samples, &na));
+    Ok(())
+}
+
+fn bin_of(t: Tool) -> String {
+    match t {
+        Tool::Kdrop => "kdrop",
+        Tool::Bpftrace => "bpftrace",
+        Tool::Tcpdump => "tcpdump",
+        Tool::Dropwatch => "dropwatch",
+    }
+    .to_string()
+}
+
+/// Installs the compared tools through apt when missing; returns those that
+/// are still missing, with the reason.
+fn install_tools() -> BTreeMap<String, String> {
+    let missing: Vec<(&str, &str)> = TOOLS
+        .iter()
+        .copied()
+        .filter(|(bin, _)| !crate::bootstrap::have(bin))
+        .collect();
+    let mut out = BTreeMap::new();
+    if missing.is_empty() {
+        return out;
+    }
+    let pkgs: Vec<&str> = missing.iter().map(|(_, p)| *p).collect();
+    let installed = crate::bootstrap::apt_install(&pkgs);
+    for (bin, pkg) in missing {
+        if !crate::bootstrap::have(bin) {
+            let why = match &installed {
+                Ok(()) => format!("apt installed {pkg} but there is no {bin}"),
+                Err(e) => format!("{pkg} not installable: {e:#}"),
+            };
+            out.insert(bin.to_string(), why);
+        }
+    }
+    out
+}
+
+fn measure(v: &Variant, topo: &Topo, o: &Opts) -> Result<Sample> {
+    let tracer = match v.tool {
+        Some(_) => Some(Running::start(v)?),
+        None => None,
+    };
+    let before = topo.dropped()?;
+    let sent = topo.flood(o.secs, o.count, Some(o.cpu))?;
+    let dropped = topo.dropped()? - before;
+    let secs = sent.elapsed.as_secs_f64();
+    let ready_ms = tracer.as_ref().map(|t| t.ready.as_secs_f64() * 1e3);
+    let stopped = tracer.map(Running::stop).transpose()?;
+    if let Some([m, e, l, s]) = stopped.as_ref().and_then(|s| s.kdrop) {
+        // The kernel's own accounting, and (when it matches every drop)
+        // against the independent count.
+        anyhow::ensure!(
+            m == e + l + s,
+            "({}) matched {m} != emitted {e} + lost {l} + sampled out {s}",
+            v.key
+        );
+        if v.key != 'b' {
+            anyhow::ensure!(
+                m == dropped,
+                "({}) kdrop matched {m}, the node's DROP rule counted {dropped}",
+                v.key
+            );
+        }
+    }
+    Ok(Sample {
+        pps: dropped as f64 / secs,
+        ratio: 0.0,
+        ready_ms,
+        stopped,
+        secs,
+    })
+}
+
+/// (min, median, max).
+fn spread(mut xs: Vec<f64>) -> Option<(f64, f64, f64)> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let med = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
+    Some((xs[0], med, xs[n - 1]))
+}
+
+fn fmt3(s: Option<(f64, f64, f64)>, f: impl Fn(f64) -> String) -> String {
+    match s {
+        Some((a, b, c)) => format!("{}/{}/{}", f(a), f(b), f(c)),
+        None => "-".into(),
+    }
+}
+
+fn kilo(x: f64) -> String {
+    format!("{:.0}k", x / 1e3)
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs, {mem_gib:.1} GiB, Linux {}", kernel.trim())
+}
+
+fn table(
+    o: &Opts,
+    variants: &[Variant],
+    samples: &BTreeMap<char, Vec<Sample>>,
+    na: &BTreeMap<char, String>,
+) -> String {
+    let mut s = format!(
+        "\nkdrop bench: {} rounds x {} s SYN flood through a veth, node drops with iptables; {}\n\
+         values are min/median/max over rounds; ratio = pps / the same round's (a)\n\n",
+        o.rounds,
+        o.secs,
+        machine()
+    );
+    s.push_str(&format!(
+        "{:<50} {:>20} {:>17} {:>20} {:>16} {:>16} {:>15}\n",
+        "variant",
+        "dropped pps",
+        "ratio to (a)",
+        "events/s to user",
+        "CPU % of a core",
+        "peak RSS MiB",
+        "ready ms"
+    ));
+    for v in variants {
+        let name = format!("({}) {}", v.key, v.label);
+        if let Some(why) = na.get(&v.key) {
+            s.push_str(&format!("{name:<50} n/a: {why}\n"));
+            continue;
+        }
+        let Some(xs) = samples.get(&v.key) else {
+            continue;
+        };
+        let col = |f: &dyn Fn(&Sample) -> Option<f64>| spread(xs.iter().filter_map(f).collect());
+        let pps = col(&|x| Some(x.pps));
+        let ratio = col(&|x| Some(x.ratio));
+        let to_user = col(&|x| {
+            x.stopped
+                .as_ref()
+                .and_then(|st| st.to_user)
+                .map(|n| n as f64 / x.secs)
+        });
+        let cpu = col(&|x| x.stopped.as_ref().map(|st| 100.0 * st.cpu_flood / x.secs));
+        let rss = col(&|x| x.stopped.as_ref().map(|st| st.maxrss_kib as f64 / 1024.0));
+        let ready = col(&|x| x.ready_ms);
+        s.push_str(&format!(
+            "{name:<50} {:>20} {:>17} {:>20} {:>16} {:>16} {:>15}\n",
+            fmt3(pps, kilo),
+            fmt3(ratio, |x| format!("{x:.2}")),
+            fmt3(to_user, kilo),
+            fmt3(cpu, |x| format!("{x:.0}")),
+            fmt3(rss, |x| format!("{x:.1}")),
+            fmt3(ready, |x| format!("{x:.0}")),
+        ));
+    }
+    s.push_str(&format!(
+        "\n(e) runs: bpftrace -e '{}'\n",
+        tools::BPFTRACE_PROG
+    ));
+    s
+}
+
+/// The torture tests in their full form.
+fn torture() -> Result<()> {
+    crate::build()?;
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["test", "-p", "integration-tests", "--test", "torture"])
+        .args(["--", "--test-threads", "1", "--nocapture"])
+        .env("KDROP_BIN", crate::kdrop_bin())
+        .env("KDROP_TORTURE", "full");
+    crate::run(&mut cmd).context("torture tests")
+}
