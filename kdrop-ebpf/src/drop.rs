@@ -25,12 +25,13 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         return None;
     }
     let o = offsets();
-    let tcp = skb::parse_tcp(skb, &o)?;
+    let view = skb::SkbView::new(skb, &o);
+    let tcp = skb::parse_tcp(&view, &o)?;
     let f = filter();
     if !matches_packet(f, &tcp) {
         return None;
     }
-    let (netns, ifindex) = skb::netns_and_ifindex(skb, &o);
+    let (netns, ifindex) = skb::netns_and_ifindex(&view, &o);
     if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
         return None;
     }
@@ -63,7 +64,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         },
         netns,
         ifindex,
-        mark: skb::read(skb, o.skb_mark).unwrap_or(0),
+        mark: view.get(o.skb_mark).unwrap_or(0),
         saddr: tcp.saddr,
         daddr: tcp.daddr,
         sport: tcp.sport,

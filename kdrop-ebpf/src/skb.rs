@@ -17,6 +17,58 @@ pub fn read<T>(base: u64, off: u32) -> Result<T, i32> {
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const T) }
 }
 
+/// Bytes of `struct sk_buff` read in one helper call.
+const WINDOW: usize = 64;
+
+/// The `sk_buff` members the drop path reads on every call (protocol,
+/// network_header, head, skb_iif, mark), fetched with one
+/// `bpf_probe_read_kernel` instead of one each: in this kernel each helper
+/// call costs tens of nanoseconds, and the program runs for every drop on the
+/// node, matched or not. Members outside the window are read one by one.
+pub struct SkbView {
+    skb: u64,
+    base: u32,
+    buf: [u8; WINDOW],
+    ok: bool,
+}
+
+impl SkbView {
+    #[inline(always)]
+    pub fn new(skb: u64, o: &Offsets) -> Self {
+        // The offsets are load-time constants: the verifier folds all this.
+        let mut base = o.skb_protocol;
+        for off in [o.skb_network_header, o.skb_head, o.skb_iif, o.skb_mark] {
+            if off < base {
+                base = off;
+            }
+        }
+        let mut v = SkbView {
+            skb,
+            base,
+            buf: [0; WINDOW],
+            ok: false,
+        };
+        if let Ok(buf) = read::<[u8; WINDOW]>(skb, base) {
+            v.buf = buf;
+            v.ok = true;
+        }
+        v
+    }
+
+    /// The member at `off`, from the window when it lies inside.
+    #[inline(always)]
+    pub fn get<T: Copy>(&self, off: u32) -> Result<T, i32> {
+        if self.ok && off != ABSENT && off >= self.base {
+            let at = (off - self.base) as usize;
+            if at + core::mem::size_of::<T>() <= WINDOW {
+                // SAFETY: in bounds of buf, checked just above.
+                return Ok(unsafe { core::ptr::read_unaligned(self.buf.as_ptr().add(at).cast()) });
+            }
+        }
+        read(self.skb, off)
+    }
+}
+
 pub struct Tcp {
     pub family: u8,
     pub tcp_flags: u8,
@@ -26,38 +78,41 @@ pub struct Tcp {
     pub daddr: [u8; 16],
 }
 
+/// An IPv4 header without options and the first 14 bytes of TCP (ports,
+/// sequence, ack, data offset, flags): the common case in one read.
+const V4_FAST: usize = 20 + 14;
+
 /// The TCP/IP headers of `skb`, or `None` if it is not TCP over IPv4/IPv6.
 /// The IP header is found through `network_header`, which every path that
 /// can drop an IP packet has set; the TCP header is located from the IP
 /// header itself because `transport_header` is unset on early drops.
 #[inline(always)]
-pub fn parse_tcp(skb: u64, o: &Offsets) -> Option<Tcp> {
-    let proto = u16::from_be(read::<u16>(skb, o.skb_protocol).ok()?);
+pub fn parse_tcp(v: &SkbView, o: &Offsets) -> Option<Tcp> {
+    let proto = u16::from_be(v.get::<u16>(o.skb_protocol).ok()?);
     // Locally built packets can be freed before ip_output sets protocol.
     if proto != ETH_P_IP && proto != ETH_P_IPV6 && proto != 0 {
         return None;
     }
-    let head: u64 = read(skb, o.skb_head).ok()?;
-    let nh_off: u16 = read(skb, o.skb_network_header).ok()?;
+    let head: u64 = v.get(o.skb_head).ok()?;
+    let nh_off: u16 = v.get(o.skb_network_header).ok()?;
     if head == 0 || nh_off == u16::MAX {
         return None;
     }
     let nh = head + u64::from(nh_off);
-    let first: u8 = read(nh, 0).ok()?;
-    match first >> 4 {
-        4 if proto != ETH_P_IPV6 => parse_v4(nh, first),
+    let hdr: [u8; V4_FAST] = read(nh, 0).ok()?;
+    match hdr[0] >> 4 {
+        4 if proto != ETH_P_IPV6 => parse_v4(nh, &hdr),
         6 if proto != ETH_P_IP => parse_v6(nh),
         _ => None,
     }
 }
 
 #[inline(always)]
-fn parse_v4(nh: u64, first: u8) -> Option<Tcp> {
-    let ihl = u64::from(first & 0x0f) * 4;
+fn parse_v4(nh: u64, hdr: &[u8; V4_FAST]) -> Option<Tcp> {
+    let ihl = u64::from(hdr[0] & 0x0f) * 4;
     if ihl < 20 {
         return None;
     }
-    let hdr: [u8; 20] = read(nh, 0).ok()?;
     if hdr[9] != IPPROTO_TCP {
         return None;
     }
@@ -75,13 +130,20 @@ fn parse_v4(nh: u64, first: u8) -> Option<Tcp> {
     };
     t.saddr[..4].copy_from_slice(&hdr[12..16]);
     t.daddr[..4].copy_from_slice(&hdr[16..20]);
-    read_ports(nh + ihl, &mut t)?;
+    if ihl == 20 {
+        let mut th = [0u8; 14];
+        th.copy_from_slice(&hdr[20..]);
+        set_ports(&th, &mut t);
+    } else {
+        set_ports(&read(nh + ihl, 0).ok()?, &mut t);
+    }
     Some(t)
 }
 
 #[inline(always)]
 fn parse_v6(nh: u64) -> Option<Tcp> {
-    let hdr: [u8; 40] = read(nh, 0).ok()?;
+    // The IPv6 header and the first 14 bytes of TCP behind it.
+    let hdr: [u8; 54] = read(nh, 0).ok()?;
     // Extension headers are not walked: handshake packets carry none.
     if hdr[6] != IPPROTO_TCP {
         return None;
@@ -96,25 +158,25 @@ fn parse_v6(nh: u64) -> Option<Tcp> {
     };
     t.saddr.copy_from_slice(&hdr[8..24]);
     t.daddr.copy_from_slice(&hdr[24..40]);
-    read_ports(nh + 40, &mut t)?;
+    let mut th = [0u8; 14];
+    th.copy_from_slice(&hdr[40..]);
+    set_ports(&th, &mut t);
     Some(t)
 }
 
 #[inline(always)]
-fn read_ports(th: u64, t: &mut Tcp) -> Option<()> {
-    // Ports, sequence, ack, data offset, flags: the first 14 bytes.
-    let hdr: [u8; 14] = read(th, 0).ok()?;
-    t.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
-    t.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
-    t.tcp_flags = hdr[13];
-    Some(())
+fn set_ports(th: &[u8; 14], t: &mut Tcp) {
+    t.sport = u16::from_be_bytes([th[0], th[1]]);
+    t.dport = u16::from_be_bytes([th[2], th[3]]);
+    t.tcp_flags = th[13];
 }
 
 /// The netns inode and the interface of `skb`: the device's namespace, or the
 /// socket's when the device is gone; the ifindex it arrived on, or the one it
 /// is leaving by for locally sent packets.
 #[inline(always)]
-pub fn netns_and_ifindex(skb: u64, o: &Offsets) -> (u32, u32) {
+pub fn netns_and_ifindex(v: &SkbView, o: &Offsets) -> (u32, u32) {
+    let skb = v.skb;
     let dev: u64 = read(skb, o.skb_dev).unwrap_or(0);
     let mut net: u64 = read(dev, o.dev_net).unwrap_or(0);
     if net == 0 {
@@ -122,7 +184,7 @@ pub fn netns_and_ifindex(skb: u64, o: &Offsets) -> (u32, u32) {
         net = read(sk, o.sk_net).unwrap_or(0);
     }
     let inum: u32 = read(net, o.net_inum).unwrap_or(0);
-    let mut ifindex: u32 = read(skb, o.skb_iif).unwrap_or(0);
+    let mut ifindex: u32 = v.get(o.skb_iif).unwrap_or(0);
     if ifindex == 0 {
         ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
     }
