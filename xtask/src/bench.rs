@@ -3,9 +3,10 @@
 //!
 //! A bounded flood (synflood) goes from a client namespace through a veth to
 //! a node namespace whose iptables rule drops every SYN. Each round runs
-//! every variant once, in an order that rotates between rounds, and each is
-//! compared to the round's own no-tracer baseline: the machine is shared, so
-//! absolute rates drift, ratios measured close together much less.
+//! every variant once, in an order that rotates between rounds, with a
+//! no-tracer baseline between any two, and each variant is compared to the
+//! baselines right before and after it: the machine is shared, so absolute
+//! rates drift, ratios measured close together much less.
 mod tools;
 mod topo;
 
@@ -33,7 +34,8 @@ pub struct Opts {
     #[arg(long)]
     only: Option<String>,
     /// CPU to pin the flood to (its softirq, where the drops happen, runs
-    /// there too).
+    /// there too); the tracers' own processes run on the other CPUs, as
+    /// they would on a node with more than two.
     #[arg(long, default_value_t = 0)]
     cpu: usize,
     /// Run the full torture tests instead (a 60 s flood, 100 start/stop
@@ -88,53 +90,61 @@ pub fn run(o: &Opts) -> Result<()> {
         variants.iter().map(|v| v.key).collect::<String>()
     );
     let mut samples: BTreeMap<char, Vec<Sample>> = BTreeMap::new();
+    let baseline = variants
+        .iter()
+        .find(|v| v.tool.is_none())
+        .cloned()
+        .context("no baseline variant")?;
     for round in 0..o.rounds {
-        // Rotate the order so no variant always runs right after another.
+        // A B1 A B2 A ...: each variant is compared to the mean of the
+        // baselines right before and after it. The order rotates between
+        // rounds so no variant always follows the same one.
         let mut order: Vec<&Variant> = variants
             .iter()
-            .filter(|v| !na.contains_key(&v.key))
+            .filter(|v| v.tool.is_some() && !na.contains_key(&v.key))
             .collect();
         let k = round % order.len().max(1);
         order.rotate_left(k);
-        let mut base = None;
-        let mut round_samples = Vec::new();
+        let mut prev = measure(&baseline, &topo, o)?;
+        log(round, &baseline, &prev);
+        samples.entry('a').or_default().push(prev.clone());
         for v in order {
-            match measure(v, &topo, o) {
-                Ok(s) => {
-                    eprintln!(
-                        "xtask: bench: round {} ({}) {:>9.0} pps{}",
-                        round + 1,
-                        v.key,
-                        s.pps,
-                        s.stopped
-                            .as_ref()
-                            .and_then(|st| st.kdrop)
-                            .map(|[m, e, l, so]| format!(
-                                "  matched {m} emitted {e} lost {l} sampled out {so}"
-                            ))
-                            .unwrap_or_default()
-                    );
-                    if v.key == 'a' {
-                        base = Some(s.pps);
-                    }
-                    round_samples.push((v.key, s));
-                }
-                Err(e) if v.tool.is_some() && round == 0 => {
+            let mut s = match measure(v, &topo, o) {
+                Ok(s) => s,
+                Err(e) if round == 0 => {
                     eprintln!("xtask: bench: ({}) n/a: {e:#}", v.key);
                     na.insert(v.key, format!("{e:#}"));
+                    continue;
                 }
                 Err(e) => return Err(e.context(format!("variant ({})", v.key))),
-            }
-        }
-        let base = base.context("no baseline in this round")?;
-        for (key, mut s) in round_samples {
-            s.ratio = s.pps / base;
-            samples.entry(key).or_default().push(s);
+            };
+            log(round, v, &s);
+            let next = measure(&baseline, &topo, o)?;
+            log(round, &baseline, &next);
+            s.ratio = s.pps / ((prev.pps + next.pps) / 2.0);
+            samples.entry(v.key).or_default().push(s);
+            samples.entry('a').or_default().push(next.clone());
+            prev = next;
         }
     }
     drop(topo);
     print!("{}", table(o, &variants, &samples, &na));
     Ok(())
+}
+
+fn log(round: usize, v: &Variant, s: &Sample) {
+    let counters = s
+        .stopped
+        .as_ref()
+        .and_then(|st| st.kdrop)
+        .map(|[m, e, l, so]| format!("  matched {m} emitted {e} lost {l} sampled out {so}"))
+        .unwrap_or_default();
+    eprintln!(
+        "xtask: bench: round {} ({}) {:>9.0} pps{counters}",
+        round + 1,
+        v.key,
+        s.pps
+    );
 }
 
 fn bin_of(t: Tool) -> String {
@@ -175,7 +185,7 @@ fn install_tools() -> BTreeMap<String, String> {
 
 fn measure(v: &Variant, topo: &Topo, o: &Opts) -> Result<Sample> {
     let tracer = match v.tool {
-        Some(_) => Some(Running::start(v)?),
+        Some(_) => Some(Running::start(v, o.cpu)?),
         None => None,
     };
     let before = topo.dropped()?;
@@ -202,7 +212,7 @@ fn measure(v: &Variant, topo: &Topo, o: &Opts) -> Result<Sample> {
     }
     Ok(Sample {
         pps: dropped as f64 / secs,
-        ratio: 0.0,
+        ratio: 1.0,
         ready_ms,
         stopped,
         secs,
@@ -257,7 +267,7 @@ fn table(
 ) -> String {
     let mut s = format!(
         "\nkdrop bench: {} rounds x {} s SYN flood through a veth, node drops with iptables; {}\n\
-         values are min/median/max over rounds; ratio = pps / the same round's (a)\n\n",
+         values are min/median/max over rounds; ratio = pps / mean of the (a) runs just before and after\n\n",
         o.rounds,
         o.secs,
         machine()

@@ -3,6 +3,7 @@
 //! says it is ready, and stopped with SIGINT, with its CPU time and peak RSS.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
+    os::unix::process::CommandExt as _,
     path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc::{self, Receiver, RecvTimeoutError},
@@ -182,9 +183,10 @@ fn cpu_of(pid: u32) -> f64 {
 }
 
 impl Running {
-    /// Starts a tool and waits for its readiness line; `Err` carries the
+    /// Starts a tool, kept off CPU `avoid` (the flood's) when the machine
+    /// has another, and waits for its readiness line; `Err` carries the
     /// tool's own last words when it gives up (that is the n/a reason).
-    pub fn start(v: &Variant) -> Result<Self> {
+    pub fn start(v: &Variant, avoid: usize) -> Result<Self> {
         let tool = v.tool.context("the baseline runs no tool")?;
         let (ready_on_stdout, marker, stdout_piped) = match tool {
             Tool::Kdrop => (false, "kdrop: tracing", false),
@@ -193,7 +195,22 @@ impl Running {
             Tool::Dropwatch => (true, "Kernel monitoring activated", true),
         };
         let t0 = Instant::now();
-        let mut child = Command::new(&v.argv[0])
+        let mut cmd = Command::new(&v.argv[0]);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus > 1 {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    for c in (0..cpus).filter(|&c| c != avoid) {
+                        libc::CPU_SET(c, &mut set);
+                    }
+                    libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
             .args(&v.argv[1..])
             .stdin(Stdio::piped())
             .stdout(if stdout_piped {
@@ -240,15 +257,14 @@ impl Running {
                 Err(RecvTimeoutError::Timeout) => bail!("not ready after {READY_TIMEOUT:?}"),
                 Err(RecvTimeoutError::Disconnected) => {
                     let _ = r.wait(STOP_TIMEOUT);
-                    let last = r
+                    let said: Vec<&str> = r
                         .seen
                         .iter()
-                        .rev()
                         .map(|(_, l)| l.trim())
-                        .find(|l| !l.is_empty())
-                        .unwrap_or("no output")
-                        .to_string();
-                    bail!("{} exited before it was ready: {last}", v.argv[0]);
+                        .filter(|l| !l.is_empty())
+                        .collect();
+                    let said = said[said.len().saturating_sub(3)..].join("; ");
+                    bail!("{} exited before it was ready: {said}", v.argv[0]);
                 }
             }
         }
