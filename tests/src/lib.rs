@@ -11,6 +11,8 @@ use std::{
 };
 
 use kdrop::context::netns::in_netns;
+
+pub mod flood;
 pub use kdrop::lab::netlab::{ip, veth, Ns};
 use serde_json::Value;
 
@@ -431,4 +433,36 @@ pub fn bpf_object_exists(what: &str, id: u64) -> bool {
 /// The inode of a namespace, as JSON events carry it.
 pub fn inode(ns: &Ns) -> u64 {
     u64::from(ns.inode().unwrap())
+}
+
+/// Waits (bounded) until none of `objects` exists any more. The kernel frees
+/// a program, link or map when its last reference goes, which can trail the
+/// owner's exit a little: polling, as there is no event to wait on.
+pub fn assert_released(objects: &[(&'static str, u64)]) {
+    for (what, id) in objects {
+        let gone = (0..200).any(|_| {
+            let exists = bpf_object_exists(what, *id);
+            if exists {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            !exists
+        });
+        assert!(gone, "{what} {id} still exists after kdrop exited");
+    }
+}
+
+/// Open file descriptors of a process.
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`).
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
