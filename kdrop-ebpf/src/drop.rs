@@ -7,17 +7,25 @@ use kdrop_common::{
 
 use crate::{
     config::{filter, offsets, COUNTERS, EVENTS},
-    skb::{self, Tcp},
+    skb::{self, Direct, Probe, Reader, Tcp},
 };
 
+/// tp_btf: `skb` is a BTF-typed pointer (plain loads).
+#[inline(always)]
+pub fn on_kfree_skb_btf(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> i32 {
+    let _ = try_kfree_skb(&Direct { skb }, location, reason, args);
+    0
+}
+
+/// raw_tp and tracepoint: `skb` is a number (helper reads).
 #[inline(always)]
 pub fn on_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> i32 {
-    let _ = try_kfree_skb(skb, location, reason, args);
+    let _ = try_kfree_skb(&Probe::new(skb, &offsets()), location, reason, args);
     0
 }
 
 #[inline(always)]
-fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
+fn try_kfree_skb<R: Reader>(r: &R, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
     let reason = reason as u32;
     // Older kernels also report frees that are not drops through this
     // tracepoint; newer ones route them to consume_skb.
@@ -25,13 +33,12 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         return None;
     }
     let o = offsets();
-    let view = skb::SkbView::new(skb, &o);
-    let tcp = skb::parse_tcp(&view, &o)?;
+    let tcp = skb::parse_tcp(r, &o)?;
     let f = filter();
     if !matches_packet(f, &tcp) {
         return None;
     }
-    let (netns, ifindex) = skb::netns_and_ifindex(&view, &o);
+    let (netns, ifindex) = skb::netns_and_ifindex(r, &o);
     if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
         return None;
     }
@@ -64,7 +71,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         },
         netns,
         ifindex,
-        mark: view.get(o.skb_mark).unwrap_or(0),
+        mark: r.skb(o.skb_mark).unwrap_or(0),
         saddr: tcp.saddr,
         daddr: tcp.daddr,
         sport: tcp.sport,

@@ -25,7 +25,7 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
     let skb: u64 = arg_at(args.skb, |n| ctx.arg(n));
     let location: u64 = arg_at(args.location, |n| ctx.arg(n));
     let reason: u64 = arg_at(args.reason, |n| ctx.arg(n));
-    drop::on_kfree_skb(skb, location, reason, &args)
+    drop::on_kfree_skb_btf(skb, location, reason, &args)
 }
 
 /// The same tracepoint as a raw tracepoint (kernels without tp_btf).

@@ -17,22 +17,56 @@ pub fn read<T>(base: u64, off: u32) -> Result<T, i32> {
     unsafe { bpf_probe_read_kernel((base + u64::from(off)) as *const T) }
 }
 
+/// How a program reads kernel memory: one `sk_buff` and the objects it
+/// points to (device, socket, namespace).
+pub trait Reader {
+    /// A member of the skb.
+    fn skb<T: Copy>(&self, off: u32) -> Result<T, i32>;
+    /// A member of another kernel object reached from the skb.
+    fn at<T: Copy>(&self, base: u64, off: u32) -> Result<T, i32>;
+}
+
+/// tp_btf: the skb argument is a BTF-typed pointer, so members of it and of
+/// the structs it points to are plain loads, checked by the verifier against
+/// the kernel's BTF (the offsets come from that BTF) and fault-safe. A helper
+/// call costs tens of nanoseconds here, a load about one, and the program
+/// runs for every drop on the node, matched or not.
+pub struct Direct {
+    pub skb: u64,
+}
+
+impl Reader for Direct {
+    #[inline(always)]
+    fn skb<T: Copy>(&self, off: u32) -> Result<T, i32> {
+        self.at(self.skb, off)
+    }
+
+    #[inline(always)]
+    fn at<T: Copy>(&self, base: u64, off: u32) -> Result<T, i32> {
+        if base == 0 || off == ABSENT {
+            return Err(-1);
+        }
+        // SAFETY: the verifier turns this into a fault-safe load
+        // (PTR_TO_BTF_ID) after checking it against the member at `off`.
+        Ok(unsafe { core::ptr::read_volatile((base + u64::from(off)) as *const T) })
+    }
+}
+
 /// Bytes of `struct sk_buff` read in one helper call.
 const WINDOW: usize = 64;
 
-/// The `sk_buff` members the drop path reads on every call (protocol,
-/// network_header, head, skb_iif, mark), fetched with one
-/// `bpf_probe_read_kernel` instead of one each: in this kernel each helper
-/// call costs tens of nanoseconds, and the program runs for every drop on the
-/// node, matched or not. Members outside the window are read one by one.
-pub struct SkbView {
+/// raw_tp and tracepoint: arguments are plain numbers, so everything goes
+/// through `bpf_probe_read_kernel`. The skb members read on every call
+/// (protocol, network_header, head, skb_iif, mark) are fetched with one call
+/// instead of one each; members outside the window are read one by one.
+pub struct Probe {
     skb: u64,
     base: u32,
     buf: [u8; WINDOW],
     ok: bool,
 }
 
-impl SkbView {
+impl Probe {
     #[inline(always)]
     pub fn new(skb: u64, o: &Offsets) -> Self {
         // The offsets are load-time constants: the verifier folds all this.
@@ -42,7 +76,7 @@ impl SkbView {
                 base = off;
             }
         }
-        let mut v = SkbView {
+        let mut v = Probe {
             skb,
             base,
             buf: [0; WINDOW],
@@ -54,10 +88,11 @@ impl SkbView {
         }
         v
     }
+}
 
-    /// The member at `off`, from the window when it lies inside.
+impl Reader for Probe {
     #[inline(always)]
-    pub fn get<T: Copy>(&self, off: u32) -> Result<T, i32> {
+    fn skb<T: Copy>(&self, off: u32) -> Result<T, i32> {
         if self.ok && off != ABSENT && off >= self.base {
             let at = (off - self.base) as usize;
             if at + core::mem::size_of::<T>() <= WINDOW {
@@ -66,6 +101,11 @@ impl SkbView {
             }
         }
         read(self.skb, off)
+    }
+
+    #[inline(always)]
+    fn at<T: Copy>(&self, base: u64, off: u32) -> Result<T, i32> {
+        read(base, off)
     }
 }
 
@@ -87,14 +127,14 @@ const V4_FAST: usize = 20 + 14;
 /// can drop an IP packet has set; the TCP header is located from the IP
 /// header itself because `transport_header` is unset on early drops.
 #[inline(always)]
-pub fn parse_tcp(v: &SkbView, o: &Offsets) -> Option<Tcp> {
-    let proto = u16::from_be(v.get::<u16>(o.skb_protocol).ok()?);
+pub fn parse_tcp<R: Reader>(r: &R, o: &Offsets) -> Option<Tcp> {
+    let proto = u16::from_be(r.skb::<u16>(o.skb_protocol).ok()?);
     // Locally built packets can be freed before ip_output sets protocol.
     if proto != ETH_P_IP && proto != ETH_P_IPV6 && proto != 0 {
         return None;
     }
-    let head: u64 = v.get(o.skb_head).ok()?;
-    let nh_off: u16 = v.get(o.skb_network_header).ok()?;
+    let head: u64 = r.skb(o.skb_head).ok()?;
+    let nh_off: u16 = r.skb(o.skb_network_header).ok()?;
     if head == 0 || nh_off == u16::MAX {
         return None;
     }
@@ -175,18 +215,17 @@ fn set_ports(th: &[u8; 14], t: &mut Tcp) {
 /// socket's when the device is gone; the ifindex it arrived on, or the one it
 /// is leaving by for locally sent packets.
 #[inline(always)]
-pub fn netns_and_ifindex(v: &SkbView, o: &Offsets) -> (u32, u32) {
-    let skb = v.skb;
-    let dev: u64 = read(skb, o.skb_dev).unwrap_or(0);
-    let mut net: u64 = read(dev, o.dev_net).unwrap_or(0);
+pub fn netns_and_ifindex<R: Reader>(r: &R, o: &Offsets) -> (u32, u32) {
+    let dev: u64 = r.skb(o.skb_dev).unwrap_or(0);
+    let mut net: u64 = r.at(dev, o.dev_net).unwrap_or(0);
     if net == 0 {
-        let sk: u64 = read(skb, o.skb_sk).unwrap_or(0);
-        net = read(sk, o.sk_net).unwrap_or(0);
+        let sk: u64 = r.skb(o.skb_sk).unwrap_or(0);
+        net = r.at(sk, o.sk_net).unwrap_or(0);
     }
-    let inum: u32 = read(net, o.net_inum).unwrap_or(0);
-    let mut ifindex: u32 = v.get(o.skb_iif).unwrap_or(0);
+    let inum: u32 = r.at(net, o.net_inum).unwrap_or(0);
+    let mut ifindex: u32 = r.skb(o.skb_iif).unwrap_or(0);
     if ifindex == 0 {
-        ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
+        ifindex = r.at(dev, o.dev_ifindex).unwrap_or(0);
     }
     (inum, ifindex)
 }
