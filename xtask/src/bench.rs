@@ -30,9 +30,9 @@ pub struct Opts {
     /// Most packets in one flood (it also stops after --secs).
     #[arg(long, default_value_t = 50_000_000)]
     count: u64,
-    /// Only these variants, e.g. `abc` (the baseline `a` always runs).
-    #[arg(long)]
-    only: Option<String>,
+    /// Only these variants, e.g. `b,c,e2` (the baseline `a` always runs).
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
     /// CPU to pin the flood to (its softirq, where the drops happen, runs
     /// there too); the tracers' own processes run on the other CPUs, as
     /// they would on a node with more than two.
@@ -69,13 +69,16 @@ pub fn run(o: &Opts) -> Result<()> {
     }
     crate::build()?;
     let missing = install_tools();
+    // This process's threads (readers of the tools' output) stay off the
+    // flood's CPU too; the flood thread pins itself to it.
+    keep_off_cpu(o.cpu);
     let kdrop = crate::kdrop_bin();
     let topo = Topo::new()?;
     let mut variants = tools::variants(&topo, &kdrop);
     if let Some(only) = &o.only {
-        variants.retain(|v| v.key == 'a' || only.contains(v.key));
+        variants.retain(|v| v.tool.is_none() || only.iter().any(|k| k == v.key));
     }
-    let mut na: BTreeMap<char, String> = BTreeMap::new();
+    let mut na: BTreeMap<&str, String> = BTreeMap::new();
     for v in &variants {
         if let Some(t) = v.tool {
             if let Some(why) = missing.get(&bin_of(t)) {
@@ -87,9 +90,9 @@ pub fn run(o: &Opts) -> Result<()> {
         "xtask: bench: {} rounds of {} s floods, variants {}",
         o.rounds,
         o.secs,
-        variants.iter().map(|v| v.key).collect::<String>()
+        variants.iter().map(|v| v.key).collect::<Vec<_>>().join(",")
     );
-    let mut samples: BTreeMap<char, Vec<Sample>> = BTreeMap::new();
+    let mut samples: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
     let baseline = variants
         .iter()
         .find(|v| v.tool.is_none())
@@ -107,7 +110,7 @@ pub fn run(o: &Opts) -> Result<()> {
         order.rotate_left(k);
         let mut prev = measure(&baseline, &topo, o)?;
         log(round, &baseline, &prev);
-        samples.entry('a').or_default().push(prev.clone());
+        samples.entry(baseline.key).or_default().push(prev.clone());
         for v in order {
             let mut s = match measure(v, &topo, o) {
                 Ok(s) => s,
@@ -123,7 +126,7 @@ pub fn run(o: &Opts) -> Result<()> {
             log(round, &baseline, &next);
             s.ratio = s.pps / ((prev.pps + next.pps) / 2.0);
             samples.entry(v.key).or_default().push(s);
-            samples.entry('a').or_default().push(next.clone());
+            samples.entry(baseline.key).or_default().push(next.clone());
             prev = next;
         }
     }
@@ -145,6 +148,21 @@ fn log(round: usize, v: &Variant, s: &Sample) {
         v.key,
         s.pps
     );
+}
+
+fn keep_off_cpu(avoid: usize) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in (0..cpus).filter(|&c| c != avoid) {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 fn bin_of(t: Tool) -> String {
@@ -202,7 +220,7 @@ fn measure(v: &Variant, topo: &Topo, o: &Opts) -> Result<Sample> {
             "({}) matched {m} != emitted {e} + lost {l} + sampled out {s}",
             v.key
         );
-        if v.key != 'b' {
+        if v.key != "b" {
             anyhow::ensure!(
                 m == dropped,
                 "({}) kdrop matched {m}, the node's DROP rule counted {dropped}",
@@ -262,8 +280,8 @@ fn machine() -> String {
 fn table(
     o: &Opts,
     variants: &[Variant],
-    samples: &BTreeMap<char, Vec<Sample>>,
-    na: &BTreeMap<char, String>,
+    samples: &BTreeMap<&str, Vec<Sample>>,
+    na: &BTreeMap<&str, String>,
 ) -> String {
     let mut s = format!(
         "\nkdrop bench: {} rounds x {} s SYN flood through a veth, node drops with iptables; {}\n\
@@ -284,11 +302,11 @@ fn table(
     ));
     for v in variants {
         let name = format!("({}) {}", v.key, v.label);
-        if let Some(why) = na.get(&v.key) {
+        if let Some(why) = na.get(v.key) {
             s.push_str(&format!("{name:<50} n/a: {why}\n"));
             continue;
         }
-        let Some(xs) = samples.get(&v.key) else {
+        let Some(xs) = samples.get(v.key) else {
             continue;
         };
         let col = |f: &dyn Fn(&Sample) -> Option<f64>| spread(xs.iter().filter_map(f).collect());
@@ -314,8 +332,9 @@ fn table(
         ));
     }
     s.push_str(&format!(
-        "\n(e) runs: bpftrace -e '{}'\n",
-        tools::BPFTRACE_PROG
+        "\n(e1) bpftrace -e '{}'\n(e2) bpftrace -e '{}'\n",
+        tools::BPFTRACE_COUNT,
+        tools::BPFTRACE_PRINT
     ));
     s
 }

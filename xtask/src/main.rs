@@ -1,9 +1,10 @@
-//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test|bench>`.
+//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test|bench|fuzz>`.
 //!
 //! Everything a fresh machine lacks is installed here, idempotently, so the
 //! README's two commands work with nothing installed by hand.
 mod bench;
 mod bootstrap;
+mod fuzz;
 
 use std::{
     path::{Path, PathBuf},
@@ -43,6 +44,9 @@ enum Cmd {
     /// bpftrace, tcpdump and dropwatch, in namespaces it creates; prints a
     /// table of ratios to the no-tracer baseline.
     Bench(bench::Opts),
+    /// Fuzz the event decoder and the BTF parser (cargo-fuzz, installed if
+    /// missing), each for a bounded time.
+    Fuzz(fuzz::Opts),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
         Cmd::Test { args } => test(&args),
         Cmd::Bench(opts) => bench::run(&opts),
+        Cmd::Fuzz(opts) => fuzz::run_all(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

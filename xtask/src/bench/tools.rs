@@ -28,16 +28,40 @@ pub enum Tool {
 
 #[derive(Clone, Debug)]
 pub struct Variant {
-    pub key: char,
+    pub key: &'static str,
     pub label: String,
     /// `None` for the no-tracer baseline.
     pub tool: Option<Tool>,
     pub argv: Vec<String>,
 }
 
-/// The bpftrace one-liner: drops counted by reason, in the kernel.
-pub const BPFTRACE_PROG: &str =
+/// The bpftrace one-liners: drops counted by reason in the kernel, and one
+/// line per drop (where and why), the closest to what kdrop prints. BEGIN
+/// runs once every probe is attached: the readiness line.
+pub const BPFTRACE_COUNT: &str =
     "BEGIN { printf(\"ready\\n\") } tracepoint:skb:kfree_skb { @[args->reason] = count(); }";
+pub const BPFTRACE_PRINT: &str = "BEGIN { printf(\"ready\\n\") } \
+     tracepoint:skb:kfree_skb { printf(\"%s %d\\n\", ksym(args->location), args->reason); }";
+
+fn bpftrace(key: &'static str, label: &str, prog: &str) -> Variant {
+    Variant {
+        key,
+        label: label.to_string(),
+        tool: Some(Tool::Bpftrace),
+        // The tracepoint's format file lives in tracefs, which this machine
+        // does not mount: mount it in a private mount namespace, not on the
+        // host. unshare and sh exec, so the pid is bpftrace's.
+        argv: vec![
+            "unshare".into(),
+            "-m".into(),
+            "--propagation".into(),
+            "private".into(),
+            "sh".into(),
+            "-c".into(),
+            format!("mount -t tracefs nodev /sys/kernel/tracing && exec bpftrace -e '{prog}'"),
+        ],
+    }
+}
 
 pub fn variants(topo: &Topo, kdrop: &Path) -> Vec<Variant> {
     let kdrop_argv = |extra: &[&str]| {
@@ -55,50 +79,37 @@ pub fn variants(topo: &Topo, kdrop: &Path) -> Vec<Variant> {
     let s = |x: &str| x.to_string();
     vec![
         Variant {
-            key: 'a',
+            key: "a",
             label: s("no tracer"),
             tool: None,
             argv: vec![],
         },
         Variant {
-            key: 'b',
+            key: "b",
             label: format!("kdrop, filter matches nothing (--port {other})"),
             tool: Some(Tool::Kdrop),
             argv: kdrop_argv(&["--port", &other]),
         },
         Variant {
-            key: 'c',
+            key: "c",
             label: format!("kdrop, every drop (--port {port})"),
             tool: Some(Tool::Kdrop),
             argv: kdrop_argv(&["--port", &port]),
         },
         Variant {
-            key: 'd',
+            key: "d",
             label: s("kdrop, every drop, --sample 100"),
             tool: Some(Tool::Kdrop),
             argv: kdrop_argv(&["--port", &port, "--sample", "100"]),
         },
+        bpftrace(
+            "e1",
+            "bpftrace, kfree_skb count by reason (in kernel)",
+            BPFTRACE_COUNT,
+        ),
+        bpftrace("e2", "bpftrace, kfree_skb printf per drop", BPFTRACE_PRINT),
         Variant {
-            key: 'e',
-            label: s("bpftrace, kfree_skb count by reason"),
-            tool: Some(Tool::Bpftrace),
-            // The tracepoint's format file lives in tracefs, which this
-            // machine does not mount: mount it in a private mount namespace,
-            // not on the host. unshare and sh exec, so the pid is bpftrace's.
-            argv: vec![
-                s("unshare"),
-                s("-m"),
-                s("--propagation"),
-                s("private"),
-                s("sh"),
-                s("-c"),
-                format!(
-                    "mount -t tracefs nodev /sys/kernel/tracing && exec bpftrace -e '{BPFTRACE_PROG}'"
-                ),
-            ],
-        },
-        Variant {
-            key: 'f',
+            key: "f",
             label: s("tcpdump, SYN filter, on the node's eth0"),
             tool: Some(Tool::Tcpdump),
             argv: vec![
@@ -114,7 +125,7 @@ pub fn variants(topo: &Topo, kdrop: &Path) -> Vec<Variant> {
             ],
         },
         Variant {
-            key: 'g',
+            key: "g",
             label: s("dropwatch -l kas"),
             tool: Some(Tool::Dropwatch),
             argv: vec![s("dropwatch"), s("-l"), s("kas")],
@@ -158,7 +169,6 @@ pub struct Stopped {
     pub seen: Option<u64>,
     /// kdrop's counters: matched, emitted, lost, sampled out.
     pub kdrop: Option<[u64; 4]>,
-    pub lines: Vec<String>,
 }
 
 fn clk_tck() -> f64 {
@@ -301,8 +311,15 @@ impl Running {
         // SAFETY: kill(2) on our own, not yet reaped child.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
         let ru = self.wait(STOP_TIMEOUT)?;
+        let after: Vec<Line> = self.rx.iter().collect();
+        // Lines printed per event after the readiness line (bpftrace's
+        // printf); its map and blank lines are not events.
+        let printed = after
+            .iter()
+            .filter(|(out, l)| *out && !l.is_empty() && !l.starts_with('@'))
+            .count() as u64;
         let mut all: Vec<Line> = std::mem::take(&mut self.seen);
-        all.extend(self.rx.iter());
+        all.extend(after);
         let lines: Vec<String> = all.into_iter().map(|(_, l)| l).collect();
         let mut s = Stopped {
             cpu_flood,
@@ -317,14 +334,16 @@ impl Running {
                 s.seen = Some(c[1]);
                 s.kdrop = Some([c[1], c[2], c[3], c[4]]);
             }
-            Tool::Bpftrace => s.seen = Some(bpftrace_total(&lines)),
+            Tool::Bpftrace => {
+                s.seen = Some(bpftrace_total(&lines));
+                s.to_user = Some(printed);
+            }
             Tool::Tcpdump => {
                 s.to_user = tcpdump_stat(&lines, "packets captured");
                 s.seen = tcpdump_stat(&lines, "packets received by filter");
             }
             Tool::Dropwatch => s.seen = Some(dropwatch_total(&lines)),
         }
-        s.lines = lines;
         Ok(s)
     }
 }
