@@ -7,6 +7,7 @@
 //! no-tracer baseline between any two, and each variant is compared to the
 //! baselines right before and after it: the machine is shared, so absolute
 //! rates drift, ratios measured close together much less.
+mod prog_stats;
 mod tools;
 mod topo;
 
@@ -38,6 +39,11 @@ pub struct Opts {
     /// they would on a node with more than two.
     #[arg(long, default_value_t = 0)]
     cpu: usize,
+    /// Also measure the nanoseconds each tool's BPF programs take per call
+    /// (kernel run-time statistics, on only while the bench runs; they add
+    /// a little to every program's cost, so throughput is then a bit lower).
+    #[arg(long)]
+    prog_stats: bool,
     /// Run the full torture tests instead (a 60 s flood, 100 start/stop
     /// cycles, ...): tests/tests/torture.rs with KDROP_TORTURE=full.
     #[arg(long)]
@@ -54,9 +60,16 @@ const TOOLS: &[(&str, &str)] = &[
 /// One variant in one round.
 #[derive(Clone, Debug)]
 struct Sample {
-    /// Packets the node dropped per second (its iptables counter).
+    /// Packets the node dropped (its iptables counter) per second of the
+    /// flooding thread's CPU time, which includes the receive and drop path
+    /// (softirq in its context): what a CPU given to the flood alone would
+    /// drop. Other work on the shared machine hardly moves it.
+    pps_cpu: f64,
+    /// The same per second of wall time: what this machine did, with
+    /// whatever else ran on the flood's CPU meanwhile.
     pps: f64,
-    /// ... over the same round's baseline.
+    /// Each over the baselines right before and after.
+    ratio_cpu: f64,
     ratio: f64,
     ready_ms: Option<f64>,
     stopped: Option<Stopped>,
@@ -69,9 +82,22 @@ pub fn run(o: &Opts) -> Result<()> {
     }
     crate::build()?;
     let missing = install_tools();
+    let machine = machine();
     // This process's threads (readers of the tools' output) stay off the
     // flood's CPU too; the flood thread pins itself to it.
     keep_off_cpu(o.cpu);
+    let others = others_on_kfree_skb();
+    if !others.is_empty() {
+        eprintln!(
+            "xtask: bench: not ours, attached to skb:kfree_skb (they cost every variant, the baseline too): {}",
+            others.join("; ")
+        );
+    }
+    let _stats = if o.prog_stats {
+        Some(prog_stats::enable()?)
+    } else {
+        None
+    };
     let kdrop = crate::kdrop_bin();
     let topo = Topo::new()?;
     let mut variants = tools::variants(&topo, &kdrop);
@@ -125,13 +151,14 @@ pub fn run(o: &Opts) -> Result<()> {
             let next = measure(&baseline, &topo, o)?;
             log(round, &baseline, &next);
             s.ratio = s.pps / ((prev.pps + next.pps) / 2.0);
+            s.ratio_cpu = s.pps_cpu / ((prev.pps_cpu + next.pps_cpu) / 2.0);
             samples.entry(v.key).or_default().push(s);
             samples.entry(baseline.key).or_default().push(next.clone());
             prev = next;
         }
     }
     drop(topo);
-    print!("{}", table(o, &variants, &samples, &na));
+    print!("{}", table(o, &machine, &others, &variants, &samples, &na));
     Ok(())
 }
 
@@ -143,15 +170,48 @@ fn log(round: usize, v: &Variant, s: &Sample) {
         .map(|[m, e, l, so]| format!("  matched {m} emitted {e} lost {l} sampled out {so}"))
         .unwrap_or_default();
     eprintln!(
-        "xtask: bench: round {} ({}) {:>9.0} pps{counters}",
+        "xtask: bench: round {} ({}) {:>9.0} pps per flood CPU second, {:>9.0} pps{counters}",
         round + 1,
         v.key,
+        s.pps_cpu,
         s.pps
     );
 }
 
+/// Online CPUs (not this process's affinity, which the bench narrows).
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// BPF programs someone else attached to kfree_skb (bpftool's view).
+fn others_on_kfree_skb() -> Vec<String> {
+    ["link", "perf"]
+        .iter()
+        .filter_map(|what| topo::sh("bpftool", &[what, "show"]).ok())
+        .flat_map(|out| {
+            let lines: Vec<String> = out.lines().map(str::to_string).collect();
+            // `bpftool link show` names the tracepoint on a second line.
+            lines
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.contains("kfree_skb"))
+                .map(|(i, l)| {
+                    let prev = if l.trim_start().starts_with("tp ") && i > 0 {
+                        lines[i - 1].trim().to_string() + " "
+                    } else {
+                        String::new()
+                    };
+                    format!("{prev}{}", l.trim())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 fn keep_off_cpu(avoid: usize) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = online_cpus();
     if cpus < 2 {
         return;
     }
@@ -229,7 +289,9 @@ fn measure(v: &Variant, topo: &Topo, o: &Opts) -> Result<Sample> {
         }
     }
     Ok(Sample {
+        pps_cpu: dropped as f64 / sent.cpu.as_secs_f64().max(1e-9),
         pps: dropped as f64 / secs,
+        ratio_cpu: 1.0,
         ratio: 1.0,
         ready_ms,
         stopped,
@@ -264,7 +326,7 @@ fn kilo(x: f64) -> String {
 }
 
 fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpus = online_cpus();
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
@@ -279,63 +341,88 @@ fn machine() -> String {
 
 fn table(
     o: &Opts,
+    machine: &str,
+    others: &[String],
     variants: &[Variant],
     samples: &BTreeMap<&str, Vec<Sample>>,
     na: &BTreeMap<&str, String>,
 ) -> String {
     let mut s = format!(
-        "\nkdrop bench: {} rounds x {} s SYN flood through a veth, node drops with iptables; {}\n\
-         values are min/median/max over rounds; ratio = pps / mean of the (a) runs just before and after\n\n",
-        o.rounds,
-        o.secs,
-        machine()
+        "\nkdrop bench: {} rounds x {} s SYN flood through a veth, the node drops with iptables; {machine}\n\
+         min/median/max over rounds; ratios are to the mean of the no-tracer runs right before and after\n",
+        o.rounds, o.secs,
     );
-    s.push_str(&format!(
-        "{:<50} {:>20} {:>17} {:>20} {:>16} {:>16} {:>15}\n",
-        "variant",
-        "dropped pps",
-        "ratio to (a)",
-        "events/s to user",
-        "CPU % of a core",
-        "peak RSS MiB",
-        "ready ms"
-    ));
-    for v in variants {
-        let name = format!("({}) {}", v.key, v.label);
-        if let Some(why) = na.get(v.key) {
-            s.push_str(&format!("{name:<50} n/a: {why}\n"));
-            continue;
-        }
-        let Some(xs) = samples.get(v.key) else {
-            continue;
-        };
-        let col = |f: &dyn Fn(&Sample) -> Option<f64>| spread(xs.iter().filter_map(f).collect());
-        let pps = col(&|x| Some(x.pps));
-        let ratio = col(&|x| Some(x.ratio));
-        let to_user = col(&|x| {
-            x.stopped
-                .as_ref()
-                .and_then(|st| st.to_user)
-                .map(|n| n as f64 / x.secs)
-        });
-        let cpu = col(&|x| x.stopped.as_ref().map(|st| 100.0 * st.cpu_flood / x.secs));
-        let rss = col(&|x| x.stopped.as_ref().map(|st| st.maxrss_kib as f64 / 1024.0));
-        let ready = col(&|x| x.ready_ms);
+    if !others.is_empty() {
         s.push_str(&format!(
-            "{name:<50} {:>20} {:>17} {:>20} {:>16} {:>16} {:>15}\n",
-            fmt3(pps, kilo),
-            fmt3(ratio, |x| format!("{x:.2}")),
-            fmt3(to_user, kilo),
-            fmt3(cpu, |x| format!("{x:.0}")),
-            fmt3(rss, |x| format!("{x:.1}")),
-            fmt3(ready, |x| format!("{x:.0}")),
+            "note: attached to skb:kfree_skb by someone else during the run: {}\n",
+            others.join("; ")
         ));
     }
     s.push_str(&format!(
-        "\n(e1) bpftrace -e '{}'\n(e2) bpftrace -e '{}'\n",
-        tools::BPFTRACE_COUNT,
-        tools::BPFTRACE_PRINT
+        "\n{:<52} {:>24} {:>17} {:>20} {:>17}\n",
+        "throughput", "pps per flood CPU s", "ratio", "pps (wall)", "ratio (wall)"
     ));
+    let rows: Vec<(&Variant, &Vec<Sample>)> = variants
+        .iter()
+        .filter_map(|v| Some((v, samples.get(v.key)?)))
+        .collect();
+    let col = |xs: &[Sample], f: &dyn Fn(&Sample) -> Option<f64>| {
+        spread(xs.iter().filter_map(f).collect())
+    };
+    let name = |v: &Variant| format!("({}) {}", v.key, v.label);
+    for (v, xs) in &rows {
+        s.push_str(&format!(
+            "{:<52} {:>24} {:>17} {:>20} {:>17}\n",
+            name(v),
+            fmt3(col(xs, &|x| Some(x.pps_cpu)), kilo),
+            fmt3(col(xs, &|x| Some(x.ratio_cpu)), |x| format!("{x:.2}")),
+            fmt3(col(xs, &|x| Some(x.pps)), kilo),
+            fmt3(col(xs, &|x| Some(x.ratio)), |x| format!("{x:.2}")),
+        ));
+    }
+    for (key, why) in na {
+        if let Some(v) = variants.iter().find(|v| v.key == *key) {
+            s.push_str(&format!("{:<52} n/a: {why}\n", name(v)));
+        }
+    }
+    s.push_str(&format!(
+        "\n{:<52} {:>20} {:>16} {:>16} {:>15} {:>16}\n",
+        "the tool itself",
+        "events/s to user",
+        "CPU % of a core",
+        "peak RSS MiB",
+        "ready ms",
+        "BPF ns per call"
+    ));
+    for (v, xs) in rows.iter().filter(|(v, _)| v.tool.is_some()) {
+        let st = |f: &dyn Fn(&Stopped, f64) -> Option<f64>| {
+            col(xs, &|x| x.stopped.as_ref().and_then(|st| f(st, x.secs)))
+        };
+        s.push_str(&format!(
+            "{:<52} {:>20} {:>16} {:>16} {:>15} {:>16}\n",
+            name(v),
+            fmt3(st(&|st, secs| st.to_user.map(|n| n as f64 / secs)), kilo),
+            fmt3(
+                st(&|st, secs| Some(100.0 * st.cpu_flood / secs)),
+                |x| format!("{x:.0}")
+            ),
+            fmt3(
+                st(&|st, _| Some(st.maxrss_kib as f64 / 1024.0)),
+                |x| format!("{x:.1}")
+            ),
+            fmt3(col(xs, &|x| x.ready_ms), |x| format!("{x:.0}")),
+            fmt3(st(&|st, _| st.prog_ns), |x| format!("{x:.0}")),
+        ));
+    }
+    s.push('\n');
+    for (v, _) in rows.iter().filter(|(v, _)| v.tool == Some(Tool::Bpftrace)) {
+        let prog = if v.key == "e1" {
+            tools::BPFTRACE_COUNT
+        } else {
+            tools::BPFTRACE_PRINT
+        };
+        s.push_str(&format!("({}) bpftrace -e '{prog}'\n", v.key));
+    }
     s
 }
 

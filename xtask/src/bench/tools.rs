@@ -169,6 +169,8 @@ pub struct Stopped {
     pub seen: Option<u64>,
     /// kdrop's counters: matched, emitted, lost, sampled out.
     pub kdrop: Option<[u64; 4]>,
+    /// Nanoseconds per call of its BPF programs (with --prog-stats).
+    pub prog_ns: Option<f64>,
 }
 
 fn clk_tck() -> f64 {
@@ -206,7 +208,7 @@ impl Running {
         };
         let t0 = Instant::now();
         let mut cmd = Command::new(&v.argv[0]);
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = super::online_cpus();
         if cpus > 1 {
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
@@ -308,6 +310,7 @@ impl Running {
     pub fn stop(mut self) -> Result<Stopped> {
         let pid = self.child.id();
         let cpu_flood = cpu_of(pid) - self.cpu_at_ready;
+        let prog_ns = super::prog_stats::ns_per_call(pid);
         // SAFETY: kill(2) on our own, not yet reaped child.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
         let ru = self.wait(STOP_TIMEOUT)?;
@@ -323,6 +326,7 @@ impl Running {
         let lines: Vec<String> = all.into_iter().map(|(_, l)| l).collect();
         let mut s = Stopped {
             cpu_flood,
+            prog_ns,
             maxrss_kib: ru.ru_maxrss as u64,
             ..Default::default()
         };
