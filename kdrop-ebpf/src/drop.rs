@@ -46,9 +46,13 @@ fn try_kfree_skb<R: Reader>(r: &R, location: u64, reason: u64, args: &KfreeSkbAr
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
     counters.matched += 1;
-    // 1 in N per CPU, counted off the per-CPU `matched`: the first match is
-    // always emitted, and the split stays exact without an atomic.
-    if f.sample_every > 1 && (counters.matched - 1) % u64::from(f.sample_every) != 0 {
+    // 1 in N per CPU: the 1st, N+1th, 2N+1th... match. `emitted + lost`
+    // counts the picks so far, so the next one is due at match
+    // picks * N + 1 (a multiply, not a 64-bit division per packet). The
+    // split stays exact without an atomic: the counters are per CPU.
+    if f.sample_every > 1
+        && counters.matched - 1 != (counters.emitted + counters.lost) * u64::from(f.sample_every)
+    {
         counters.sampled_out += 1;
         return None;
     }
