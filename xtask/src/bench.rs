@@ -40,8 +40,10 @@ pub struct Opts {
     #[arg(long, default_value_t = 0)]
     cpu: usize,
     /// Also measure the nanoseconds each tool's BPF programs take per call
-    /// (kernel run-time statistics, on only while the bench runs; they add
-    /// a little to every program's cost, so throughput is then a bit lower).
+    /// (kernel run-time statistics, on only while the bench runs). The
+    /// statistics' own clock reads are in the figure and slow every program
+    /// down: compare the figures with each other, and take throughput from
+    /// a run without this flag.
     #[arg(long)]
     prog_stats: bool,
     /// Run the full torture tests instead (a 60 s flood, 100 start/stop
