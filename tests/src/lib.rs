@@ -458,6 +458,20 @@ pub fn fd_count(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// Open descriptors of a process that are not files on a filesystem: BPF
+/// objects, epoll, pipes, sockets. Files come and go (kdrop reads
+/// /proc/kallsyms on a thread while it starts); these are its setup.
+pub fn kernel_object_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|target| !target.starts_with("/"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`).
 pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -10,7 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{assert_released, bpf_objects_of, fd_count, status_kib, Kdrop, Pair};
+use integration_tests::{
+    assert_released, bpf_objects_of, fd_count, kernel_object_fds, status_kib, Kdrop, Pair,
+};
 
 fn full() -> bool {
     std::env::var("KDROP_TORTURE").is_ok_and(|v| v == "full")
@@ -92,8 +94,9 @@ fn start_stop_cycles_leave_nothing_and_leak_no_fds() {
     let mut kdrop_fds = None;
     for i in 0..cycles {
         let k = Kdrop::start(&["--port", "5713"]);
-        let fds = fd_count(k.pid());
-        // Same program, same setup: the same number of fds every time.
+        let fds = kernel_object_fds(k.pid());
+        // Same program, same setup: the same BPF objects, pipes and
+        // sockets every time.
         assert_eq!(*kdrop_fds.get_or_insert(fds), fds, "cycle {i}");
         let objects = bpf_objects_of(k.pid());
         let signal = if i % 2 == 0 {
