@@ -26,11 +26,15 @@ pub trait Reader {
     fn at<T: Copy>(&self, base: u64, off: u32) -> Result<T, i32>;
 }
 
-/// tp_btf: the skb argument is a BTF-typed pointer, so members of it and of
-/// the structs it points to are plain loads, checked by the verifier against
-/// the kernel's BTF (the offsets come from that BTF) and fault-safe. A helper
-/// call costs tens of nanoseconds here, a load about one, and the program
-/// runs for every drop on the node, matched or not.
+/// tp_btf: the skb argument is a BTF-typed pointer (PTR_TO_BTF_ID, since
+/// Linux 5.5: btf_ctx_access in
+/// https://github.com/torvalds/linux/blob/v5.5/kernel/bpf/btf.c), so members
+/// of it and of the structs it points to are plain loads, checked by the
+/// verifier against the kernel's BTF (the offsets come from that BTF) and
+/// made fault-safe (BPF_PROBE_MEM). A helper call costs tens of nanoseconds
+/// here, a load about one, and the program runs for every drop on the node,
+/// matched or not. Pointers to non-structs (`head`) load as plain numbers:
+/// packet bytes still need `bpf_probe_read_kernel`.
 pub struct Direct {
     pub skb: u64,
 }

@@ -67,9 +67,11 @@ impl Tracer {
     pub async fn next_batch(&mut self) -> Result<Vec<Drop>> {
         if self.busy {
             // Under a flood, let records pile up for a moment: the kernel
-            // wakes the reader only when it had caught up, and each wakeup
-            // costs the dropping CPU an IPI (an exit in a VM). One drop at a
-            // time still reaches the reader at once.
+            // wakes the reader whenever a record lands where the reader had
+            // caught up to (bpf_ringbuf_commit,
+            // https://github.com/torvalds/linux/blob/v6.18/kernel/bpf/ringbuf.c),
+            // and each wakeup is an irq_work IPI on the dropping CPU (an exit
+            // in a VM). One drop at a time still reaches the reader at once.
             tokio::time::sleep(BUSY_PAUSE).await;
             let batch = self.drain();
             self.busy = batch.len() >= BUSY_BATCH;

@@ -84,9 +84,9 @@ fn netns_inode(path: &Path) -> io::Result<u64> {
     Ok(fs::metadata(path)?.ino())
 }
 
-/// The initial namespace's inode number: fixed since Linux 6.15
-/// (`PROC_NET_INIT_INO`, include/linux/proc_ns.h), otherwise PID 1's when
-/// we may look at it.
+/// The initial namespace's inode number where the kernel fixes it
+/// (`PROC_NET_INIT_INO` in include/linux/proc_ns.h; this 6.18 kernel does),
+/// otherwise PID 1's when we may look at it (a sandbox may hide PID 1).
 const PROC_NET_INIT_INO: u64 = 0xEFFF_FFF9;
 
 /// Is the calling thread in a namespace created with `ip netns add` (named
