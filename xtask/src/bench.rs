@@ -7,6 +7,7 @@
 //! no-tracer baseline between any two, and each variant is compared to the
 //! baselines right before and after it: the machine is shared, so absolute
 //! rates drift, ratios measured close together much less.
+mod interrupt;
 mod prog_stats;
 mod tools;
 mod topo;
@@ -101,6 +102,9 @@ pub fn run(o: &Opts) -> Result<()> {
         None
     };
     let kdrop = crate::kdrop_bin();
+    // Ctrl-C ends the bench between two floods (each is bounded), through
+    // the guards that remove its namespaces.
+    interrupt::catch();
     let topo = Topo::new()?;
     let mut variants = tools::variants(&topo, &kdrop);
     if let Some(only) = &o.only {
@@ -136,10 +140,12 @@ pub fn run(o: &Opts) -> Result<()> {
             .collect();
         let k = round % order.len().max(1);
         order.rotate_left(k);
+        interrupt::check()?;
         let mut prev = measure(&baseline, &topo, o)?;
         log(round, &baseline, &prev);
         samples.entry(baseline.key).or_default().push(prev.clone());
         for v in order {
+            interrupt::check()?;
             let mut s = match measure(v, &topo, o) {
                 Ok(s) => s,
                 Err(e) if round == 0 => {

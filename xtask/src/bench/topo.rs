@@ -44,6 +44,7 @@ pub struct Topo {
 
 impl Topo {
     pub fn new() -> Result<Self> {
+        remove_stale();
         let pid = std::process::id();
         let topo = Topo {
             client: format!("kdb{pid}-client"),
@@ -164,6 +165,30 @@ impl Topo {
         };
         f.run_in(&PathBuf::from("/run/netns").join(&self.client))
             .context("flooding")
+    }
+}
+
+/// Namespaces of earlier benches that were killed (SIGKILL gives no chance
+/// to clean up): `kdb<pid>-...` whose pid is gone.
+fn remove_stale() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for name in dir
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+    {
+        let Some(pid) = name
+            .strip_prefix("kdb")
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            eprintln!("xtask: removing netns {name}, left by an earlier bench");
+            let _ = sh("ip", &["netns", "del", &name]);
+        }
     }
 }
 
