@@ -27,6 +27,11 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per CPU: when (bpf_ktime_get_ns) a record last was allowed to wake the
+/// reader.
+#[map]
+pub static LAST_WAKEUP: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 // Volatile reads so the compiler does not fold the zeroed initialisers.
 #[inline(always)]
 pub fn offsets() -> Offsets {

@@ -1,12 +1,15 @@
 //! The drop path: a packet freed by `kfree_skb` with a reason.
-use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
+use aya_ebpf::{
+    bindings::BPF_RB_NO_WAKEUP,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+};
 use kdrop_common::{
     DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, COUNTERS_KEY, EVENT_DROP, MAX_HOSTS,
     MAX_PORTS,
 };
 
 use crate::{
-    config::{filter, offsets, COUNTERS, EVENTS},
+    config::{filter, offsets, COUNTERS, EVENTS, LAST_WAKEUP},
     skb::{self, Direct, Probe, Reader, Tcp},
 };
 
@@ -60,12 +63,14 @@ fn try_kfree_skb<R: Reader>(r: &R, location: u64, reason: u64, args: &KfreeSkbAr
         counters.lost += 1;
         return None;
     };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
     entry.write(DropEvent {
         header: EventHeader {
             kind: EVENT_DROP,
-            // SAFETY: plain helper calls.
+            // SAFETY: plain helper call.
             cpu: unsafe { bpf_get_smp_processor_id() },
-            ts_ns: unsafe { bpf_ktime_get_ns() },
+            ts_ns: now,
         },
         location,
         reason: if args.reason == ABSENT {
@@ -84,9 +89,35 @@ fn try_kfree_skb<R: Reader>(r: &R, location: u64, reason: u64, args: &KfreeSkbAr
         tcp_flags: tcp.tcp_flags,
         _pad: [0; 2],
     });
-    entry.submit(0);
+    entry.submit(wakeup_flags(now));
     counters.emitted += 1;
     Some(())
+}
+
+/// Least time between two records of one CPU that may wake the reader.
+const WAKEUP_EVERY_NS: u64 = 1_000_000;
+
+/// Waking the reader costs the dropping CPU an irq_work IPI, several
+/// microseconds in a VM: at 1 event in 100 of a flood that was most of
+/// kdrop's cost (bpf_ringbuf_commit wakes whenever the reader had caught up,
+/// https://github.com/torvalds/linux/blob/v6.18/kernel/bpf/ringbuf.c). So a
+/// CPU lets a record wake the reader at most once a millisecond; the first
+/// drop after a quiet spell still wakes it at once, and the reader looks
+/// for records that did not wake it on a short timer of its own.
+#[inline(always)]
+fn wakeup_flags(now: u64) -> u64 {
+    let Some(last) = LAST_WAKEUP.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
+    let last = unsafe { &mut *last };
+    if now.wrapping_sub(*last) >= WAKEUP_EVERY_NS {
+        *last = now;
+        // Default: wake if the reader had caught up.
+        0
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
 }
 
 /// Flags, ports and addresses: everything that needs only the headers.

@@ -30,6 +30,10 @@ pub struct Tracer {
     busy: bool,
 }
 
+/// The longest a record waits for the reader when it was not allowed to
+/// wake it (kdrop-ebpf/src/drop.rs, wakeup_flags).
+const READ_TICK: Duration = Duration::from_millis(20);
+
 /// A batch at least this large means a flood...
 const BUSY_BATCH: usize = 32;
 /// ...and the reader then pauses this long between reads (the default ring
@@ -80,7 +84,19 @@ impl Tracer {
             }
         }
         loop {
-            let mut guard = self.events.readable_mut().await?;
+            // Records that were not allowed to wake us (the kernel side wakes
+            // the reader at most once a millisecond per CPU) are picked up
+            // on this tick.
+            let Ok(guard) = tokio::time::timeout(READ_TICK, self.events.readable_mut()).await
+            else {
+                let batch = self.drain();
+                if !batch.is_empty() {
+                    self.busy = batch.len() >= BUSY_BATCH;
+                    return Ok(batch);
+                }
+                continue;
+            };
+            let mut guard = guard?;
             let batch = Self::drain_ring(guard.get_inner_mut(), &mut self.undecodable);
             guard.clear_ready();
             if !batch.is_empty() {
