@@ -58,7 +58,10 @@ fn bpftrace(key: &'static str, label: &str, prog: &str) -> Variant {
             "private".into(),
             "sh".into(),
             "-c".into(),
-            format!("mount -t tracefs nodev /sys/kernel/tracing && exec bpftrace -e '{prog}'"),
+            // Already mounted (by someone on the host) is fine too.
+            format!(
+                "mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; exec bpftrace -e '{prog}'"
+            ),
         ],
     }
 }
