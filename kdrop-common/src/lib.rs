@@ -308,7 +308,10 @@ pub struct Filter {
     pub ifindex: u32,
     /// A packet matches if `tcp_flags & tcp_flags_any != 0`; 0 matches all.
     pub tcp_flags_any: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
+    /// Emit 1 in this many matched packets (per CPU: the 1st, N+1th, ...);
+    /// 0 or 1 emits all. The others are counted in `Counters::sampled_out`.
+    pub sample_every: u32,
 }
 
 impl Filter {
@@ -321,7 +324,8 @@ impl Filter {
             netns: 0,
             ifindex: 0,
             tcp_flags_any: 0,
-            _pad: [0; 7],
+            _pad: [0; 3],
+            sample_every: 0,
         }
     }
 }
@@ -477,7 +481,8 @@ pub struct PacketEvent {
 pub const COUNTERS_KEY: u32 = 0;
 pub const EGRESS_COUNTERS_KEY: u32 = 1;
 
-/// Per-CPU counters. `matched == emitted + lost` on every CPU, always.
+/// Per-CPU counters. `matched == emitted + lost + sampled_out` on every CPU,
+/// always.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -487,6 +492,8 @@ pub struct Counters {
     pub emitted: u64,
     /// Events lost because the ring buffer was full.
     pub lost: u64,
+    /// Matched packets left out by sampling (`Filter::sample_every`).
+    pub sampled_out: u64,
 }
 
 #[cfg(feature = "user")]
@@ -544,7 +551,14 @@ mod tests {
         assert_eq!(size_of::<FibLookup>(), 56);
         assert_eq!(size_of::<FibRecent>(), 8 + 56 * FIB_RECENT);
         assert_eq!(size_of::<Cidr>(), 36);
-        assert_eq!(size_of::<Filter>(), 2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 8);
+        assert_eq!(
+            size_of::<Filter>(),
+            2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 4 + 4
+        );
+        assert_eq!(
+            core::mem::offset_of!(Filter, sample_every),
+            2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 4
+        );
         assert_eq!(size_of::<EventHeader>(), 16);
         assert_eq!(
             size_of::<DropEvent>(),
@@ -553,6 +567,6 @@ mod tests {
         assert_eq!(size_of::<CtTuple>(), 40);
         assert_eq!(size_of::<CtInfo>(), 96);
         assert_eq!(size_of::<PacketEvent>(), 16 + 16 + 32 + 8 + 96);
-        assert_eq!(size_of::<Counters>(), 24);
+        assert_eq!(size_of::<Counters>(), 32);
     }
 }

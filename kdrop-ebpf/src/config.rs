@@ -37,6 +37,10 @@ pub static FIB_LOOKUPS: PerCpuArray<FibRecent> = PerCpuArray::with_max_entries(1
 #[map]
 pub static CT_SCRATCH: PerCpuArray<CtInfo> = PerCpuArray::with_max_entries(1, 0);
 
+/// When each CPU last let a record wake the reader (see drop::wakeup_flags).
+#[map]
+pub static LAST_WAKEUP: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(2, 0);
 

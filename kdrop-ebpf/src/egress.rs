@@ -9,7 +9,7 @@ use kdrop_common::{EventHeader, PacketEvent, EGRESS_COUNTERS_KEY, EVENT_EGRESS, 
 use crate::{
     config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS},
     ct,
-    drop::{flags_match, matches_packet},
+    drop::{flags_match, matches_packet, wakeup_flags},
     skb::{self, read},
 };
 
@@ -69,7 +69,7 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
     e.tcp_flags = tcp.tcp_flags;
     e._pad = [0; 2];
     e.ct = *ct;
-    entry.submit(0);
+    entry.submit(wakeup_flags(e.header.ts_ns));
     counters.emitted += 1;
     Some(())
 }

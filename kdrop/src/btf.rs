@@ -222,6 +222,17 @@ impl Btf {
                 | Kind::TypeTag => {}
             }
             ensure!(p <= d.len(), "truncated type section");
+            // vlen counts items only for the kinds that have them (for FUNC
+            // it is the linkage): keep lookups within what was read.
+            let vlen = match kind {
+                Kind::Struct
+                | Kind::Union
+                | Kind::Datasec
+                | Kind::Enum64
+                | Kind::Enum
+                | Kind::FuncProto => vlen,
+                _ => 0,
+            };
             self.types.push(Type {
                 name_off,
                 kind,
@@ -302,6 +313,14 @@ impl Btf {
 
     /// Size in bytes of a (resolved) type.
     pub fn size_of(&self, id: u32) -> Option<u32> {
+        self.size_of_at(id, 0)
+    }
+
+    fn size_of_at(&self, id: u32, depth: u32) -> Option<u32> {
+        // Arrays of arrays nest a few deep; malformed BTF can loop.
+        if depth > 16 {
+            return None;
+        }
         let id = self.resolve(id);
         let (b, t) = self.ty(id)?;
         match t.kind {
@@ -311,7 +330,7 @@ impl Btf {
             Kind::Ptr => Some(8),
             Kind::Array => {
                 let n = b.item(t, 0).a;
-                self.size_of(t.array_elem)?.checked_mul(n)
+                self.size_of_at(t.array_elem, depth + 1)?.checked_mul(n)
             }
             _ => None,
         }
@@ -415,10 +434,12 @@ impl Btf {
             id = self.resolve(p);
         }
         let (b, t) = self.ty(id)?;
-        let t = if t.kind == Kind::Func {
-            self.ty(t.size_or_type)?.1
+        // The prototype may live in another BTF (base or split) than the
+        // function: its items are that BTF's.
+        let (b, t) = if t.kind == Kind::Func {
+            self.ty(t.size_or_type)?
         } else {
-            t
+            (b, t)
         };
         if t.kind != Kind::FuncProto {
             return None;
@@ -428,16 +449,21 @@ impl Btf {
 
     /// A short C-ish name for a type: `struct sk_buff *`, `enum skb_drop_reason`, `void *`.
     pub fn type_name(&self, id: u32) -> String {
+        self.type_name_at(id, 0)
+    }
+
+    fn type_name_at(&self, id: u32, depth: u32) -> String {
         if id == 0 {
             return "void".into();
         }
-        let Some((_, t)) = self.ty(id) else {
+        // Pointers to pointers nest a few deep; malformed BTF can loop.
+        let Some((_, t)) = self.ty(id).filter(|_| depth <= 16) else {
             return "?".into();
         };
         match t.kind {
-            Kind::Ptr => format!("{} *", self.type_name(t.size_or_type)),
+            Kind::Ptr => format!("{} *", self.type_name_at(t.size_or_type, depth + 1)),
             Kind::Const | Kind::Volatile | Kind::Restrict | Kind::TypeTag => {
-                self.type_name(t.size_or_type)
+                self.type_name_at(t.size_or_type, depth + 1)
             }
             Kind::Struct => format!("struct {}", self.name(id)),
             Kind::Union => format!("union {}", self.name(id)),
@@ -674,5 +700,33 @@ pub(crate) mod tests {
         let (_, mut data) = sample();
         data[12] = 0xff; // type_len beyond the end
         assert!(Btf::parse(&data, None).is_err());
+    }
+
+    /// Inputs cargo fuzz (fuzz/fuzz_targets/btf.rs) found or would find:
+    /// they parse, and every lookup on them answers without a panic or an
+    /// endless recursion.
+    #[test]
+    fn malformed_types_do_not_panic_or_loop() {
+        let mut b = Builder::new();
+        b.ty("", 2, 6, false, 1); // 1: a pointer claiming 6 members, to itself
+        b.ty("a", 3, 0, false, 0); // 2: an array of itself
+        b.w(2);
+        b.w(1);
+        b.w(4);
+        b.ty("f", 12, 0, false, 1); // 3: a function whose prototype is a pointer
+        let btf = Btf::parse(&b.build(), None).unwrap();
+        for id in 0..5 {
+            assert!(btf.enum_values(id).is_empty());
+            assert!(btf.members(id).is_empty());
+            assert_eq!(btf.params(id), None);
+            let _ = btf.size_of(id);
+            let _ = btf.type_name(id);
+        }
+        assert_eq!(btf.size_of(2), None);
+        assert!(
+            btf.type_name(1).starts_with("? * *"),
+            "{}",
+            btf.type_name(1)
+        );
     }
 }

@@ -81,6 +81,11 @@ pub struct TraceArgs {
     /// Ring buffer size in KiB (a power of two, at least 4).
     #[arg(long, value_name = "KIB", default_value_t = 1024, value_parser = parse_ring_kib)]
     pub ring_size: u32,
+
+    /// Emit 1 in N matched packets, chosen in the kernel (the others are
+    /// counted as sampled out); 1 emits all.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_sample)]
+    pub sample: u32,
 }
 
 fn parse_port(s: &str) -> Result<u16, String> {
@@ -134,6 +139,16 @@ fn parse_ring_kib(s: &str) -> Result<u32, String> {
     Ok(kib)
 }
 
+fn parse_sample(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "sample must be a whole number from 1 (every packet) to {}: {s}",
+            u32::MAX
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +185,11 @@ mod tests {
         assert!(parse_duration("-3").is_err());
         assert_eq!(parse_ring_kib("64"), Ok(64));
         assert!(parse_ring_kib("100").is_err());
+        assert_eq!(parse_sample("100"), Ok(100));
+        assert_eq!(parse_sample("1"), Ok(1));
+        assert!(parse_sample("0").is_err());
+        assert!(parse_sample("-5").is_err());
+        assert!(parse_sample("1/100").is_err());
     }
 
     #[test]
@@ -182,5 +202,8 @@ mod tests {
         assert!(matches!(c.command, Some(Command::Check)));
         assert!(Cli::try_parse_from(["kdrop", "--port", "http"]).is_err());
         assert!(Cli::try_parse_from(["kdrop", "--count", "0"]).is_err());
+        assert_eq!(Cli::try_parse_from(["kdrop"]).unwrap().trace.sample, 1);
+        let c = Cli::try_parse_from(["kdrop", "--sample", "100"]).unwrap();
+        assert_eq!(c.trace.sample, 100);
     }
 }

@@ -149,8 +149,14 @@ impl Summary {
     }
 
     pub fn render(&self, counters: &kdrop_common::Counters, secs: f64) -> String {
+        // `sampled out` only appears with --sample, so the common line stays
+        // as it always was; scripts read the numbers in this order.
+        let sampled = match counters.sampled_out {
+            0 => String::new(),
+            n => format!(", sampled out {n}"),
+        };
         let mut s = format!(
-            "kdrop: {} events in {secs:.1}s (matched {}, emitted {}, lost {})\n",
+            "kdrop: {} events in {secs:.1}s (matched {}, emitted {}, lost {}{sampled})\n",
             self.received, counters.matched, counters.emitted, counters.lost
         );
         let width = self.by_reason.keys().map(String::len).max().unwrap_or(0);
@@ -297,12 +303,28 @@ pub(crate) mod tests {
             matched: 3,
             emitted: 3,
             lost: 0,
+            sampled_out: 0,
         };
         assert_eq!(
             s.render(&c, 2.0),
             "kdrop: 3 events in 2.0s (matched 3, emitted 3, lost 0)\n\
              kdrop:   NO_SOCKET    2\n\
              kdrop:   IP_RPFILTER  1\n"
+        );
+    }
+
+    #[test]
+    fn summary_names_sampled_out_only_when_sampling() {
+        let c = kdrop_common::Counters {
+            matched: 250,
+            emitted: 2,
+            lost: 1,
+            sampled_out: 247,
+        };
+        let first = Summary::default().render(&c, 1.0);
+        assert_eq!(
+            first,
+            "kdrop: 0 events in 1.0s (matched 250, emitted 2, lost 1, sampled out 247)\n"
         );
     }
 }

@@ -564,6 +564,7 @@ impl Probes {
             sum.matched += c.matched;
             sum.emitted += c.emitted;
             sum.lost += c.lost;
+            sum.sampled_out += c.sampled_out;
         }
         Ok(sum)
     }

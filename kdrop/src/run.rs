@@ -50,14 +50,16 @@ pub fn resolve_filter(args: &TraceArgs) -> Result<kdrop_common::Filter> {
         (None, 0) => 0,
         (None, _) => netns::own()?.inode,
     };
-    tracer::build_filter(
+    let mut filter = tracer::build_filter(
         &args.ports,
         &args.hosts,
         netns_inode,
         ifindex,
         args.all_flags,
     )
-    .map_err(|e| UserError(e).into())
+    .map_err(UserError)?;
+    filter.sample_every = args.sample;
+    Ok(filter)
 }
 
 pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {

@@ -2,7 +2,7 @@
 //! kdrop by themselves, bad input is one line and exit code 2.
 use std::time::Duration;
 
-use integration_tests::{bpf_object_exists, bpf_objects_of, send_syn, Kdrop, Pair};
+use integration_tests::{assert_released, bpf_objects_of, send_syn, Kdrop, Pair};
 
 fn leaves_nothing_after(signal: i32) {
     let k = Kdrop::start(&["--port", "5599"]);
@@ -19,18 +19,7 @@ fn leaves_nothing_after(signal: i32) {
         done.stderr.iter().any(|l| l.contains("(matched ")),
         "{done:?}"
     );
-    for (what, id) in objects {
-        // Freed when the last reference goes, which can trail the exit a
-        // little: bounded polling, there is no event to wait on.
-        let gone = (0..200).any(|_| {
-            let exists = bpf_object_exists(what, id);
-            if exists {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            !exists
-        });
-        assert!(gone, "{what} {id} still exists after kdrop exited");
-    }
+    assert_released(&objects);
 }
 
 #[test]
@@ -79,7 +68,8 @@ fn duration_stops_by_itself() {
             received: 0,
             matched: 0,
             emitted: 0,
-            lost: 0
+            lost: 0,
+            sampled_out: 0,
         }
     );
 }
@@ -107,6 +97,23 @@ fn bad_input_is_one_line_and_exit_2() {
         (&["--count", "-1"], "'-1'"),
         (&["--ring-size", "3"], "ring size"),
         (&["--frobnicate"], "unexpected argument"),
+        // Every flag, given garbage (torture, issue 3).
+        (&["--port="], "not a port"),
+        (&["--host="], "not an address or CIDR"),
+        (&["--netns="], "is not a network namespace"),
+        (&["--iface="], "unknown interface"),
+        (
+            &["--iface", "eth0", "--netns", "kdrop-no-such"],
+            "unknown netns",
+        ),
+        (&["--json=yes"], "unexpected value 'yes'"),
+        (&["--all-flags=1"], "unexpected value '1'"),
+        (&["--duration", "inf"], "positive number of seconds"),
+        (&["--count", "many"], "'many'"),
+        (&["--ring-size", "big"], "not a size in KiB"),
+        (&["--sample", "0"], "sample must be a whole number"),
+        (&["--sample", "1/100"], "sample must be a whole number"),
+        (&["--sample", "4294967296"], "sample must be a whole number"),
     ];
     for (args, want) in cases {
         let (code, stderr) = refused(args, &[]);

@@ -164,7 +164,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("setpriv", "util-linux"),
 ];
 
-fn have(bin: &str) -> bool {
+pub fn have(bin: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default()
@@ -187,6 +187,7 @@ pub fn apt_install(tools: &[(&str, &str)]) -> Result<()> {
     apt_install_packages(&missing)
 }
 
+/// `apt-get install` of Debian packages, as root.
 pub fn apt_install_packages(packages: &[&str]) -> Result<()> {
     if packages.is_empty() {
         return Ok(());

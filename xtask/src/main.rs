@@ -1,8 +1,10 @@
-//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test|vm>`.
+//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test|vm|bench|fuzz>`.
 //!
 //! Everything a fresh machine lacks is installed here, idempotently, so the
 //! README's two commands work with nothing installed by hand.
+mod bench;
 mod bootstrap;
+mod fuzz;
 mod vm;
 
 use std::{
@@ -52,6 +54,13 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Build, then measure kdrop's overhead under a SYN flood next to
+    /// bpftrace, tcpdump and dropwatch, in namespaces it creates; prints a
+    /// table of ratios to the no-tracer baseline.
+    Bench(bench::Opts),
+    /// Fuzz the event decoder and the BTF parser (cargo-fuzz, installed if
+    /// missing), each for a bounded time.
+    Fuzz(fuzz::Opts),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +80,8 @@ fn main() -> ExitCode {
             tests,
             args,
         }),
+        Cmd::Bench(opts) => bench::run(&opts),
+        Cmd::Fuzz(opts) => fuzz::run_all(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
