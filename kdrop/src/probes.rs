@@ -8,12 +8,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf},
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
 use kdrop_common::{
-    Counters, FibLookupArgs, Filter, KfreeSkbArgs, Offsets, COUNTERS_KEY, EGRESS_COUNTERS_KEY,
+    AggKey, Counters, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig, Offsets, COUNTERS_KEY,
+    EGRESS_COUNTERS_KEY, LIMITED_CAPPED, LIMITED_SAMPLED_OUT,
 };
 
 use crate::{
@@ -300,6 +301,17 @@ pub fn load(
     ring_kib: u32,
     all_rungs: bool,
 ) -> Result<Probes> {
+    load_with(setup, filter, &MonitorConfig::zeroed(), ring_kib, all_rungs)
+}
+
+/// `load` with monitor mode's aggregation, sampling and cap.
+pub fn load_with(
+    setup: &KernelSetup,
+    filter: &Filter,
+    monitor: &MonitorConfig,
+    ring_kib: u32,
+    all_rungs: bool,
+) -> Result<Probes> {
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
     let fields = setup.kfree_skb_fields.as_ref().unwrap_or(&absent);
@@ -314,9 +326,20 @@ pub fn load(
         .override_global("KFREE_SKB_FIELDS", fields, true)
         .override_global("FIB_ARGS", fib, true)
         .override_global("FILTER", filter, true)
+        .override_global("MONITOR", monitor, true)
         .map_max_entries("EVENTS", ring_kib * 1024)
         .load(OBJECT)
         .context("loading kdrop's eBPF object")?;
+    if monitor.aggregate != 0 {
+        // Before attaching: the overflow key must exist before the map can fill.
+        let mut agg = PerCpuHashMap::<_, AggKey, u64>::try_from(
+            ebpf.map_mut("AGGREGATE").context("AGGREGATE map missing")?,
+        )?;
+        let n = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        let zeros = PerCpuValues::try_from(vec![0u64; n])?;
+        agg.insert(AggKey::OVERFLOW, zeros, 0)
+            .context("inserting the aggregation overflow key")?;
+    }
 
     let mut reports = Vec::new();
     for point in points(setup) {
@@ -441,6 +464,30 @@ impl Probes {
             sum.lost += c.lost;
         }
         Ok(sum)
+    }
+
+    /// Monitor mode's per-key drop counts, summed over CPUs.
+    pub fn aggregate(&self) -> Result<Vec<(AggKey, u64)>> {
+        let map = self
+            .ebpf
+            .map("AGGREGATE")
+            .context("AGGREGATE map missing")?;
+        let agg = PerCpuHashMap::<_, AggKey, u64>::try_from(map)?;
+        let mut out = Vec::new();
+        for item in agg.iter() {
+            // A key deleted mid-walk is skipped; nothing deletes here.
+            let Ok((k, v)) = item else { continue };
+            out.push((k, v.iter().sum()));
+        }
+        Ok(out)
+    }
+
+    /// Monitor mode's (sampled out, capped) drop counts, summed over CPUs.
+    pub fn limited(&self) -> Result<(u64, u64)> {
+        let map = self.ebpf.map("LIMITED").context("LIMITED map missing")?;
+        let arr = PerCpuArray::<_, u64>::try_from(map)?;
+        let sum = |k: u32| -> Result<u64> { Ok(arr.get(&k, 0)?.iter().sum()) };
+        Ok((sum(LIMITED_SAMPLED_OUT)?, sum(LIMITED_CAPPED)?))
     }
 
     /// `kfree_skb via tp_btf`
