@@ -85,7 +85,28 @@ impl Kdrop {
     }
 
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(kdrop_bin())
+        Self::spawn_via(&[], args, env)
+    }
+
+    /// Starts kdrop through a wrapper that execs it (`ip netns exec NS`,
+    /// `setpriv ...`) and waits for `kdrop: tracing`.
+    pub fn start_via(wrapper: &[&str], args: &[&str]) -> Self {
+        let mut k = Self::spawn_via(wrapper, args, &[]);
+        k.wait_tracing();
+        k
+    }
+
+    pub fn spawn_via(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Self {
+        let bin = kdrop_bin();
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(&bin),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+        };
+        let mut child = cmd
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

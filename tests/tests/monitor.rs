@@ -1,0 +1,424 @@
+//! `kdrop monitor`: the kernel's counts on /metrics equal the drops a test
+//! provokes, a real Prometheus scrapes them, sampling and the per-second cap
+//! hold under a burst, the endpoint stays on loopback unless told otherwise.
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    os::fd::OwnedFd,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use integration_tests::{ns_name, send_syn, Kdrop, Ns, Pair};
+use kdrop::context::netns::in_netns;
+
+/// One GET, `Connection: close`; the body and the status line.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(String, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head.lines().next().unwrap_or("").to_string();
+    Ok((status, body.to_string()))
+}
+
+/// A GET made from inside a namespace (its loopback is its own).
+fn http_get_in(ns: &Ns, addr: SocketAddr, path: &str) -> std::io::Result<(String, String)> {
+    let path = path.to_string();
+    in_netns(&ns.path(), move || http_get(addr, &path)).unwrap()
+}
+
+/// The metrics address from the readiness line.
+fn metrics_addr(k: &Kdrop) -> SocketAddr {
+    let line = k
+        .stderr_seen
+        .iter()
+        .find(|l| l.starts_with("kdrop: tracing"))
+        .unwrap();
+    let rest = line.split("http://").nth(1).unwrap();
+    rest.split("/metrics").next().unwrap().parse().unwrap()
+}
+
+/// The value of the one sample whose name and labels contain all of `want`.
+fn value(metrics: &str, name: &str, want: &[(&str, &str)]) -> Option<u64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .find(|l| {
+            want.iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().unwrap())
+}
+
+fn events(metrics: &str, state: &str) -> u64 {
+    value(metrics, "kdrop_events_total", &[("state", state)]).unwrap()
+}
+
+/// Scrapes until `done` accepts the text (bounded): counters move as the
+/// kernel frees the packets, there is no other signal to wait on.
+fn scrape_until(addr: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = http_get(addr, "/metrics").unwrap();
+        assert!(status.contains("200"), "{status}");
+        if done(&body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what} never shown:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `n` SYNs to a closed port of the pair's server, each a NO_SOCKET drop
+/// (the server answers with a RST, the client does not retransmit).
+fn closed_port_syns(p: &Pair, first_sport: u16, port: u16, n: u16) -> Vec<OwnedFd> {
+    (0..n)
+        .map(|i| send_syn(&p.client, p.client_v4(first_sport + i), p.server_v4(port)))
+        .collect()
+}
+
+fn check_accounting(m: &str) {
+    assert_eq!(
+        events(m, "matched"),
+        events(m, "emitted") + events(m, "lost") + events(m, "sampled_out") + events(m, "capped"),
+        "{m}"
+    );
+}
+
+#[test]
+fn metrics_equal_the_provoked_drops() {
+    let p = Pair::new("mon", 61);
+    let out = std::env::temp_dir().join(format!("kdrop-mon-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&out);
+    let k = Kdrop::start(&[
+        "monitor",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5601",
+        "--listen",
+        "127.0.0.1:0",
+        "--events-per-sec",
+        "0",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let addr = metrics_addr(&k);
+    let mut socks = closed_port_syns(&p, 46001, 5601, 5);
+    socks.push(send_syn(&p.client, p.client_v6(46010), p.server_v6(5601)));
+    let m = scrape_until(addr, "6 matched drops", |m| events(m, "emitted") == 6);
+    let labels = [
+        ("reason", "NO_SOCKET"),
+        ("netns", p.server.name.as_str()),
+        ("pod", ""),
+        ("ifname", "s0"),
+        ("port", "5601"),
+    ];
+    assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(6), "{m}");
+    assert_eq!(events(&m, "matched"), 6);
+    assert_eq!(events(&m, "sampled_out") + events(&m, "capped"), 0);
+    check_accounting(&m);
+    assert_eq!(
+        value(&m, "kdrop_probe_attached", &[("point", "skb:kfree_skb")]).is_some(),
+        true
+    );
+    // Findings come from the events, which the monitor writes as they come.
+    let m = scrape_until(addr, "6 findings", |m| {
+        value(m, "kdrop_findings_total", &[("cause", "no_socket")]) == Some(6)
+    });
+    assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(6));
+    let (status, _) = http_get(addr, "/").unwrap();
+    assert!(status.contains("404"), "{status}");
+
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+    assert!(
+        done.stderr
+            .iter()
+            .any(|l| l.contains("matched 6, emitted 6, lost 0, sampled out 0, capped 0")),
+        "{done:?}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    assert!(lines
+        .iter()
+        .all(|e| e["reason"] == "NO_SOCKET" && e["finding"]["cause"] == "no_socket"));
+}
+
+#[test]
+fn sampling_and_cap_hold_under_a_burst() {
+    let p = Pair::new("burst", 62);
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    // 1 in 4, per CPU: the first drop on each CPU, then every fourth.
+    let k = Kdrop::start(&[
+        "monitor",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5602",
+        "--listen",
+        "127.0.0.1:0",
+        "--sample-every",
+        "4",
+        "--events-per-sec",
+        "0",
+    ]);
+    let addr = metrics_addr(&k);
+    let _socks = closed_port_syns(&p, 47001, 5602, 40);
+    let m = scrape_until(addr, "40 matched drops", |m| events(m, "matched") == 40);
+    check_accounting(&m);
+    let emitted = events(&m, "emitted");
+    eprintln!("1 in 4 of 40 drops on {cpus} CPUs: {emitted} events");
+    assert!((10..=10 + cpus).contains(&emitted), "{m}");
+    assert_eq!(events(&m, "sampled_out"), 40 - emitted, "{m}");
+    // Every drop is in the metrics, sampled or not.
+    let labels = [("reason", "NO_SOCKET"), ("port", "5602")];
+    assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(40), "{m}");
+    drop(k);
+
+    // A burst against a cap of 5 events per second per CPU.
+    let k = Kdrop::start(&[
+        "monitor",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5603",
+        "--listen",
+        "127.0.0.1:0",
+        "--events-per-sec",
+        "5",
+    ]);
+    let addr = metrics_addr(&k);
+    let started = Instant::now();
+    let _socks = closed_port_syns(&p, 48001, 5603, 200);
+    let m = scrape_until(addr, "200 matched drops", |m| events(m, "matched") == 200);
+    let secs = started.elapsed().as_secs() + 1;
+    check_accounting(&m);
+    let emitted = events(&m, "emitted");
+    eprintln!("cap 5/s/CPU, 200 drops in {secs}s on {cpus} CPUs: {emitted} events");
+    // One second of burst, then 5 per second, on each CPU.
+    assert!(
+        emitted <= 5 * cpus * (secs + 1),
+        "{emitted} in {secs}s: {m}"
+    );
+    assert!(emitted >= 5, "{m}");
+    assert_eq!(events(&m, "capped"), 200 - emitted, "{m}");
+    let labels = [("reason", "NO_SOCKET"), ("port", "5603")];
+    assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(200), "{m}");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(done.stdout.len() as u64, emitted, "{done:?}");
+}
+
+#[test]
+fn endpoint_is_on_loopback_by_default() {
+    // kdrop in a namespace of its own: the default port is free there, and
+    // the namespace has a non-loopback address to try.
+    let ns = Ns::new(&ns_name("mon-lo")).unwrap();
+    let peer = Ns::new(&ns_name("mon-lo-peer")).unwrap();
+    integration_tests::veth(
+        &ns,
+        "m0",
+        "02:00:00:00:01:01",
+        &peer,
+        "m1",
+        "02:00:00:00:01:02",
+    )
+    .unwrap();
+    ns.ip(&["addr", "add", "10.63.0.1/24", "dev", "m0"])
+        .unwrap();
+    let k = Kdrop::start_via(
+        &["ip", "netns", "exec", &ns.name],
+        &["monitor", "-p", "5604"],
+    );
+    assert_eq!(metrics_addr(&k), "127.0.0.1:9464".parse().unwrap());
+    let (status, body) = http_get_in(&ns, "127.0.0.1:9464".parse().unwrap(), "/metrics").unwrap();
+    assert!(
+        status.contains("200") && body.contains("kdrop_events_total"),
+        "{status}"
+    );
+    let refused = http_get_in(&ns, "10.63.0.1:9464".parse().unwrap(), "/metrics");
+    assert_eq!(
+        refused.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionRefused)
+    );
+    drop(k);
+
+    // Told otherwise, it listens there.
+    let k = Kdrop::start_via(
+        &["ip", "netns", "exec", &ns.name],
+        &["monitor", "-p", "5604", "--listen", "10.63.0.1:9464"],
+    );
+    let (status, _) = http_get_in(&ns, "10.63.0.1:9464".parse().unwrap(), "/metrics").unwrap();
+    assert!(status.contains("200"), "{status}");
+    drop(k);
+}
+
+#[test]
+fn bad_listen_address_is_one_line_exit_2() {
+    for args in [
+        &["monitor", "--listen", "nope"][..],
+        &["monitor", "--listen", "192.0.2.1:9464"],
+        &["monitor", "--sample-every", "0"],
+    ] {
+        let done = Kdrop::spawn(args, &[]).wait(Duration::from_secs(20));
+        assert_eq!(done.status.code(), Some(2), "{args:?}: {done:?}");
+        assert_eq!(done.stderr.len(), 1, "{args:?}: {done:?}");
+        assert!(done.stderr[0].starts_with("kdrop: "), "{done:?}");
+    }
+}
+
+/// A Prometheus server (Debian's package), in its own directory and
+/// namespace, killed and removed on drop.
+struct Prometheus {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn start(ns: &Ns, target: SocketAddr, listen: SocketAddr) -> Self {
+        let dir = std::env::temp_dir().join(format!("kdrop-prom-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  \
+                 - job_name: kdrop\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "prometheus"])
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={listen}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting prometheus (Debian package prometheus)");
+        Prometheus { child, dir }
+    }
+
+    /// Runs an instant query until `want` accepts its value (bounded: the
+    /// server needs a scrape or two).
+    fn query_until(ns: &Ns, api: SocketAddr, q: &str, want: impl Fn(f64) -> bool) -> f64 {
+        let path = format!("/api/v1/query?query={}", urlencode(q));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = String::new();
+        loop {
+            if let Ok((status, body)) = http_get_in(ns, api, &path) {
+                if status.contains("200") {
+                    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let value = v["data"]["result"][0]["value"][1]
+                        .as_str()
+                        .and_then(|s| s.parse::<f64>().ok());
+                    if let Some(x) = value.filter(|x| want(*x)) {
+                        return x;
+                    }
+                }
+                last = body;
+            }
+            assert!(Instant::now() < deadline, "query {q}: {last}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_scrapes_the_provoked_drops() {
+    let p = Pair::new("prom", 64);
+    // kdrop and Prometheus share a namespace of their own: fixed loopback
+    // ports that nothing else on the machine can hold.
+    let home = Ns::new(&ns_name("prom-home")).unwrap();
+    let k = Kdrop::start_via(
+        &["ip", "netns", "exec", &home.name],
+        &["monitor", "--netns", &p.server.name, "-p", "5605"],
+    );
+    let target: SocketAddr = "127.0.0.1:9464".parse().unwrap();
+    let api: SocketAddr = "127.0.0.1:9090".parse().unwrap();
+    let _prom = Prometheus::start(&home, target, api);
+    let _socks = closed_port_syns(&p, 49001, 5605, 7);
+
+    Prometheus::query_until(&home, api, "up{job=\"kdrop\"}", |v| v == 1.0);
+    let drops = Prometheus::query_until(
+        &home,
+        api,
+        "sum(kdrop_drops_total{reason=\"NO_SOCKET\",port=\"5605\",ifname=\"s0\"})",
+        |v| v >= 7.0,
+    );
+    assert_eq!(drops, 7.0);
+    let causes = Prometheus::query_until(
+        &home,
+        api,
+        "kdrop_findings_total{cause=\"no_socket\"}",
+        |v| v >= 7.0,
+    );
+    assert_eq!(causes, 7.0);
+    Prometheus::query_until(
+        &home,
+        api,
+        "kdrop_probe_attached{point=\"skb:kfree_skb\",rung=\"tp_btf\"}",
+        |v| v == 1.0,
+    );
+    // The exposition passes promtool's own checks.
+    let (_, body) = http_get_in(&home, target, "/metrics").unwrap();
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+}
