@@ -97,12 +97,28 @@ impl Kdrop {
     }
 
     pub fn spawn_via(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Self {
-        let bin = kdrop_bin();
+        Self::spawn_bin_via(&kdrop_bin(), wrapper, args, env)
+    }
+
+    /// `start_via` with another copy of the binary (e.g. one with file
+    /// capabilities).
+    pub fn start_bin_via(bin: &std::path::Path, wrapper: &[&str], args: &[&str]) -> Self {
+        let mut k = Self::spawn_bin_via(bin, wrapper, args, &[]);
+        k.wait_tracing();
+        k
+    }
+
+    pub fn spawn_bin_via(
+        bin: &std::path::Path,
+        wrapper: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = match wrapper.split_first() {
-            None => Command::new(&bin),
+            None => Command::new(bin),
             Some((first, rest)) => {
                 let mut c = Command::new(first);
-                c.args(rest).arg(&bin);
+                c.args(rest).arg(bin);
                 c
             }
         };
