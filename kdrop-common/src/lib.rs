@@ -565,7 +565,15 @@ pub struct LimiterState {
 /// capped` on every CPU.
 pub const LIMITED_SAMPLED_OUT: u32 = 0;
 pub const LIMITED_CAPPED: u32 = 1;
-pub const LIMITED_KEYS: u32 = 2;
+/// Egress handshake packets the cap refused: with it, the egress entry of
+/// `COUNTERS` keeps `matched == emitted + lost + capped`.
+pub const LIMITED_EGRESS_CAPPED: u32 = 2;
+pub const LIMITED_KEYS: u32 = 3;
+
+/// Entries of the per-CPU `LIMITER` state: drops, egress packets.
+pub const LIMITER_DROP: u32 = 0;
+pub const LIMITER_EGRESS: u32 = 1;
+pub const LIMITERS: u32 = 2;
 
 #[cfg(feature = "user")]
 mod pod {

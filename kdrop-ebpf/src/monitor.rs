@@ -3,7 +3,10 @@
 //! becomes a detailed event. Both are decided before the ring buffer is
 //! touched, so a flood costs a hash update per packet, not an event.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use kdrop_common::{AggKey, LIMITED_CAPPED, LIMITED_SAMPLED_OUT};
+use kdrop_common::{
+    AggKey, LIMITED_CAPPED, LIMITED_EGRESS_CAPPED, LIMITED_SAMPLED_OUT, LIMITER_DROP,
+    LIMITER_EGRESS,
+};
 
 use crate::config::{monitor, AGGREGATE, LIMITED, LIMITER};
 
@@ -30,7 +33,7 @@ pub fn aggregate(reason: u32, netns: u32, ifindex: u32, port: u16) {
         return;
     }
     // Per-CPU values: the insert sets this CPU's slot and zeroes the others.
-    if AGGREGATE.insert(&key, &1, BPF_NOEXIST).is_ok() || add_one(&key) {
+    if AGGREGATE.insert(key, 1, BPF_NOEXIST).is_ok() || add_one(&key) {
         return;
     }
     add_one(&AggKey::OVERFLOW);
@@ -53,16 +56,28 @@ fn add_one(key: &AggKey) -> bool {
 /// from the per-CPU bucket. Each refusal is counted in `LIMITED`.
 #[inline(never)]
 pub fn admit() -> bool {
+    admit_in(LIMITER_DROP, true)
+}
+
+/// The same cap (its own bucket) for handshake packets leaving devices; not
+/// sampled: following a handshake needs each of its packets.
+#[inline(never)]
+pub fn admit_egress() -> bool {
+    admit_in(LIMITER_EGRESS, false)
+}
+
+#[inline(always)]
+fn admit_in(slot: u32, sample: bool) -> bool {
     let m = monitor();
-    if m.sample_every <= 1 && m.events_per_sec == 0 {
+    if (!sample || m.sample_every <= 1) && m.events_per_sec == 0 {
         return true;
     }
-    let Some(st) = LIMITER.get_ptr_mut(0) else {
+    let Some(st) = LIMITER.get_ptr_mut(slot) else {
         return true;
     };
     // SAFETY: per-CPU slot, used by one program run at a time.
     let st = unsafe { &mut *st };
-    if m.sample_every > 1 {
+    if sample && m.sample_every > 1 {
         let n = st.seen;
         st.seen = n.wrapping_add(1);
         // checked_*: no panic path for the verifier to trip on.
@@ -84,7 +99,11 @@ pub fn admit() -> bool {
         st.last_ns = now;
         if credit < cost {
             st.credit_ns = credit;
-            count(LIMITED_CAPPED);
+            count(if sample {
+                LIMITED_CAPPED
+            } else {
+                LIMITED_EGRESS_CAPPED
+            });
             return false;
         }
         st.credit_ns = credit - cost;

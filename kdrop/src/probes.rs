@@ -14,7 +14,7 @@ use aya::{
 };
 use kdrop_common::{
     AggKey, Counters, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig, Offsets, COUNTERS_KEY,
-    EGRESS_COUNTERS_KEY, LIMITED_CAPPED, LIMITED_SAMPLED_OUT,
+    EGRESS_COUNTERS_KEY, LIMITED_CAPPED, LIMITED_EGRESS_CAPPED, LIMITED_SAMPLED_OUT,
 };
 
 use crate::{
@@ -484,10 +484,21 @@ impl Probes {
 
     /// Monitor mode's (sampled out, capped) drop counts, summed over CPUs.
     pub fn limited(&self) -> Result<(u64, u64)> {
+        Ok((
+            self.limited_at(LIMITED_SAMPLED_OUT)?,
+            self.limited_at(LIMITED_CAPPED)?,
+        ))
+    }
+
+    /// Egress handshake packets monitor mode's cap refused.
+    pub fn egress_capped(&self) -> Result<u64> {
+        self.limited_at(LIMITED_EGRESS_CAPPED)
+    }
+
+    fn limited_at(&self, key: u32) -> Result<u64> {
         let map = self.ebpf.map("LIMITED").context("LIMITED map missing")?;
         let arr = PerCpuArray::<_, u64>::try_from(map)?;
-        let sum = |k: u32| -> Result<u64> { Ok(arr.get(&k, 0)?.iter().sum()) };
-        Ok((sum(LIMITED_SAMPLED_OUT)?, sum(LIMITED_CAPPED)?))
+        Ok(arr.get(&key, 0)?.iter().sum())
     }
 
     /// `kfree_skb via tp_btf`

@@ -128,8 +128,13 @@ fn metrics_equal_the_provoked_drops() {
     assert_eq!(events(&m, "sampled_out") + events(&m, "capped"), 0);
     check_accounting(&m);
     assert_eq!(
-        value(&m, "kdrop_probe_attached", &[("point", "skb:kfree_skb")]).is_some(),
-        true
+        value(
+            &m,
+            "kdrop_probe_attached",
+            &[("point", "skb:kfree_skb"), ("rung", "tp_btf")]
+        ),
+        Some(1),
+        "{m}"
     );
     // Findings come from the events, which the monitor writes as they come.
     let m = scrape_until(addr, "6 findings", |m| {

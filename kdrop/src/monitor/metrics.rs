@@ -73,6 +73,15 @@ pub struct EventCounts {
     pub capped: u64,
 }
 
+/// Handshake packets leaving devices (followed for unanswered handshakes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EgressCounts {
+    pub matched: u64,
+    pub emitted: u64,
+    pub lost: u64,
+    pub capped: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeState {
     pub point: String,
@@ -85,6 +94,7 @@ pub struct Snapshot {
     pub drops: BTreeMap<DropLabels, u64>,
     pub findings: BTreeMap<String, u64>,
     pub events: EventCounts,
+    pub egress: EgressCounts,
     pub probes: Vec<ProbeState>,
 }
 
@@ -172,6 +182,27 @@ pub fn render(s: &Snapshot) -> String {
     }
     header(
         &mut out,
+        "kdrop_handshake_packets_total",
+        "counter",
+        "Handshake packets (SYN, SYN-ACK, RST) seen leaving devices, followed to find \
+         handshakes that die unanswered: matched = emitted + lost + capped.",
+    );
+    let g = &s.egress;
+    for (state, v) in [
+        ("matched", g.matched),
+        ("emitted", g.emitted),
+        ("lost", g.lost),
+        ("capped", g.capped),
+    ] {
+        sample(
+            &mut out,
+            "kdrop_handshake_packets_total",
+            &[("state", state)],
+            v,
+        );
+    }
+    header(
+        &mut out,
         "kdrop_probe_attached",
         "gauge",
         "1 for the rung of each probe point's ladder kdrop attached, 0 for the others.",
@@ -232,6 +263,7 @@ mod tests {
             "kdrop_events_total{state=\"matched\"} 3",
             "kdrop_events_total{state=\"sampled_out\"} 1",
             "kdrop_events_total{state=\"capped\"} 0",
+            "kdrop_handshake_packets_total{state=\"capped\"} 0",
             "# TYPE kdrop_probe_attached gauge",
             "kdrop_probe_attached{point=\"skb:kfree_skb\",rung=\"tp_btf\"} 1",
             "kdrop_probe_attached{point=\"skb:kfree_skb\",rung=\"raw_tp\"} 0",
@@ -244,6 +276,7 @@ mod tests {
             "kdrop_drops_total",
             "kdrop_findings_total",
             "kdrop_events_total",
+            "kdrop_handshake_packets_total",
             "kdrop_probe_attached",
         ] {
             assert_eq!(text.matches(&format!("# HELP {name} ")).count(), 1);

@@ -22,7 +22,7 @@ use tokio::{
 };
 
 use self::{
-    metrics::{DropLabels, EventCounts, ProbeState, SeriesCap, Snapshot},
+    metrics::{DropLabels, EgressCounts, EventCounts, ProbeState, SeriesCap, Snapshot},
     pods::Pods,
 };
 use crate::{
@@ -97,6 +97,7 @@ fn snapshot(
     let p = tracer.probes();
     let c = p.counters()?;
     let (sampled_out, capped) = p.limited()?;
+    let g = p.egress_counters()?;
     let mut drops = BTreeMap::new();
     for (k, v) in p.aggregate()? {
         // The overflow key exists from the start; show it only once used.
@@ -125,6 +126,12 @@ fn snapshot(
             lost: c.lost,
             sampled_out,
             capped,
+        },
+        egress: EgressCounts {
+            matched: g.matched,
+            emitted: g.emitted,
+            lost: g.lost,
+            capped: p.egress_capped()?,
         },
         probes,
     })
