@@ -1,12 +1,12 @@
 //! A minimal HTTP/1.1 server for `GET /metrics`: one request per
 //! connection, bounded in size and time, the body rendered by the monitor
 //! loop (which owns the maps) on request.
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    sync::{mpsc, oneshot},
+    sync::{mpsc, oneshot, Semaphore},
 };
 
 /// A scrape waiting for its body.
@@ -14,15 +14,22 @@ pub type Scrape = oneshot::Sender<String>;
 
 const MAX_REQUEST: usize = 8192;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 16;
 
 pub async fn serve(listener: TcpListener, scrapes: mpsc::Sender<Scrape>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let scrapes = scrapes.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(REQUEST_TIMEOUT, handle(stream, scrapes)).await;
+            drop(slot);
         });
     }
 }
