@@ -427,3 +427,183 @@ fn prometheus_scrapes_the_provoked_drops() {
     let done = k.stop(libc::SIGTERM);
     assert!(done.status.success(), "{done:?}");
 }
+
+/// A process in a namespace, placed in a cgroup shaped like the kubelet's
+/// (cgroupfs driver, v1 pids hierarchy here): the pod a drop belongs to.
+struct FakePod {
+    child: Child,
+    created: Vec<PathBuf>,
+}
+
+impl FakePod {
+    fn start(ns: &Ns, uid: &str, container: &str) -> Self {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "sleep", "60"])
+            .spawn()
+            .unwrap();
+        let root = [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists())
+        .expect("a cgroup hierarchy");
+        let mut created = Vec::new();
+        let mut dir = root;
+        for part in [
+            "kubepods".to_string(),
+            "besteffort".to_string(),
+            format!("pod{uid}"),
+            container.to_string(),
+        ] {
+            dir = dir.join(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap();
+                created.push(dir.clone());
+            }
+        }
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+        FakePod { child, created }
+    }
+}
+
+impl Drop for FakePod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for d in self.created.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[test]
+fn drops_are_attributed_to_the_pod_of_their_namespace() {
+    let p = Pair::new("pod", 66);
+    let uid = format!("{:08x}-1234-4abc-9def-0123456789ab", std::process::id());
+    let container = "4f1a9c2be7d04a55b6e0c3d2a1f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a291";
+    let _pod = FakePod::start(&p.server, &uid, container);
+    let k = Kdrop::start(&[
+        "monitor",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5607",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let addr = metrics_addr(&k);
+    let _socks = closed_port_syns(&p, 46601, 5607, 2);
+    let m = scrape_until(addr, "2 drops", |m| events(m, "matched") == 2);
+    assert_eq!(
+        value(
+            &m,
+            "kdrop_drops_total",
+            &[
+                ("pod", uid.as_str()),
+                ("port", "5607"),
+                ("reason", "NO_SOCKET")
+            ]
+        ),
+        Some(2),
+        "{m}"
+    );
+}
+
+/// One SYN from the client to each of `keys` closed server ports: as many
+/// distinct aggregation keys.
+fn syns_to_distinct_ports(p: &Pair, keys: u16) {
+    let (src, dst) = (p.client_v4(0), p.server_v4(0));
+    in_netns(&p.client.path(), move || {
+        for i in 0..keys {
+            let src = SocketAddr::new(src.ip(), 30000 + i);
+            let dst = SocketAddr::new(dst.ip(), 20000 + i);
+            // The socket goes at once (fds are limited); its SYN is sent.
+            drop(syn_here(src, dst));
+        }
+    })
+    .unwrap();
+}
+
+/// kdrop_drops_total's series and their sum.
+fn drop_series(m: &str) -> (usize, u64) {
+    let series: Vec<u64> = m
+        .lines()
+        .filter(|l| l.starts_with("kdrop_drops_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    (series.len(), series.iter().sum())
+}
+
+#[test]
+fn bounded_map_and_series_cap_overflow_explicitly() {
+    // More distinct (reason, netns, ifindex, port) keys than the kernel map
+    // holds (4096), one drop each.
+    const KEYS: u16 = 4100;
+    const MAP_KEYS: u64 = 4096;
+    let p = Pair::new("ovf", 67);
+    let overflow = [("reason", "overflow"), ("port", "overflow")];
+    for (max_series, want_series, want_overflow) in [
+        // The kernel map's bound alone: its overflow key.
+        (5000, MAP_KEYS as usize + 1, u64::from(KEYS) - MAP_KEYS),
+        // The series cap: 99 own series, the rest in the overflow one.
+        (100, 100, u64::from(KEYS) - 99),
+    ] {
+        let k = Kdrop::start(&[
+            "monitor",
+            "--netns",
+            &p.server.name,
+            "--listen",
+            "127.0.0.1:0",
+            "--events-per-sec",
+            "1",
+            "--max-series",
+            &max_series.to_string(),
+        ]);
+        let addr = metrics_addr(&k);
+        syns_to_distinct_ports(&p, KEYS);
+        let m = scrape_until(addr, "every drop", |m| {
+            events(m, "matched") == u64::from(KEYS)
+        });
+        check_accounting(&m);
+        // Nothing lost to the bounds: every drop is in some series.
+        let (n, total) = drop_series(&m);
+        assert_eq!(total, u64::from(KEYS), "--max-series {max_series}");
+        assert_eq!(n, want_series, "--max-series {max_series}");
+        assert_eq!(
+            value(&m, "kdrop_drops_total", &overflow),
+            Some(want_overflow),
+            "--max-series {max_series}"
+        );
+    }
+}
+
+/// A SYN from the calling thread's namespace (see `send_syn`).
+fn syn_here(src: SocketAddr, dst: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::{FromRawFd as _, IntoRawFd as _};
+    let (SocketAddr::V4(s), SocketAddr::V4(d)) = (src, dst) else {
+        panic!("IPv4 only")
+    };
+    // SAFETY: plain socket calls on an fd owned right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+    assert!(fd >= 0);
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sin = |a: std::net::SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(a.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let (ss, ds) = (sin(s), sin(d));
+    if unsafe { libc::bind(fd, (&raw const ss).cast(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    unsafe { libc::connect(fd, (&raw const ds).cast(), len) };
+    // SAFETY: the fd is a socket we own.
+    Ok(unsafe { std::net::TcpStream::from_raw_fd(owned.into_raw_fd()) })
+}
