@@ -119,3 +119,30 @@ fn manifest_capabilities_are_enough_to_trace_as_non_root() {
     let done = k.stop(libc::SIGTERM);
     assert!(done.status.success(), "{done:?}");
 }
+
+/// What the README promises about the manifest: host network and PID
+/// namespace, a non-root user, every capability dropped but the list,
+/// read-only host mounts.
+#[test]
+fn manifest_keeps_its_promises() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    for want in [
+        "hostNetwork: true",
+        "hostPID: true",
+        "runAsUser: 65534",
+        "runAsNonRoot: true",
+        "readOnlyRootFilesystem: true",
+        "drop: [\"ALL\"]",
+        "mountPath: /sys/kernel/btf",
+        "mountPath: /run/netns",
+    ] {
+        assert!(lines.contains(&want), "manifest lacks {want:?}");
+    }
+    // Every mount is read-only.
+    let mounts = lines.iter().filter(|l| l.starts_with("mountPath:")).count();
+    let ro = lines.iter().filter(|l| **l == "readOnly: true").count();
+    assert_eq!(mounts, ro, "a writable mount in the manifest");
+    assert!(!text.contains("privileged: true"));
+}
