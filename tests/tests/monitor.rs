@@ -86,10 +86,34 @@ fn closed_port_syns(p: &Pair, first_sport: u16, port: u16, n: u16) -> Vec<OwnedF
         .collect()
 }
 
+/// No SYN of a burst may wait for (or be dropped by) address resolution.
+fn pin_neighbour(p: &Pair) {
+    let server = p.server_v4(0).ip().to_string();
+    p.client
+        .ip(&[
+            "neigh",
+            "replace",
+            &server,
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "c0",
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
+}
+
 fn check_accounting(m: &str) {
     assert_eq!(
         events(m, "matched"),
         events(m, "emitted") + events(m, "lost") + events(m, "sampled_out") + events(m, "capped"),
+        "{m}"
+    );
+    let hs = |state| value(m, "kdrop_handshake_packets_total", &[("state", state)]).unwrap();
+    assert_eq!(
+        hs("matched"),
+        hs("emitted") + hs("lost") + hs("capped"),
         "{m}"
     );
 }
@@ -167,6 +191,7 @@ fn metrics_equal_the_provoked_drops() {
 #[test]
 fn sampling_and_cap_hold_under_a_burst() {
     let p = Pair::new("burst", 62);
+    pin_neighbour(&p);
     let cpus = std::thread::available_parallelism().unwrap().get() as u64;
     // 1 in 4, per CPU: the first drop on each CPU, then every fourth.
     let k = Kdrop::start(&[
@@ -224,6 +249,15 @@ fn sampling_and_cap_hold_under_a_burst() {
     assert_eq!(events(&m, "capped"), 200 - emitted, "{m}");
     let labels = [("reason", "NO_SOCKET"), ("port", "5603")];
     assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(200), "{m}");
+    // The server's 200 RSTs leaving s0 go through their own bucket.
+    let hs = |state| value(&m, "kdrop_handshake_packets_total", &[("state", state)]).unwrap();
+    eprintln!(
+        "RSTs leaving: matched {}, emitted {}, capped {}",
+        hs("matched"),
+        hs("emitted"),
+        hs("capped")
+    );
+    assert!(hs("emitted") <= 5 * cpus * (secs + 1), "{m}");
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
     assert_eq!(done.stdout.len() as u64, emitted, "{done:?}");
@@ -271,6 +305,30 @@ fn endpoint_is_on_loopback_by_default() {
     let (status, _) = http_get_in(&ns, "10.63.0.1:9464".parse().unwrap(), "/metrics").unwrap();
     assert!(status.contains("200"), "{status}");
     drop(k);
+}
+
+#[test]
+fn sigterm_leaves_no_program_link_or_map() {
+    let k = Kdrop::start(&["monitor", "-p", "5608", "--listen", "127.0.0.1:0"]);
+    let objects = integration_tests::bpf_objects_of(k.pid());
+    assert!(
+        objects.iter().any(|(what, _)| *what == "map"),
+        "{objects:?}"
+    );
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+    for (what, id) in objects {
+        // Freed when the last reference goes, which can trail the exit:
+        // bounded polling, there is no event to wait on.
+        let gone = (0..200).any(|_| {
+            let exists = integration_tests::bpf_object_exists(what, id);
+            if exists {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            !exists
+        });
+        assert!(gone, "{what} {id} still exists after kdrop monitor exited");
+    }
 }
 
 #[test]
@@ -514,14 +572,14 @@ fn drops_are_attributed_to_the_pod_of_their_namespace() {
 
 /// One SYN from the client to each of `keys` closed server ports: as many
 /// distinct aggregation keys.
-fn syns_to_distinct_ports(p: &Pair, keys: u16) {
+fn syns_to_distinct_ports(p: &Pair, keys: u16, first_sport: u16) {
     let (src, dst) = (p.client_v4(0), p.server_v4(0));
     in_netns(&p.client.path(), move || {
         for i in 0..keys {
-            let src = SocketAddr::new(src.ip(), 30000 + i);
+            let src = SocketAddr::new(src.ip(), first_sport + i);
             let dst = SocketAddr::new(dst.ip(), 20000 + i);
             // The socket goes at once (fds are limited); its SYN is sent.
-            drop(syn_here(src, dst));
+            drop(syn_here(src, dst).unwrap_or_else(|e| panic!("SYN {src} -> {dst}: {e}")));
         }
     })
     .unwrap();
@@ -544,12 +602,31 @@ fn bounded_map_and_series_cap_overflow_explicitly() {
     const KEYS: u16 = 4100;
     const MAP_KEYS: u64 = 4096;
     let p = Pair::new("ovf", 67);
+    // No SYN may wait for (or be dropped by) address resolution.
+    p.client
+        .ip(&[
+            "neigh",
+            "replace",
+            "10.67.0.2",
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "c0",
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
     let overflow = [("reason", "overflow"), ("port", "overflow")];
-    for (max_series, want_series, want_overflow) in [
+    for (first_sport, max_series, want_series, want_overflow) in [
         // The kernel map's bound alone: its overflow key.
-        (5000, MAP_KEYS as usize + 1, u64::from(KEYS) - MAP_KEYS),
+        (
+            30000,
+            5000,
+            MAP_KEYS as usize + 1,
+            u64::from(KEYS) - MAP_KEYS,
+        ),
         // The series cap: 99 own series, the rest in the overflow one.
-        (100, 100, u64::from(KEYS) - 99),
+        (40000, 100, 100, u64::from(KEYS) - 99),
     ] {
         let k = Kdrop::start(&[
             "monitor",
@@ -563,7 +640,7 @@ fn bounded_map_and_series_cap_overflow_explicitly() {
             &max_series.to_string(),
         ]);
         let addr = metrics_addr(&k);
-        syns_to_distinct_ports(&p, KEYS);
+        syns_to_distinct_ports(&p, KEYS, first_sport);
         let m = scrape_until(addr, "every drop", |m| {
             events(m, "matched") == u64::from(KEYS)
         });
