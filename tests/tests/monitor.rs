@@ -337,6 +337,8 @@ fn bad_listen_address_is_one_line_exit_2() {
         &["monitor", "--listen", "nope"][..],
         &["monitor", "--listen", "192.0.2.1:9464"],
         &["monitor", "--sample-every", "0"],
+        &["monitor", "--output", "/nonexistent-kdrop-dir/events.jsonl"],
+        &["monitor", "--netns", "no-such-netns-kdrop"],
     ] {
         let done = Kdrop::spawn(args, &[]).wait(Duration::from_secs(20));
         assert_eq!(done.status.code(), Some(2), "{args:?}: {done:?}");
