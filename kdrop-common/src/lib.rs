@@ -376,6 +376,20 @@ pub struct DropEvent {
     pub _pad2: u32,
     pub fib: [FibLookup; FIB_PER_EVENT],
     pub ct: CtInfo,
+    /// What `fib_validate_source` returned last on this CPU, within
+    /// `FIB_WINDOW_NS` of the drop (fexit/kretprobe rung): 0 or -errno.
+    pub src_check_ret: i32,
+    /// 1 when `src_check_ret` is this packet's (fresh, same CPU).
+    pub src_check_seen: u32,
+}
+
+/// The last `fib_validate_source` return on a CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SrcCheck {
+    pub ts_ns: u64,
+    pub ret: i32,
+    pub _pad: u32,
 }
 
 /// One direction of a conntrack entry (`struct nf_conntrack_tuple`).
@@ -593,6 +607,7 @@ mod pod {
     unsafe impl aya::Pod for CtTuple {}
     unsafe impl aya::Pod for CtInfo {}
     unsafe impl aya::Pod for PacketEvent {}
+    unsafe impl aya::Pod for SrcCheck {}
     unsafe impl aya::Pod for MonitorConfig {}
     unsafe impl aya::Pod for AggKey {}
     unsafe impl aya::Pod for LimiterState {}
@@ -636,7 +651,7 @@ mod tests {
         assert_eq!(size_of::<EventHeader>(), 16);
         assert_eq!(
             size_of::<DropEvent>(),
-            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_PER_EVENT + 96
+            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_PER_EVENT + 96 + 8
         );
         assert_eq!(size_of::<CtTuple>(), 40);
         assert_eq!(size_of::<CtInfo>(), 96);

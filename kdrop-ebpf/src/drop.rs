@@ -9,6 +9,7 @@ use crate::{
     config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS},
     ct, fib, monitor,
     skb::{self, Tcp},
+    srccheck,
 };
 
 #[inline(always)]
@@ -95,6 +96,9 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         0
     };
     e.ct = *ct;
+    let check = srccheck::recent(now);
+    e.src_check_ret = check.unwrap_or(0);
+    e.src_check_seen = u32::from(check.is_some());
     entry.submit(0);
     counters.emitted += 1;
     Some(())

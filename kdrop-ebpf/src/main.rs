@@ -10,10 +10,14 @@ mod egress;
 mod fib;
 mod monitor;
 mod skb;
+mod srccheck;
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, raw_tracepoint, tracepoint},
-    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+    macros::{btf_tracepoint, fexit, kretprobe, raw_tracepoint, tracepoint},
+    programs::{
+        BtfTracePointContext, FExitContext, RawTracePointContext, RetProbeContext,
+        TracePointContext,
+    },
 };
 use kdrop_common::ABSENT;
 
@@ -89,6 +93,21 @@ pub fn net_dev_queue_btf(ctx: BtfTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "net_dev_queue")]
 pub fn net_dev_queue_raw(ctx: RawTracePointContext) -> i32 {
     egress::on_net_dev_queue(ctx.arg(0))
+}
+
+/// `fib_validate_source`'s return code through fexit (kernels whose
+/// trampolines take its 8 arguments; 6.1 takes 6 and refuses it).
+#[fexit(function = "fib_validate_source")]
+pub fn fib_validate_source_fexit(ctx: FExitContext) -> i32 {
+    srccheck::on_return(ctx.ret::<i32>().unwrap_or(0));
+    0
+}
+
+/// The same through a kretprobe (kernels with kprobes).
+#[kretprobe]
+pub fn fib_validate_source_kretprobe(ctx: RetProbeContext) -> u32 {
+    srccheck::on_return(ctx.ret::<i64>() as i32);
+    0
 }
 
 /// Reads argument `n` with a constant index: the verifier refuses variable

@@ -20,11 +20,19 @@ pub fn run() -> Result<ExitCode> {
     );
     let setup = KernelSetup::read()?;
     let size = std::fs::metadata(&setup.btf_path).map_or(0, |m| m.len());
+    // enum skb_drop_reason came with 5.17 (Debian 11's 5.10 has none).
+    let reasons = if setup.reasons.is_empty() {
+        "no enum skb_drop_reason (drop reasons need 5.17+)".to_string()
+    } else {
+        format!(
+            "{} drop reasons in enum skb_drop_reason",
+            setup.reasons.len()
+        )
+    };
     println!(
-        "btf         {} ({:.1} MiB), {} drop reasons in enum skb_drop_reason",
+        "btf         {} ({:.1} MiB), {reasons}",
         setup.btf_path.display(),
         size as f64 / (1 << 20) as f64,
-        setup.reasons.len()
     );
     match &setup.kfree_skb_args {
         Ok(a) if a.reason == ABSENT => {
@@ -39,6 +47,12 @@ pub fn run() -> Result<ExitCode> {
     if let Err(e) = &setup.kfree_skb_fields {
         println!("tracefs     {e}");
     }
+    match &setup.conntrack {
+        Ok(from) => {
+            println!("conntrack   struct nf_conn from {from}: entries are read off packets")
+        }
+        Err(e) => println!("conntrack   {e}: packets are reported without their entry"),
+    }
     let mut ok = true;
     match probes::load(&setup, &Filter::zeroed(), 64, true) {
         Ok(p) => {
@@ -46,7 +60,7 @@ pub fn run() -> Result<ExitCode> {
                 let chosen = r.chosen().map_or("none".into(), |c| c.to_string());
                 println!("probe       {} ({}): using {chosen}", r.point, r.what);
                 for (rung, o) in &r.rungs {
-                    println!("              {rung:<10} {}", outcome_text(o));
+                    println!("              {:<10} {}", rung.to_string(), outcome_text(o));
                 }
             }
         }

@@ -31,7 +31,9 @@ pub struct DropFacts<'a> {
 /// A finding from the kernel's drop reason alone. Richer causes (the route
 /// the reverse-path lookup took, the rule that dropped) build on this.
 pub fn explain(f: &DropFacts) -> Option<Finding> {
-    let reason = f.reason?;
+    let Some(reason) = f.reason else {
+        return Some(no_reason(f));
+    };
     let ns = f
         .netns
         .map(|n| format!("ip netns exec {n} "))
@@ -135,6 +137,25 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
     })
 }
 
+/// A kernel whose `kfree_skb` carries no reason (before 5.17, e.g. Debian
+/// 11's 5.10): say so, with where the packet was freed, rather than guess a
+/// cause from the location.
+fn no_reason(f: &DropFacts) -> Finding {
+    let mut evidence = vec!["this kernel's kfree_skb carries no drop reason (5.17+ does)".into()];
+    if let Some(loc) = f.location {
+        evidence.push(format!("freed at {loc}"));
+    }
+    Finding {
+        cause: "no_reason",
+        summary: format!(
+            "dropped on {}; this kernel does not say why, kdrop does not guess",
+            f.ifname
+        ),
+        evidence,
+        fix: vec![],
+    }
+}
+
 /// `10.0.0.1:80` → `10.0.0.1`; `[2001:db8::1]:80` → `2001:db8::1`.
 fn host(endpoint: &str) -> &str {
     let h = endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h);
@@ -183,9 +204,20 @@ mod tests {
             "netfilter"
         );
         assert!(explain(&facts("TCP_CSUM")).is_none());
+    }
+
+    #[test]
+    fn no_reason_says_so() {
         let mut f = facts("IP_RPFILTER");
         f.reason = None;
-        assert!(explain(&f).is_none());
+        let got = explain(&f).unwrap();
+        assert_eq!(got.cause, "no_reason");
+        assert_eq!(
+            got.summary,
+            "dropped on eth1; this kernel does not say why, kdrop does not guess"
+        );
+        assert_eq!(got.evidence[1], "freed at ip_rcv_finish_core+0x1a3");
+        assert!(got.fix.is_empty());
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Drop {
     pub fib: Vec<Lookup>,
     /// The conntrack entry the packet carried.
     pub ct: Option<Ct>,
+    /// What `fib_validate_source` returned for this packet (0 or -errno),
+    /// where the fexit/kretprobe rung is attached.
+    pub src_check: Option<i32>,
 }
 
 /// One direction of a conntrack entry.
@@ -196,6 +199,7 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
                     .map(Lookup::from)
                     .collect(),
                 ct: ct(e.family, &e.ct)?,
+                src_check: (e.src_check_seen != 0).then_some(e.src_check_ret),
             }))
         }
         EVENT_EGRESS => {
@@ -267,6 +271,8 @@ pub(crate) mod tests {
             _pad2: 0,
             fib: [FibLookup::zeroed(); FIB_PER_EVENT],
             ct: CtInfo::zeroed(),
+            src_check_ret: 0,
+            src_check_seen: 0,
         }
     }
 

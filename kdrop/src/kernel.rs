@@ -329,6 +329,34 @@ pub fn fib_lookup_args(btf: &Btf, offsets: &Offsets) -> Result<FibLookupArgs> {
 /// Where tracefs may be mounted.
 pub const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
+/// Mounts tracefs at /sys/kernel/tracing (its place since 4.1) unless it is
+/// there already; only for the classic tracepoint rung when nothing better
+/// attached. It stays mounted, where systemd would have mounted it.
+pub fn mount_tracefs() -> Result<()> {
+    let target = TRACEFS[0];
+    if Path::new(target).join("events").is_dir() {
+        return Ok(());
+    }
+    // SAFETY: mount(2) with NUL-terminated literals and no data.
+    let rc = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        bail!(
+            "mounting tracefs at {target}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    log::info!("mounted tracefs at {target} for the classic tracepoint");
+    Ok(())
+}
+
 /// Record offsets of `skb:kfree_skb` from its format file.
 pub fn kfree_skb_fields(reasons: &Reasons) -> Result<KfreeSkbArgs> {
     let mut errors = Vec::new();

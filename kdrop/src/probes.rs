@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf},
-    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, FExit, KProbe, RawTracePoint, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
 use kdrop_common::{
@@ -33,11 +33,32 @@ pub fn btf_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/sys/kernel/btf/vmlinux"))
 }
 
+/// `KDROP_RUNG=tp_btf|raw_tp|tracepoint` restricts the drop path to one rung
+/// (to test each rung on a kernel that offers several).
+fn forced_rung() -> Result<Option<Rung>> {
+    let Some(v) = std::env::var_os("KDROP_RUNG") else {
+        return Ok(None);
+    };
+    let v = v.to_string_lossy();
+    [Rung::TpBtf, Rung::RawTp, Rung::Tracepoint]
+        .into_iter()
+        .find(|r| r.to_string() == v)
+        .map(Some)
+        .ok_or_else(|| {
+            UserError(format!(
+                "KDROP_RUNG={v}: not a rung (tp_btf, raw_tp, tracepoint)"
+            ))
+            .into()
+        })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rung {
     TpBtf,
     RawTp,
     Tracepoint,
+    FExit,
+    KRetProbe,
 }
 
 impl fmt::Display for Rung {
@@ -46,6 +67,8 @@ impl fmt::Display for Rung {
             Rung::TpBtf => "tp_btf",
             Rung::RawTp => "raw_tp",
             Rung::Tracepoint => "tracepoint",
+            Rung::FExit => "fexit",
+            Rung::KRetProbe => "kretprobe",
         })
     }
 }
@@ -88,6 +111,9 @@ pub struct KernelSetup {
     pub conntrack: Result<String, String>,
     pub ct_names: kernel::CtNames,
     pub net_dev_queue: Result<(), String>,
+    /// fexit needs the function in BTF and a trampoline for all its
+    /// arguments (6 on 6.1, more on newer kernels: the load says).
+    pub fib_validate_source: Result<(), String>,
 }
 
 impl KernelSetup {
@@ -111,6 +137,10 @@ impl KernelSetup {
         let kfree_skb_fields = kernel::kfree_skb_fields(&reasons).map_err(|e| format!("{e:#}"));
         let fib_lookup_args = kernel::fib_lookup_args(&btf, &offsets).map_err(|e| format!("{e:#}"));
         let net_dev_queue = kernel::net_dev_queue_args(&btf).map_err(|e| format!("{e:#}"));
+        let fib_validate_source = btf
+            .find("fib_validate_source", Kind::Func)
+            .map(|_| ())
+            .ok_or_else(|| "fib_validate_source is not in BTF (inlined or renamed?)".to_string());
         Ok(Self {
             btf_path,
             btf,
@@ -122,6 +152,7 @@ impl KernelSetup {
             conntrack,
             ct_names,
             net_dev_queue,
+            fib_validate_source,
         })
     }
 }
@@ -165,6 +196,14 @@ enum Attach {
         category: &'static str,
         name: &'static str,
     },
+    FExit {
+        prog: &'static str,
+        func: &'static str,
+    },
+    KRetProbe {
+        prog: &'static str,
+        func: &'static str,
+    },
 }
 
 impl Attach {
@@ -173,6 +212,8 @@ impl Attach {
             Attach::TpBtf { .. } => Rung::TpBtf,
             Attach::RawTp { .. } => Rung::RawTp,
             Attach::Tracepoint { .. } => Rung::Tracepoint,
+            Attach::FExit { .. } => Rung::FExit,
+            Attach::KRetProbe { .. } => Rung::KRetProbe,
         }
     }
 }
@@ -187,19 +228,20 @@ struct Point<'a> {
     rungs: Vec<(Attach, Result<(), &'a str>)>,
 }
 
-fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
+fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) -> Vec<Point<'a>> {
     let args = setup
         .kfree_skb_args
         .as_ref()
         .map(|_| ())
         .map_err(String::as_str);
-    let fields = setup
-        .kfree_skb_fields
+    let fields = fields.as_ref().map(|_| ()).map_err(String::as_str);
+    let fib = setup
+        .fib_lookup_args
         .as_ref()
         .map(|_| ())
         .map_err(String::as_str);
-    let fib = setup
-        .fib_lookup_args
+    let fvs = setup
+        .fib_validate_source
         .as_ref()
         .map(|_| ())
         .map_err(String::as_str);
@@ -270,6 +312,27 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
             ],
         },
         Point {
+            name: "fib_validate_source (return)",
+            what: "source validation result (reason on kernels without one)",
+            required: false,
+            rungs: vec![
+                (
+                    Attach::FExit {
+                        prog: "fib_validate_source_fexit",
+                        func: "fib_validate_source",
+                    },
+                    fvs,
+                ),
+                (
+                    Attach::KRetProbe {
+                        prog: "fib_validate_source_kretprobe",
+                        func: "fib_validate_source",
+                    },
+                    Ok(()),
+                ),
+            ],
+        },
+        Point {
             name: "net:net_dev_queue",
             what: "handshake packets leaving devices (unanswered SYNs, NAT)",
             required: false,
@@ -293,6 +356,8 @@ fn points(setup: &KernelSetup) -> Vec<Point<'_>> {
     ]
 }
 
+const DROP_PATH: &str = "skb:kfree_skb";
+
 /// `all_rungs`: try every rung (for `kdrop check`) instead of stopping at the
 /// first that attaches.
 pub fn load(
@@ -314,36 +379,68 @@ pub fn load_with(
 ) -> Result<Probes> {
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
-    let fields = setup.kfree_skb_fields.as_ref().unwrap_or(&absent);
     let no_fib = FibLookupArgs::zeroed();
     let fib = setup.fib_lookup_args.as_ref().unwrap_or(&no_fib);
     let aya_btf = AyaBtf::parse_file(&setup.btf_path, Endianness::default())
         .with_context(|| format!("parsing {}", setup.btf_path.display()))?;
-    let mut ebpf = EbpfLoader::new()
-        .btf(Some(&aya_btf))
-        .override_global("OFFSETS", &setup.offsets, true)
-        .override_global("KFREE_SKB_ARGS", args, true)
-        .override_global("KFREE_SKB_FIELDS", fields, true)
-        .override_global("FIB_ARGS", fib, true)
-        .override_global("FILTER", filter, true)
-        .override_global("MONITOR", monitor, true)
-        .map_max_entries("EVENTS", ring_kib * 1024)
-        .load(OBJECT)
-        .context("loading kdrop's eBPF object")?;
-    if monitor.aggregate != 0 {
-        // Before attaching: the overflow key must exist before the map can fill.
-        let mut agg = PerCpuHashMap::<_, AggKey, u64>::try_from(
-            ebpf.map_mut("AGGREGATE").context("AGGREGATE map missing")?,
-        )?;
-        let n = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-        let zeros = PerCpuValues::try_from(vec![0u64; n])?;
-        agg.insert(AggKey::OVERFLOW, zeros, 0)
-            .context("inserting the aggregation overflow key")?;
-    }
+    let load_object = |fields: &KfreeSkbArgs| -> Result<Ebpf> {
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global("OFFSETS", &setup.offsets, true)
+            .override_global("KFREE_SKB_ARGS", args, true)
+            .override_global("KFREE_SKB_FIELDS", fields, true)
+            .override_global("FIB_ARGS", fib, true)
+            .override_global("FILTER", filter, true)
+            .override_global("MONITOR", monitor, true)
+            .map_max_entries("EVENTS", ring_kib * 1024)
+            .load(OBJECT)
+            .context("loading kdrop's eBPF object")?;
+        if monitor.aggregate != 0 {
+            insert_overflow_key(&mut ebpf)?;
+        }
+        Ok(ebpf)
+    };
+    let mut fields = setup.kfree_skb_fields.clone();
+    let mut ebpf = load_object(fields.as_ref().unwrap_or(&absent))?;
+    let forced = forced_rung()?;
 
     let mut reports = Vec::new();
-    for point in points(setup) {
-        let report = attach_ladder(&mut ebpf, &aya_btf, &point, all_rungs);
+    let n = points(setup, &fields).len();
+    for i in 0..n {
+        let mut report = attach_ladder(
+            &mut ebpf,
+            &aya_btf,
+            &points(setup, &fields)[i],
+            all_rungs,
+            forced,
+        );
+        let drop_path = report.point == DROP_PATH;
+        if drop_path
+            && report.chosen().is_none()
+            && fields.is_err()
+            && forced != Some(Rung::TpBtf)
+            && forced != Some(Rung::RawTp)
+        {
+            // The last rung left needs the format file, and tracefs is not
+            // mounted (no systemd, e.g. this project's VMs): mount it and
+            // reload, the record offsets being load-time constants. The drop
+            // path is the first point, so nothing is attached yet.
+            let why = fields.clone().unwrap_err();
+            fields = kernel::mount_tracefs()
+                .and_then(|()| kernel::kfree_skb_fields(&setup.reasons))
+                .map_err(|e| format!("{why}; {e:#}"));
+            if let Ok(f) = &fields {
+                ebpf = load_object(f)?;
+                report = attach_ladder(
+                    &mut ebpf,
+                    &aya_btf,
+                    &points(setup, &fields)[i],
+                    all_rungs,
+                    forced,
+                );
+            }
+        }
+        let point = &points(setup, &fields)[i];
         if report.chosen().is_none() {
             let why: Vec<String> = report
                 .rungs
@@ -353,14 +450,32 @@ pub fn load_with(
             if point.required {
                 anyhow::bail!("cannot attach to {} ({})", point.name, why.join("; "));
             }
-            log::warn!("no {} ({}): {}", point.what, point.name, why.join("; "));
+            log::info!("no {} ({}): {}", point.what, point.name, why.join("; "));
         }
         reports.push(report);
     }
     Ok(Probes { ebpf, reports })
 }
 
-fn attach_ladder(ebpf: &mut Ebpf, btf: &AyaBtf, point: &Point, all_rungs: bool) -> ProbeReport {
+/// Monitor mode: the aggregation map's overflow key must exist before the
+/// map can fill, i.e. before anything is attached.
+fn insert_overflow_key(ebpf: &mut Ebpf) -> Result<()> {
+    let mut agg = PerCpuHashMap::<_, AggKey, u64>::try_from(
+        ebpf.map_mut("AGGREGATE").context("AGGREGATE map missing")?,
+    )?;
+    let n = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    let zeros = PerCpuValues::try_from(vec![0u64; n])?;
+    agg.insert(AggKey::OVERFLOW, zeros, 0)
+        .context("inserting the aggregation overflow key")
+}
+
+fn attach_ladder(
+    ebpf: &mut Ebpf,
+    btf: &AyaBtf,
+    point: &Point,
+    all_rungs: bool,
+    forced: Option<Rung>,
+) -> ProbeReport {
     let mut report = ProbeReport {
         point: point.name,
         what: point.what,
@@ -368,6 +483,12 @@ fn attach_ladder(ebpf: &mut Ebpf, btf: &AyaBtf, point: &Point, all_rungs: bool) 
     };
     for (attach, ready) in &point.rungs {
         let rung = attach.rung();
+        if let Some(f) = forced.filter(|f| point.name == DROP_PATH && *f != rung) {
+            report
+                .rungs
+                .push((rung, Outcome::Refused(format!("KDROP_RUNG={f} set"))));
+            continue;
+        }
         if report.chosen().is_some() && !all_rungs {
             report.rungs.push((rung, Outcome::NotTried));
             continue;
@@ -405,6 +526,16 @@ fn attach_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
             let p: &mut TracePoint = program(ebpf, prog)?;
             p.load()?;
             p.attach(category, name)?;
+        }
+        Attach::FExit { prog, func } => {
+            let p: &mut FExit = program(ebpf, prog)?;
+            p.load(func, btf)?;
+            p.attach()?;
+        }
+        Attach::KRetProbe { prog, func } => {
+            let p: &mut KProbe = program(ebpf, prog)?;
+            p.load()?;
+            p.attach(func, 0)?;
         }
     }
     Ok(())
@@ -501,14 +632,28 @@ impl Probes {
         Ok(arr.get(&key, 0)?.iter().sum())
     }
 
-    /// `kfree_skb via tp_btf`
+    /// `fib_validate_source (return), the source validation result: fexit
+    /// refused: ...; kretprobe refused: ...` for each point that did not attach.
+    pub fn missing(&self) -> Vec<String> {
+        self.reports
+            .iter()
+            .filter(|r| r.chosen().is_none())
+            .map(|r| {
+                let why: Vec<String> = r
+                    .rungs
+                    .iter()
+                    .map(|(rung, o)| format!("{rung} {}", outcome_text(o)))
+                    .collect();
+                format!("{} ({}): {}", r.point, r.what, why.join("; "))
+            })
+            .collect()
+    }
+
+    /// `skb:kfree_skb via tp_btf, ...`: the points that attached.
     pub fn describe(&self) -> String {
         self.reports
             .iter()
-            .map(|r| {
-                let rung = r.chosen().map_or("none".into(), |r| r.to_string());
-                format!("{} via {rung}", r.point)
-            })
+            .filter_map(|r| Some(format!("{} via {}", r.point, r.chosen()?)))
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -71,6 +71,9 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut tracer = Tracer::start(&filter, args.ring_size)?;
     eprintln!("kdrop: tracing {}", tracer.describe());
+    for line in tracer.missing() {
+        eprintln!("kdrop: without {line}");
+    }
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let sleep = async {
         match deadline {

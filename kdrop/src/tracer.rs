@@ -67,6 +67,11 @@ impl Tracer {
         self.probes.describe()
     }
 
+    /// Optional probe points that did not attach, with why.
+    pub fn missing(&self) -> Vec<String> {
+        self.probes.missing()
+    }
+
     pub fn counters(&self) -> Result<Counters> {
         self.probes.counters()
     }
@@ -131,7 +136,7 @@ pub struct Enricher {
     netfilter: NetfilterContext,
 }
 
-type FindingKey = (u64, u32, u32, u32, Ipv4Addr, Ipv4Addr, u32);
+type FindingKey = (u64, u32, u32, u32, Ipv4Addr, Ipv4Addr, u32, Option<i32>);
 const FINDINGS_CACHED: usize = 4096;
 
 fn clock_ns(clock: libc::clockid_t) -> i128 {
@@ -410,9 +415,14 @@ impl Enricher {
         r: &DropRecord,
         ns: Option<&netns::Netns>,
     ) -> Option<Finding> {
-        let reason = r.reason.as_deref()?;
-        if !routing::REASONS.contains(&reason) {
-            return None;
+        let reason = r.reason.as_deref();
+        // No reason at all (5.10): only what fib_validate_source or the drop
+        // location can tell (routing::derive_reason).
+        let derivable = d.src_check.is_some() || r.location.starts_with("ip_rcv_finish_core");
+        match reason {
+            Some(reason) if !routing::REASONS.contains(&reason) => return None,
+            None if !derivable => return None,
+            _ => {}
         }
         let (IpAddr::V4(src), IpAddr::V4(dst)) = (d.saddr, d.daddr) else {
             return None;
@@ -433,6 +443,7 @@ impl Enricher {
             src,
             dst,
             d.reason,
+            d.src_check,
         );
         if let Some(f) = self.findings.get(&key) {
             return f.clone();
@@ -444,7 +455,7 @@ impl Enricher {
             .unwrap_or_default();
         let f = routing::explain(
             &routing::RouteDrop {
-                reason: Some(reason),
+                reason,
                 location: &r.location,
                 iif: d.ifindex,
                 src,
@@ -452,6 +463,7 @@ impl Enricher {
                 mark: d.mark,
                 fib: &d.fib,
                 netns_exec: &exec,
+                src_check: d.src_check,
             },
             &ctx.tables,
             &ctx.confs,

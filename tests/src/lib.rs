@@ -6,7 +6,10 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::PathBuf,
     process::{Child, Command, ExitStatus, Stdio},
-    sync::mpsc::{self, Receiver, RecvTimeoutError},
+    sync::{
+        mpsc::{self, Receiver, RecvTimeoutError},
+        OnceLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -20,6 +23,18 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long to wait for an event after provoking its drop.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A bound stretched by `KDROP_TEST_TIME_SCALE` (a whole number, default 1):
+/// `cargo xtask vm` sets it for guests under TCG, several times slower than
+/// this machine. Bounds only: nothing waits longer than its event needs.
+pub fn bound(d: Duration) -> Duration {
+    let scale = std::env::var("KDROP_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    d * scale
+}
+
 pub fn kdrop_bin() -> PathBuf {
     let bin = std::env::var_os("KDROP_BIN")
         .map(PathBuf::from)
@@ -32,6 +47,92 @@ pub fn kdrop_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Does this kernel's `kfree_skb` carry a drop reason (5.17+; not on
+/// Debian 11's 5.10)? Asked of `kdrop check` once per test process, so tests
+/// key on what kdrop found in BTF, not on version strings.
+pub fn kernel_has_drop_reasons() -> bool {
+    let text = check_output();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("kfree_skb "))
+        .unwrap_or_else(|| panic!("kdrop check names no kfree_skb arguments:\n{text}"));
+    if line.contains("no reason argument") {
+        false
+    } else if line.contains("reason #") {
+        true
+    } else {
+        panic!("kdrop check: unexpected {line:?}")
+    }
+}
+
+/// The rungs of the drop path's ladder that `kdrop check` could attach here
+/// (it tries every one), e.g. `["tp_btf", "raw_tp"]`.
+pub fn attachable_rungs() -> Vec<String> {
+    check_output()
+        .lines()
+        .skip_while(|l| !l.starts_with("probe       skb:kfree_skb"))
+        .skip(1)
+        .map_while(|l| l.strip_prefix("              "))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, outcome)| outcome.trim() == "attached")
+        .map(|(rung, _)| rung.to_string())
+        .collect()
+}
+
+/// Does the fib_validate_source return rung (fexit or kretprobe) attach
+/// here? Then reverse-path drops are named even without kernel reasons.
+pub fn src_check_attaches() -> bool {
+    check_output()
+        .lines()
+        .find(|l| l.starts_with("probe       fib_validate_source (return)"))
+        .is_some_and(|l| !l.ends_with("using none"))
+}
+
+/// The cause kdrop gives an rp_filter drop: named from the kernel's reason,
+/// or derived from fib_validate_source's return code where only that is
+/// available; `no_reason` where neither is.
+pub fn expected_rp_filter_cause() -> &'static str {
+    if kernel_has_drop_reasons() || src_check_attaches() {
+        "rp_filter_strict"
+    } else {
+        "no_reason"
+    }
+}
+
+/// `kdrop check`'s report, run once per test process.
+fn check_output() -> &'static str {
+    static OUT: OnceLock<String> = OnceLock::new();
+    OUT.get_or_init(|| {
+        let out = Command::new(kdrop_bin())
+            .arg("check")
+            .output()
+            .expect("running kdrop check");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "kdrop check failed:\n{text}");
+        text
+    })
+}
+
+/// The `reason` an event must carry for a drop the kernel names `name`:
+/// that name where kfree_skb has reasons, null where it has none.
+pub fn expected_reason(name: &str) -> Value {
+    if kernel_has_drop_reasons() {
+        Value::from(name)
+    } else {
+        Value::Null
+    }
+}
+
+/// The finding's `cause` for a drop whose kernel reason gives `cause`; on a
+/// kernel without reasons kdrop says it cannot know (`no_reason`).
+pub fn expected_cause(cause: &str) -> &str {
+    if kernel_has_drop_reasons() {
+        cause
+    } else {
+        "no_reason"
+    }
 }
 
 /// A namespace name unique to this test process and test.
@@ -79,52 +180,32 @@ fn lines(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
 impl Kdrop {
     /// Starts kdrop and waits for `kdrop: tracing`.
     pub fn start(args: &[&str]) -> Self {
-        let mut k = Self::spawn(args, &[]);
+        Self::start_env(args, &[])
+    }
+
+    /// `start` with extra environment (e.g. `KDROP_RUNG`).
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut k = Self::spawn(args, env);
         k.wait_tracing();
         k
     }
 
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::spawn_via(&[], args, env)
+        let mut cmd = Command::new(kdrop_bin());
+        cmd.args(args).envs(env.iter().copied());
+        Self::spawn_command(cmd)
     }
 
-    /// Starts kdrop through a wrapper that execs it (`ip netns exec NS`,
-    /// `setpriv ...`) and waits for `kdrop: tracing`.
-    pub fn start_via(wrapper: &[&str], args: &[&str]) -> Self {
-        let mut k = Self::spawn_via(wrapper, args, &[]);
+    /// Starts kdrop through a command of the test's making (e.g. inside
+    /// `unshare`) and waits for `kdrop: tracing`.
+    pub fn start_command(cmd: Command) -> Self {
+        let mut k = Self::spawn_command(cmd);
         k.wait_tracing();
         k
     }
 
-    pub fn spawn_via(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::spawn_bin_via(&kdrop_bin(), wrapper, args, env)
-    }
-
-    /// `start_via` with another copy of the binary (e.g. one with file
-    /// capabilities).
-    pub fn start_bin_via(bin: &std::path::Path, wrapper: &[&str], args: &[&str]) -> Self {
-        let mut k = Self::spawn_bin_via(bin, wrapper, args, &[]);
-        k.wait_tracing();
-        k
-    }
-
-    pub fn spawn_bin_via(
-        bin: &std::path::Path,
-        wrapper: &[&str],
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        let mut cmd = match wrapper.split_first() {
-            None => Command::new(bin),
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(bin);
-                c
-            }
-        };
+    fn spawn_command(mut cmd: Command) -> Self {
         let mut child = cmd
-            .args(args)
-            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -145,7 +226,8 @@ impl Kdrop {
     }
 
     fn wait_tracing(&mut self) {
-        let deadline = Instant::now() + START_TIMEOUT;
+        let limit = bound(START_TIMEOUT);
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.stderr.recv_timeout(left) {
@@ -157,10 +239,7 @@ impl Kdrop {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    panic!(
-                        "kdrop not tracing after {START_TIMEOUT:?}: {:?}",
-                        self.stderr_seen
-                    )
+                    panic!("kdrop not tracing after {limit:?}: {:?}", self.stderr_seen)
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = self.child.as_mut().unwrap().wait();
@@ -184,14 +263,16 @@ impl Kdrop {
         self.expect_event_within(what, EVENT_TIMEOUT, want)
     }
 
-    /// The first event `want` accepts, failing the test after `timeout`.
+    /// The first event `want` accepts, failing the test after `timeout`
+    /// (scaled by KDROP_TEST_TIME_SCALE, see `bound`).
     pub fn expect_event_within(
         &self,
         what: &str,
         timeout: Duration,
         want: impl Fn(&Value) -> bool,
     ) -> Value {
-        let deadline = Instant::now() + timeout;
+        let limit = bound(timeout);
+        let deadline = Instant::now() + limit;
         let mut seen = Vec::new();
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.next_event(left) {
@@ -200,7 +281,7 @@ impl Kdrop {
                 None => break,
             }
         }
-        panic!("no event for {what} within {timeout:?}; saw {seen:?}")
+        panic!("no event for {what} within {limit:?}; saw {seen:?}")
     }
 
     /// Sends `signal` and waits for the exit (bounded).
@@ -208,7 +289,7 @@ impl Kdrop {
         let mut child = self.child.take().unwrap();
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + bound(Duration::from_secs(10));
         let status = loop {
             if let Some(s) = child.try_wait().expect("waiting for kdrop") {
                 break s;
@@ -225,6 +306,7 @@ impl Kdrop {
     /// Waits for kdrop to exit by itself (--count, --duration, errors).
     pub fn wait(mut self, timeout: Duration) -> Finished {
         let mut child = self.child.take().unwrap();
+        let timeout = bound(timeout);
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(s) = child.try_wait().expect("waiting for kdrop") {
@@ -515,6 +597,22 @@ pub fn bpf_object_exists(what: &str, id: u64) -> bool {
         .expect("running bpftool")
         .status
         .success()
+}
+
+/// A listener inside `ns`.
+pub fn listen(ns: &Ns, addr: SocketAddr) -> std::net::TcpListener {
+    in_netns(&ns.path(), move || std::net::TcpListener::bind(addr))
+        .expect("entering the namespace")
+        .unwrap_or_else(|e| panic!("listening on {addr}: {e}"))
+}
+
+/// A JSON array of strings (a finding's evidence or fix).
+pub fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
 }
 
 /// The inode of a namespace, as JSON events carry it.

@@ -62,27 +62,25 @@ fn manifest_capabilities_are_enough_to_trace_as_non_root() {
             .collect::<Vec<_>>()
             .join(",")
     );
-    let setpriv = [
-        "setpriv",
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
         "--reuid=65534",
         "--regid=65534",
         "--clear-groups",
         "--inh-caps=-all",
         &bounding,
-    ];
-    let k = Kdrop::start_bin_via(
-        &bin.0,
-        &setpriv,
-        &[
-            "monitor",
-            "--netns",
-            &p.server.name,
-            "-p",
-            "5606",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    );
+    ])
+    .arg(&bin.0)
+    .args([
+        "monitor",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5606",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let k = Kdrop::start_command(cmd);
     let status = std::fs::read_to_string(format!("/proc/{}/status", k.pid())).unwrap();
     let field = |k: &str| {
         status

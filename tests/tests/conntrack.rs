@@ -2,29 +2,12 @@
 //! on one bridge, the SYN-ACK skips de-NAT) and incident 5 (DNAT'd SYN
 //! forwarded, the reply returns another way). The remote side lives in
 //! namespaces of its own; controls must produce nothing.
-use std::{
-    net::{SocketAddr, TcpListener},
-    path::Path,
-    time::Duration,
-};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
-use integration_tests::{connect_from, ns_name, run_fix, send_syn, veth, Kdrop, Ns};
-use kdrop::context::netns::in_netns;
-use serde_json::Value;
+use integration_tests::{connect_from, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
 
-fn listen(ns: &Ns, addr: &str) -> TcpListener {
-    let addr: SocketAddr = addr.parse().unwrap();
-    in_netns(&ns.path(), move || TcpListener::bind(addr))
-        .unwrap()
-        .unwrap()
-}
-
-fn strs(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
+fn listen(ns: &Ns, addr: &str) -> std::net::TcpListener {
+    integration_tests::listen(ns, addr.parse().unwrap())
 }
 
 fn iptables(ns: &Ns, args: &[&str]) {
@@ -224,46 +207,39 @@ struct Hairpin {
 
 const CLUSTER_IP: &str = "100.67.30.133";
 
+/// Bridge cni0 at `<net>.1/24` in `node`, each pod on it at `<net>.<last>`
+/// through a veth (pod side eth0, node side veth<last>), routed by the node.
+fn pods_on_cni0<const N: usize>(node: &Ns, net: &str, pods: [(&Ns, u8); N]) {
+    node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
+    node.ip(&["link", "set", "cni0", "up"]).unwrap();
+    node.ip(&["addr", "add", &format!("{net}.1/24"), "dev", "cni0"])
+        .unwrap();
+    for (pod, last) in pods {
+        let port = format!("veth{last}");
+        veth(
+            pod,
+            "eth0",
+            &format!("02:00:00:00:01:{last:02x}"),
+            node,
+            &port,
+            &format!("02:00:00:00:02:{last:02x}"),
+        )
+        .unwrap();
+        node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
+        pod.ip(&["addr", "add", &format!("{net}.{last}/24"), "dev", "eth0"])
+            .unwrap();
+        pod.ip(&["route", "add", "default", "via", &format!("{net}.1")])
+            .unwrap();
+    }
+}
+
 fn hairpin(test: &str, bridge_nf_call_iptables: &str) -> Hairpin {
     let h = Hairpin {
         node: Ns::new(&ns_name(&format!("{test}-node"))).unwrap(),
         pod_a: Ns::new(&ns_name(&format!("{test}-a"))).unwrap(),
         pod_b: Ns::new(&ns_name(&format!("{test}-b"))).unwrap(),
     };
-    h.node
-        .ip(&["link", "add", "cni0", "type", "bridge"])
-        .unwrap();
-    h.node.ip(&["link", "set", "cni0", "up"]).unwrap();
-    h.node
-        .ip(&["addr", "add", "10.244.1.1/24", "dev", "cni0"])
-        .unwrap();
-    veth(
-        &h.pod_a,
-        "eth0",
-        "02:00:00:00:20:05",
-        &h.node,
-        "vetha",
-        "02:00:00:00:20:15",
-    )
-    .unwrap();
-    veth(
-        &h.pod_b,
-        "eth0",
-        "02:00:00:00:20:09",
-        &h.node,
-        "vethb",
-        "02:00:00:00:20:19",
-    )
-    .unwrap();
-    for port in ["vetha", "vethb"] {
-        h.node.ip(&["link", "set", port, "master", "cni0"]).unwrap();
-    }
-    for (pod, ip) in [(&h.pod_a, "10.244.1.5"), (&h.pod_b, "10.244.1.9")] {
-        pod.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
-            .unwrap();
-        pod.ip(&["route", "add", "default", "via", "10.244.1.1"])
-            .unwrap();
-    }
+    pods_on_cni0(&h.node, "10.244.1", [(&h.pod_a, 5), (&h.pod_b, 9)]);
     h.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
     iptables(
         &h.node,
@@ -452,40 +428,7 @@ fn lb_loopback(test: &str) -> Loop {
     l.node
         .ip(&["route", "add", "default", "via", "10.70.0.1"])
         .unwrap();
-    l.node
-        .ip(&["link", "add", "cni0", "type", "bridge"])
-        .unwrap();
-    l.node.ip(&["link", "set", "cni0", "up"]).unwrap();
-    l.node
-        .ip(&["addr", "add", "10.244.2.1/24", "dev", "cni0"])
-        .unwrap();
-    veth(
-        &l.pod_a,
-        "eth0",
-        "02:00:00:00:40:05",
-        &l.node,
-        "vetha",
-        "02:00:00:00:40:15",
-    )
-    .unwrap();
-    veth(
-        &l.pod_b,
-        "eth0",
-        "02:00:00:00:40:09",
-        &l.node,
-        "vethb",
-        "02:00:00:00:40:19",
-    )
-    .unwrap();
-    for port in ["vetha", "vethb"] {
-        l.node.ip(&["link", "set", port, "master", "cni0"]).unwrap();
-    }
-    for (pod, ip) in [(&l.pod_a, "10.244.2.5"), (&l.pod_b, "10.244.2.9")] {
-        pod.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
-            .unwrap();
-        pod.ip(&["route", "add", "default", "via", "10.244.2.1"])
-            .unwrap();
-    }
+    pods_on_cni0(&l.node, "10.244.2", [(&l.pod_a, 5), (&l.pod_b, 9)]);
     l.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
     // NodePort with externalTrafficPolicy=Local: DNAT to the local backend,
     // no masquerade.
@@ -568,7 +511,7 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
         ev[0].starts_with("3 transmissions of the same SYN"),
         "{ev:?}"
     );
-    assert!(ev[1].contains("sent out vethb"), "{ev:?}");
+    assert!(ev[1].contains("sent out veth9"), "{ev:?}");
     let fix = strs(&f["fix"]);
     k.stop(libc::SIGINT);
     run_fix(&fix[0]);

@@ -1,7 +1,10 @@
 //! Real drops provoked in namespaces, reported with exact tuples and reasons.
 use std::net::Ipv4Addr;
 
-use integration_tests::{inode, ns_name, send_syn, Kdrop, Pair};
+use integration_tests::{
+    attachable_rungs, expected_cause, expected_reason, expected_rp_filter_cause, inode, kdrop_bin,
+    kernel_has_drop_reasons, ns_name, send_syn, Kdrop, Pair,
+};
 use kdrop::lab::rp_filter::RpFilter;
 use serde_json::Value;
 
@@ -33,7 +36,7 @@ fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
 
     let e = k.expect_event("the rp_filter drop", |e| is_tuple(e, &src, &dst));
     assert_eq!(e["kind"], "drop");
-    assert_eq!(e["reason"], "IP_RPFILTER");
+    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"));
     assert_eq!(e["tcp_flags"], "SYN");
     assert_eq!(e["family"], "ipv4");
     assert_eq!(e["ifname"], "ens6");
@@ -43,7 +46,7 @@ fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
         e["location"].as_str().unwrap().starts_with("ip_rcv_finish"),
         "{e}"
     );
-    assert_eq!(e["finding"]["cause"], "rp_filter_strict");
+    assert_eq!(e["finding"]["cause"], expected_rp_filter_cause());
     assert!(e["ts"].as_str().unwrap().ends_with('Z'));
 
     let done = k.stop(libc::SIGINT);
@@ -52,10 +55,12 @@ fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
     assert!(c.matched >= 1);
     assert_eq!(c.matched, c.emitted + c.lost, "{c:?}");
     assert_eq!(c.received, c.emitted, "{c:?}");
+    let summary = format!(
+        "kdrop:   {}",
+        expected_reason("IP_RPFILTER").as_str().unwrap_or("unknown")
+    );
     assert!(
-        done.stderr
-            .iter()
-            .any(|l| l.trim().starts_with("kdrop:   IP_RPFILTER")),
+        done.stderr.iter().any(|l| l.starts_with(&summary)),
         "{:?}",
         done.stderr
     );
@@ -71,12 +76,12 @@ fn syn_to_closed_port_is_no_socket_v4_and_v6() {
     ] {
         let _syn = send_syn(&p.client, src, dst);
         let e = k.expect_event("the NO_SOCKET drop", |e| is_tuple(e, &src, &dst));
-        assert_eq!(e["reason"], "NO_SOCKET");
+        assert_eq!(e["reason"], expected_reason("NO_SOCKET"));
         assert_eq!(e["tcp_flags"], "SYN");
         assert_eq!(e["family"], if src.is_ipv4() { "ipv4" } else { "ipv6" });
         assert_eq!(e["ifname"], "s0");
         assert_eq!(e["netns"], inode(&p.server));
-        assert_eq!(e["finding"]["cause"], "no_socket");
+        assert_eq!(e["finding"]["cause"], expected_cause("no_socket"));
     }
     let c = k.stop(libc::SIGTERM).counts();
     assert_eq!(c.matched, c.emitted + c.lost, "{c:?}");
@@ -96,14 +101,16 @@ fn iptables_drop_in_input_is_netfilter_drop() {
     let (src, dst) = (p.client_v4(42003), p.server_v4(5502));
     let _syn = send_syn(&p.client, src, dst);
     let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["reason"], "NETFILTER_DROP");
+    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
     assert_eq!(e["ifname"], "s0");
     assert_eq!(e["netns"], inode(&p.server));
-    assert_eq!(e["finding"]["cause"], "netfilter_rule");
-    assert_eq!(
-        e["netfilter"]["rule"],
-        "-A INPUT -p tcp -m tcp --dport 5502 -j DROP"
-    );
+    assert_eq!(e["finding"]["cause"], expected_cause("netfilter_rule"));
+    if kernel_has_drop_reasons() {
+        assert_eq!(
+            e["netfilter"]["rule"],
+            "-A INPUT -p tcp -m tcp --dport 5502 -j DROP"
+        );
+    }
     k.stop(libc::SIGINT);
 }
 
@@ -182,7 +189,74 @@ fn non_handshake_drops_need_all_flags() {
     let _syn = send_syn(&p.client, src, dst);
     let e = all.expect_event("the dropped ACK", |e| is_tuple(e, &src, &dst));
     assert_eq!(e["tcp_flags"], "ACK");
-    assert_eq!(e["reason"], "NETFILTER_DROP");
+    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
     assert_eq!(handshake_only.stop(libc::SIGINT).counts().matched, 0);
     drop(listener);
+}
+
+/// Each rung `kdrop check` can attach here (KDROP_RUNG picks one) reports the
+/// same drop with the same facts: tp_btf and raw_tp on this host, all three
+/// on the VM kernels (`cargo xtask vm`), where tracefs is mounted.
+#[test]
+fn every_attachable_rung_reports_the_drop() {
+    let rungs = attachable_rungs();
+    assert!(rungs.iter().any(|r| r == "tp_btf"), "{rungs:?}");
+    let p = Pair::new("rungs", 57);
+    for (i, rung) in rungs.iter().enumerate() {
+        let k = Kdrop::start_env(
+            &["--json", "--netns", &p.server.name, "-p", "5508"],
+            &[("KDROP_RUNG", rung)],
+        );
+        let ready = k.stderr_seen.last().unwrap();
+        assert!(ready.contains(&format!("via {rung}")), "{ready}");
+        let (src, dst) = (p.client_v4(42010 + i as u16), p.server_v4(5508));
+        let _syn = send_syn(&p.client, src, dst);
+        let e = k.expect_event(&format!("the drop via {rung}"), |e| is_tuple(e, &src, &dst));
+        assert_eq!(e["reason"], expected_reason("NO_SOCKET"), "{rung}: {e}");
+        assert_eq!(e["tcp_flags"], "SYN", "{rung}: {e}");
+        assert_eq!(e["ifname"], "s0", "{rung}: {e}");
+        assert_eq!(e["netns"], inode(&p.server), "{rung}: {e}");
+        assert!(
+            e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
+            "{rung}: {e}"
+        );
+        let c = k.stop(libc::SIGINT).counts();
+        assert_eq!(c.matched, c.emitted + c.lost, "{rung}: {c:?}");
+    }
+}
+
+/// Where tracefs is not mounted (this machine; here a private mount namespace
+/// without it, so the machine's own mounts stay as they are) and only the
+/// classic tracepoint may be used, kdrop mounts tracefs and reports the drop.
+#[test]
+fn tracepoint_rung_mounts_tracefs_when_needed() {
+    let p = Pair::new("tracefs", 58);
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "umount -l /sys/kernel/debug 2>/dev/null; umount -l /sys/kernel/tracing 2>/dev/null; \
+             ! [ -e /sys/kernel/tracing/events ] || { echo 'tracefs still mounted' >&2; exit 1; }; \
+             exec \"$0\" \"$@\"",
+        )
+        .arg(kdrop_bin())
+        .args(["--json", "--netns", &p.server.name, "-p", "5509"])
+        .env("KDROP_RUNG", "tracepoint")
+        .env("KDROP_LOG", "info");
+    let k = Kdrop::start_command(cmd);
+    let seen = k.stderr_seen.join("\n");
+    assert!(
+        seen.contains("mounted tracefs at /sys/kernel/tracing"),
+        "{seen}"
+    );
+    assert!(seen.contains("via tracepoint"), "{seen}");
+    let (src, dst) = (p.client_v4(42020), p.server_v4(5509));
+    let _syn = send_syn(&p.client, src, dst);
+    let e = k.expect_event("the drop via the tracepoint", |e| is_tuple(e, &src, &dst));
+    assert_eq!(e["reason"], expected_reason("NO_SOCKET"), "{e}");
+    assert_eq!(e["ifname"], "s0", "{e}");
+    assert!(
+        e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
+        "{e}"
+    );
+    k.stop(libc::SIGINT);
 }

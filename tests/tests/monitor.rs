@@ -10,8 +10,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{ns_name, send_syn, Kdrop, Ns, Pair};
+use integration_tests::{kdrop_bin, ns_name, send_syn, Kdrop, Ns, Pair};
 use kdrop::context::netns::in_netns;
+
+/// kdrop started inside `ns` (`ip netns exec` execs it: same process).
+fn start_in(ns: &Ns, args: &[&str]) -> Kdrop {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name])
+        .arg(kdrop_bin())
+        .args(args);
+    Kdrop::start_command(cmd)
+}
 
 /// One GET, `Connection: close`; the body and the status line.
 fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(String, String)> {
@@ -280,10 +289,7 @@ fn endpoint_is_on_loopback_by_default() {
     .unwrap();
     ns.ip(&["addr", "add", "10.63.0.1/24", "dev", "m0"])
         .unwrap();
-    let k = Kdrop::start_via(
-        &["ip", "netns", "exec", &ns.name],
-        &["monitor", "-p", "5604"],
-    );
+    let k = start_in(&ns, &["monitor", "-p", "5604"]);
     assert_eq!(metrics_addr(&k), "127.0.0.1:9464".parse().unwrap());
     let (status, body) = http_get_in(&ns, "127.0.0.1:9464".parse().unwrap(), "/metrics").unwrap();
     assert!(
@@ -298,8 +304,8 @@ fn endpoint_is_on_loopback_by_default() {
     drop(k);
 
     // Told otherwise, it listens there.
-    let k = Kdrop::start_via(
-        &["ip", "netns", "exec", &ns.name],
+    let k = start_in(
+        &ns,
         &["monitor", "-p", "5604", "--listen", "10.63.0.1:9464"],
     );
     let (status, _) = http_get_in(&ns, "10.63.0.1:9464".parse().unwrap(), "/metrics").unwrap();
@@ -432,10 +438,7 @@ fn prometheus_scrapes_the_provoked_drops() {
     // kdrop and Prometheus share a namespace of their own: fixed loopback
     // ports that nothing else on the machine can hold.
     let home = Ns::new(&ns_name("prom-home")).unwrap();
-    let k = Kdrop::start_via(
-        &["ip", "netns", "exec", &home.name],
-        &["monitor", "--netns", &p.server.name, "-p", "5605"],
-    );
+    let k = start_in(&home, &["monitor", "--netns", &p.server.name, "-p", "5605"]);
     let target: SocketAddr = "127.0.0.1:9464".parse().unwrap();
     let api: SocketAddr = "127.0.0.1:9090".parse().unwrap();
     let _prom = Prometheus::start(&home, target, api);

@@ -2,11 +2,11 @@
 //! evidence (incidents 1 and 3), kdrop's fixes applied for real, and
 //! controls where kdrop must report nothing.
 use std::{
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
     time::Duration,
 };
 
-use integration_tests::{connect_from, ns_name, run_fix, send_syn, veth, Kdrop, Ns};
+use integration_tests::{connect_from, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
 use kdrop::{
     context::netns::in_netns,
     lab::rp_filter::{RpFilter, RpFilterLab},
@@ -26,26 +26,12 @@ fn topo(test: &str, net: u8) -> RpFilter {
     }
 }
 
-fn listen(ns: &Ns, addr: SocketAddr) -> TcpListener {
-    in_netns(&ns.path(), move || TcpListener::bind(addr))
-        .unwrap()
-        .unwrap()
-}
-
 /// A full handshake from `ns` (source address chosen by its routes).
 fn handshake(ns: &Ns, dst: SocketAddr) -> std::io::Result<TcpStream> {
     in_netns(&ns.path(), move || {
         TcpStream::connect_timeout(&dst, Duration::from_secs(3))
     })
     .unwrap()
-}
-
-fn strs(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
 }
 
 /// Builds incident 1, traces it, returns the finding of the first SYN.

@@ -179,12 +179,21 @@ fn have(bin: &str) -> bool {
 }
 
 fn system_tools() -> Result<()> {
-    let missing: Vec<&str> = TOOLS
+    apt_install(TOOLS)
+}
+
+/// Installs, through apt, the package of every binary missing from PATH.
+pub fn apt_install(tools: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = tools
         .iter()
         .filter(|(bin, _)| !have(bin))
         .map(|(_, pkg)| *pkg)
         .collect();
-    if missing.is_empty() {
+    apt_install_packages(&missing)
+}
+
+pub fn apt_install_packages(packages: &[&str]) -> Result<()> {
+    if packages.is_empty() {
         return Ok(());
     }
     // SAFETY: geteuid has no preconditions.
@@ -192,14 +201,14 @@ fn system_tools() -> Result<()> {
     if !root_user || !have("apt-get") {
         bail!(
             "missing tools; install these packages: {} (as root, with apt-get)",
-            missing.join(" ")
+            packages.join(" ")
         );
     }
     run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
     run_cmd(
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }

@@ -1,8 +1,9 @@
-//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test>`.
+//! Project tasks: `cargo xtask <bootstrap|build|lab|lint|test|vm>`.
 //!
 //! Everything a fresh machine lacks is installed here, idempotently, so the
 //! README's two commands work with nothing installed by hand.
 mod bootstrap;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -38,6 +39,19 @@ enum Cmd {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         args: Vec<String>,
     },
+    /// The integration suite on Debian kernels (bullseye 5.10, bookworm 6.1,
+    /// trixie 6.12), each booted in QEMU (TCG) by virtme-ng.
+    Vm {
+        /// 5.10, 6.1, 6.12 or all (repeatable; default: all).
+        #[arg(long = "kernel", value_name = "VERSION")]
+        kernels: Vec<String>,
+        /// Only this integration test file, e.g. `drops` (repeatable).
+        #[arg(long = "test", value_name = "NAME")]
+        tests: Vec<String>,
+        /// After `--`: arguments for the test executables (a name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +62,15 @@ fn main() -> ExitCode {
         Cmd::Lab { args } => lab(&args),
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
         Cmd::Test { args } => test(&args),
+        Cmd::Vm {
+            kernels,
+            tests,
+            args,
+        } => vm::run(&vm::Options {
+            kernels,
+            tests,
+            args,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -69,14 +92,15 @@ pub fn kdrop_bin() -> PathBuf {
     root().join("target/release/kdrop")
 }
 
-/// Runs a command in the workspace root, failing on a non-zero exit.
+/// Runs a command (in the workspace root unless it says where), failing on a
+/// non-zero exit.
 pub fn run(cmd: &mut Command) -> Result<()> {
+    if cmd.get_current_dir().is_none() {
+        cmd.current_dir(root());
+    }
     let shown = format!("{cmd:?}");
     eprintln!("xtask: {shown}");
-    let status = cmd
-        .current_dir(root())
-        .status()
-        .with_context(|| format!("starting {shown}"))?;
+    let status = cmd.status().with_context(|| format!("starting {shown}"))?;
     if !status.success() {
         bail!("{shown} failed: {status}");
     }

@@ -48,6 +48,52 @@ pub struct RouteDrop<'a> {
     pub fib: &'a [Lookup],
     /// `ip netns exec NAME ` prefix for commands, or empty.
     pub netns_exec: &'a str,
+    /// What `fib_validate_source` returned for the packet (fexit/kretprobe).
+    pub src_check: Option<i32>,
+}
+
+const EXDEV: i32 = 18;
+const EINVAL: i32 = 22;
+
+/// The reason a kernel that names none (5.10: no reason at all; 6.1-6.12:
+/// NOT_SPECIFIED for martians) would give, from `fib_validate_source`'s
+/// return code or, for a local source, from the drop location and the
+/// namespace's addresses; with the evidence line saying how it was derived.
+/// `None` when it cannot be known: kdrop does not guess.
+pub fn derive_reason(d: &RouteDrop, t: &Tables) -> Option<(&'static str, String)> {
+    if d.reason.is_some_and(|r| r != "NOT_SPECIFIED") {
+        return None;
+    }
+    let local = t.addrs.iter().any(|a| a.addr == IpAddr::V4(d.src));
+    let named = if d.reason.is_some() {
+        "NOT_SPECIFIED"
+    } else {
+        "no reason"
+    };
+    match d.src_check {
+        Some(r) if r == -EXDEV => Some((
+            "IP_RPFILTER",
+            format!(
+                "kernel: drop at {} ({named} on this kernel); fib_validate_source returned -EXDEV for this packet: reverse-path filter",
+                d.location
+            ),
+        )),
+        Some(r) if r == -EINVAL => Some((
+            if local { "IP_LOCAL_SOURCE" } else { "IP_INVALID_SOURCE" },
+            format!(
+                "kernel: drop at {} ({named} on this kernel); fib_validate_source returned -EINVAL for this packet: martian source",
+                d.location
+            ),
+        )),
+        None if local && d.location.starts_with("ip_rcv_finish_core") => Some((
+            "IP_LOCAL_SOURCE",
+            format!(
+                "kernel: drop at {} ({named} on this kernel) while routing a packet whose source is one of this namespace's addresses (derived from the location; no return code on this kernel)",
+                d.location
+            ),
+        )),
+        _ => None,
+    }
 }
 
 pub fn table_name(t: u32) -> String {
@@ -237,8 +283,16 @@ fn reverse_evidence(d: &RouteDrop, t: &Tables) -> Evidence {
 /// reverse-path or martian drop.
 pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
     let iif = t.link_name(d.iif);
-    let reason = d.reason?;
-    let kernel = format!("kernel: drop reason {reason} at {}", d.location);
+    let (reason, kernel) = match derive_reason(d, t) {
+        Some((reason, how)) => (reason, how),
+        None => {
+            let reason = d.reason?;
+            (
+                reason,
+                format!("kernel: drop reason {reason} at {}", d.location),
+            )
+        }
+    };
     let ns = d.netns_exec;
     match reason {
         "IP_RPFILTER" => Some(rp_filter(d, t, c, &iif, kernel)),
@@ -567,6 +621,7 @@ mod tests {
             mark,
             fib,
             netns_exec: "ip netns exec node ",
+            src_check: None,
         }
     }
 
@@ -705,6 +760,47 @@ mod tests {
             f.fix,
             ["ip netns exec node sysctl -w net.ipv4.conf.eth1.route_localnet=1"]
         );
+    }
+
+    #[test]
+    fn reasons_derived_on_kernels_that_name_none() {
+        // 5.10: no reason; the kretprobe saw -EXDEV.
+        let fib = [lookup_ev(254, 0, 2, Some("10.0.1.1"), 0x80)];
+        let mut d = drop("IP_RPFILTER", &fib, 0x80);
+        d.reason = None;
+        d.src_check = Some(-18);
+        let f = explain(&d, &incident1(), &confs(1, 1, 1)).unwrap();
+        assert_eq!(f.cause, "rp_filter_strict");
+        assert_eq!(
+            f.evidence[0],
+            "kernel: drop at ip_rcv_finish_core+0x25b (no reason on this kernel); \
+             fib_validate_source returned -EXDEV for this packet: reverse-path filter"
+        );
+        // 6.1: NOT_SPECIFIED and -EINVAL from a local source.
+        let mut t = incident1();
+        t.addrs.push(Addr {
+            index: 2,
+            addr: "203.0.113.7".parse().unwrap(),
+            prefix_len: 32,
+            label: None,
+        });
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.src_check = Some(-22);
+        assert_eq!(
+            explain(&d, &t, &confs(0, 0, 0)).unwrap().cause,
+            "martian_local_source"
+        );
+        // No return code, but the location and a local source say it.
+        d.src_check = None;
+        let f = explain(&d, &t, &confs(0, 0, 0)).unwrap();
+        assert_eq!(f.cause, "martian_local_source");
+        assert!(f.evidence[0].contains("derived from the location"));
+        // Nothing to go on: no finding rather than a guess.
+        let d = drop("NOT_SPECIFIED", &[], 0);
+        assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.src_check = Some(0);
+        assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
     }
 
     #[test]
