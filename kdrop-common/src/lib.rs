@@ -496,6 +496,106 @@ pub struct Counters {
     pub sampled_out: u64,
 }
 
+/// Monitor mode (`kdrop monitor`), set at load time. All zero: live tracing,
+/// every matched drop is an event and nothing is aggregated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorConfig {
+    /// 1: count every matched drop in `AGGREGATE` before anything else.
+    pub aggregate: u32,
+    /// Detailed events per second per CPU (a token bucket refilled from
+    /// `bpf_ktime_get_ns`, one second of burst); 0: no cap.
+    pub events_per_sec: u32,
+    /// Keep 1 matched drop in N per CPU as a detailed event; 0 or 1: all.
+    pub sample_every: u32,
+    pub _pad: u32,
+}
+
+impl MonitorConfig {
+    pub const fn zeroed() -> Self {
+        Self {
+            aggregate: 0,
+            events_per_sec: 0,
+            sample_every: 0,
+            _pad: 0,
+        }
+    }
+}
+
+/// Entries of the per-CPU `AGGREGATE` hash map (a `u64` packet count each).
+pub const AGGREGATE_MAX_ENTRIES: u32 = 4096;
+
+/// What drops are counted by in the kernel. The map is bounded: once it is
+/// full, drops count into `AggKey::OVERFLOW`, which userspace inserts first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AggKey {
+    /// Raw `enum skb_drop_reason`; `ABSENT` when the kernel gives none.
+    pub reason: u32,
+    pub netns: u32,
+    pub ifindex: u32,
+    /// The service side's port (see `service_port`).
+    pub port: u16,
+    /// 1 only in `OVERFLOW`.
+    pub overflow: u16,
+}
+
+impl AggKey {
+    pub const OVERFLOW: AggKey = AggKey {
+        reason: 0,
+        netns: 0,
+        ifindex: 0,
+        port: 0,
+        overflow: 1,
+    };
+}
+
+/// The port that names the service: a SYN's destination, a SYN-ACK's
+/// source; otherwise the lower of the two (ephemeral ports are high). Keeps
+/// client ports, one per connection, out of the aggregation key.
+#[inline(always)]
+pub fn service_port(tcp_flags: u8, sport: u16, dport: u16) -> u16 {
+    match tcp_flags & (TCP_SYN | TCP_ACK) {
+        TCP_SYN => dport,
+        f if f == TCP_SYN | TCP_ACK => sport,
+        _ => {
+            if sport < dport {
+                sport
+            } else {
+                dport
+            }
+        }
+    }
+}
+
+/// Per-CPU state of monitor mode's sampling and token bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimiterState {
+    /// Matched drops seen by the sampler on this CPU.
+    pub seen: u64,
+    /// Bucket content in nanoseconds of credit (one event costs
+    /// 1e9 / events_per_sec), at most one second.
+    pub credit_ns: u64,
+    pub last_ns: u64,
+}
+
+/// Keys of the per-CPU `LIMITED` counters (u64): matched drops that became
+/// no event because monitor mode sampled them out or the per-second cap
+/// refused them. With them, `matched == emitted + lost + sampled_out +
+/// capped` on every CPU.
+pub const LIMITED_SAMPLED_OUT: u32 = 0;
+pub const LIMITED_CAPPED: u32 = 1;
+/// Egress handshake packets the cap refused: with it, the egress entry of
+/// `COUNTERS` keeps `matched == emitted + lost + capped`.
+pub const LIMITED_EGRESS_CAPPED: u32 = 2;
+pub const LIMITED_KEYS: u32 = 3;
+
+/// Entries of the per-CPU `LIMITER` state: drops, egress packets.
+pub const LIMITER_DROP: u32 = 0;
+pub const LIMITER_EGRESS: u32 = 1;
+pub const LIMITERS: u32 = 2;
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -515,6 +615,9 @@ mod pod {
     unsafe impl aya::Pod for CtInfo {}
     unsafe impl aya::Pod for PacketEvent {}
     unsafe impl aya::Pod for SrcCheck {}
+    unsafe impl aya::Pod for MonitorConfig {}
+    unsafe impl aya::Pod for AggKey {}
+    unsafe impl aya::Pod for LimiterState {}
 }
 
 #[cfg(test)]
@@ -568,5 +671,18 @@ mod tests {
         assert_eq!(size_of::<CtInfo>(), 96);
         assert_eq!(size_of::<PacketEvent>(), 16 + 16 + 32 + 8 + 96);
         assert_eq!(size_of::<Counters>(), 32);
+        assert_eq!(size_of::<MonitorConfig>(), 16);
+        assert_eq!(size_of::<AggKey>(), 16);
+        assert_eq!(size_of::<LimiterState>(), 24);
+    }
+
+    #[test]
+    fn service_ports() {
+        // SYN: the destination; SYN-ACK: the source; else the lower.
+        assert_eq!(service_port(TCP_SYN, 40000, 80), 80);
+        assert_eq!(service_port(TCP_SYN | TCP_ACK, 80, 40000), 80);
+        assert_eq!(service_port(TCP_SYN | TCP_ECE | TCP_CWR, 40000, 8080), 8080);
+        assert_eq!(service_port(TCP_RST | TCP_ACK, 40000, 443), 443);
+        assert_eq!(service_port(TCP_ACK, 22, 51000), 22);
     }
 }

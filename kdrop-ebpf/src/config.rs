@@ -2,9 +2,12 @@
 //! land in .rodata, so the verifier sees them as constants).
 use aya_ebpf::{
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
 };
-use kdrop_common::{Counters, CtInfo, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, Offsets};
+use kdrop_common::{
+    AggKey, Counters, CtInfo, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
+    MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, LIMITED_KEYS, LIMITERS,
+};
 
 #[unsafe(no_mangle)]
 static OFFSETS: Offsets = Offsets::zeroed();
@@ -44,6 +47,24 @@ pub static LAST_WAKEUP: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(2, 0);
 
+/// Monitor mode: aggregation on, sampling and the per-second cap.
+#[unsafe(no_mangle)]
+static MONITOR: MonitorConfig = MonitorConfig::zeroed();
+
+/// Monitor mode: matched drops counted by (reason, netns, ifindex, port).
+/// Bounded; userspace inserts `AggKey::OVERFLOW` for what does not fit.
+#[map]
+pub static AGGREGATE: PerCpuHashMap<AggKey, u64> =
+    PerCpuHashMap::with_max_entries(AGGREGATE_MAX_ENTRIES + 1, 0);
+
+/// Monitor mode: the sampler's and the token bucket's per-CPU state.
+#[map]
+pub static LIMITER: PerCpuArray<LimiterState> = PerCpuArray::with_max_entries(LIMITERS, 0);
+
+/// Matched drops monitor mode turned into no event: sampled out, capped.
+#[map]
+pub static LIMITED: PerCpuArray<u64> = PerCpuArray::with_max_entries(LIMITED_KEYS, 0);
+
 // Volatile reads so the compiler does not fold the zeroed initialisers.
 #[inline(always)]
 pub fn offsets() -> Offsets {
@@ -69,4 +90,9 @@ pub fn fib_args() -> FibLookupArgs {
 pub fn filter() -> &'static Filter {
     // A reference into .rodata: fields are read on use, not copied to the stack.
     unsafe { &*core::ptr::read_volatile(&&raw const FILTER) }
+}
+
+#[inline(always)]
+pub fn monitor() -> &'static MonitorConfig {
+    unsafe { &*core::ptr::read_volatile(&&raw const MONITOR) }
 }

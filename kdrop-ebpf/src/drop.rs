@@ -4,13 +4,13 @@ use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
 };
 use kdrop_common::{
-    Cidr, CtInfo, DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, AF_INET, COUNTERS_KEY,
-    EVENT_DROP, MAX_HOSTS, MAX_PORTS,
+    service_port, Cidr, CtInfo, DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, AF_INET,
+    COUNTERS_KEY, EVENT_DROP, MAX_HOSTS, MAX_PORTS,
 };
 
 use crate::{
     config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS, LAST_WAKEUP},
-    ct, fib,
+    ct, fib, monitor,
     skb::{self, Tcp},
     srccheck,
 };
@@ -24,6 +24,11 @@ pub fn on_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -
 #[inline(always)]
 fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
     let reason = reason as u32;
+    let reason_or_absent = if args.reason == ABSENT {
+        ABSENT
+    } else {
+        reason
+    };
     // Older kernels also report frees that are not drops through this
     // tracepoint; newer ones route them to consume_skb.
     if args.consumed != ABSENT && reason == args.consumed {
@@ -52,6 +57,13 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
     counters.matched += 1;
+    // Monitor mode: count every matched drop, then keep a bounded sample of
+    // them as events (no-ops when MONITOR is zero, i.e. live tracing).
+    let port = service_port(tcp.tcp_flags, tcp.sport, tcp.dport);
+    monitor::aggregate(reason_or_absent, netns, ifindex, port);
+    if !monitor::admit() {
+        return None;
+    }
     // 1 in N per CPU: the 1st, N+1th, 2N+1th... match. `emitted + lost`
     // counts the picks so far, so the next one is due at match
     // picks * N + 1 (a multiply, not a 64-bit division per packet). The
@@ -77,11 +89,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         ts_ns: now,
     };
     e.location = location;
-    e.reason = if args.reason == ABSENT {
-        ABSENT
-    } else {
-        reason
-    };
+    e.reason = reason_or_absent;
     e.netns = netns;
     e.ifindex = ifindex;
     e.mark = skb::read(skb, o.skb_mark).unwrap_or(0);

@@ -10,6 +10,7 @@ use crate::{
     config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS},
     ct,
     drop::{flags_match, matches_packet, wakeup_flags},
+    monitor,
     skb::{self, read},
 };
 
@@ -45,6 +46,9 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
     counters.matched += 1;
+    if !monitor::admit_egress() {
+        return None;
+    }
     let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
         counters.lost += 1;
         return None;

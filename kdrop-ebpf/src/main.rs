@@ -8,6 +8,7 @@ mod ct;
 mod drop;
 mod egress;
 mod fib;
+mod monitor;
 mod skb;
 mod srccheck;
 

@@ -1,5 +1,9 @@
 //! Command-line interface.
-use std::{net::IpAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -24,6 +28,67 @@ pub enum Command {
     /// Reproduce a real incident in throwaway network namespaces, trace it
     /// with kdrop and tear it down.
     Lab(LabArgs),
+    /// Run until stopped, cheaply: count every matched drop in the kernel,
+    /// serve the counts to Prometheus, write a bounded sample of detailed
+    /// events (with findings) as JSON lines.
+    Monitor(MonitorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MonitorArgs {
+    /// Only packets to or from this port (repeatable, up to 16).
+    #[arg(short, long = "port", value_name = "PORT", value_parser = parse_port)]
+    pub ports: Vec<u16>,
+
+    /// Only packets to or from this address or CIDR (repeatable, up to 4).
+    #[arg(long = "host", value_name = "ADDR|CIDR", value_parser = parse_cidr)]
+    pub hosts: Vec<(IpAddr, u8)>,
+
+    /// Only packets in this network namespace: a name under /run/netns, a
+    /// path (/proc/PID/ns/net) or an inode number.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub netns: Option<String>,
+
+    /// Only packets on this interface (of --netns if given, else kdrop's own).
+    #[arg(long, value_name = "NAME")]
+    pub iface: Option<String>,
+
+    /// Every dropped TCP packet, not only handshake packets (SYN, SYN-ACK).
+    #[arg(long)]
+    pub all_flags: bool,
+
+    /// Address of the Prometheus endpoint (GET /metrics). Loopback by
+    /// default: exposing it is a decision, e.g. --listen 0.0.0.0:9464.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub listen: SocketAddr,
+
+    /// Keep 1 matched drop in N (per CPU) as a detailed event; every drop is
+    /// counted in the metrics whatever N is.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample_every: u32,
+
+    /// At most N detailed events per second per CPU (0: no cap).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub events_per_sec: u32,
+
+    /// Append the JSON lines to FILE instead of writing them to stdout.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Most kdrop_drops_total series; later label sets count into one
+    /// series whose labels are all "overflow".
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub max_series: u32,
+
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Ring buffer size in KiB (a power of two, at least 4).
+    #[arg(long, value_name = "KIB", default_value_t = 256, value_parser = parse_ring_kib)]
+    pub ring_size: u32,
 }
 
 #[derive(Debug, Args)]
@@ -205,5 +270,25 @@ mod tests {
         assert_eq!(Cli::try_parse_from(["kdrop"]).unwrap().trace.sample, 1);
         let c = Cli::try_parse_from(["kdrop", "--sample", "100"]).unwrap();
         assert_eq!(c.trace.sample, 100);
+    }
+
+    #[test]
+    fn monitor_parses() {
+        let c = Cli::try_parse_from(["kdrop", "monitor", "-p", "80"]).unwrap();
+        let Some(Command::Monitor(m)) = c.command else {
+            panic!("not monitor")
+        };
+        assert_eq!(
+            m.listen,
+            "127.0.0.1:9464".parse().unwrap(),
+            "loopback by default"
+        );
+        assert_eq!((m.sample_every, m.events_per_sec), (1, 100));
+        assert_eq!(m.ports, [80]);
+        let c = Cli::try_parse_from(["kdrop", "monitor", "--listen", "[::]:9000"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Monitor(m)) if m.listen.port() == 9000));
+        assert!(Cli::try_parse_from(["kdrop", "monitor", "--listen", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["kdrop", "monitor", "--sample-every", "0"]).is_err());
+        assert!(Cli::try_parse_from(["kdrop", "monitor", "--max-series", "1"]).is_err());
     }
 }

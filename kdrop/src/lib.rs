@@ -7,6 +7,7 @@ pub mod diagnosis;
 pub mod event;
 pub mod kernel;
 pub mod lab;
+pub mod monitor;
 pub mod netfilter;
 pub mod output;
 pub mod probes;

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Check) => kdrop::check::run(),
         Some(Command::Lab(args)) => rt.block_on(kdrop::lab::run(&args)),
+        Some(Command::Monitor(args)) => rt.block_on(kdrop::monitor::run(&args)),
         None => rt.block_on(kdrop::run::trace(&cli.trace)),
     };
     match result {

@@ -8,12 +8,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf},
     programs::{BtfTracePoint, FExit, KProbe, RawTracePoint, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
 use kdrop_common::{
-    Counters, FibLookupArgs, Filter, KfreeSkbArgs, Offsets, COUNTERS_KEY, EGRESS_COUNTERS_KEY,
+    AggKey, Counters, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig, Offsets, COUNTERS_KEY,
+    EGRESS_COUNTERS_KEY, LIMITED_CAPPED, LIMITED_EGRESS_CAPPED, LIMITED_SAMPLED_OUT,
 };
 
 use crate::{
@@ -365,23 +366,39 @@ pub fn load(
     ring_kib: u32,
     all_rungs: bool,
 ) -> Result<Probes> {
+    load_with(setup, filter, &MonitorConfig::zeroed(), ring_kib, all_rungs)
+}
+
+/// `load` with monitor mode's aggregation, sampling and cap.
+pub fn load_with(
+    setup: &KernelSetup,
+    filter: &Filter,
+    monitor: &MonitorConfig,
+    ring_kib: u32,
+    all_rungs: bool,
+) -> Result<Probes> {
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
     let no_fib = FibLookupArgs::zeroed();
     let fib = setup.fib_lookup_args.as_ref().unwrap_or(&no_fib);
     let aya_btf = AyaBtf::parse_file(&setup.btf_path, Endianness::default())
         .with_context(|| format!("parsing {}", setup.btf_path.display()))?;
-    let load_object = |fields: &KfreeSkbArgs| {
-        EbpfLoader::new()
+    let load_object = |fields: &KfreeSkbArgs| -> Result<Ebpf> {
+        let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("OFFSETS", &setup.offsets, true)
             .override_global("KFREE_SKB_ARGS", args, true)
             .override_global("KFREE_SKB_FIELDS", fields, true)
             .override_global("FIB_ARGS", fib, true)
             .override_global("FILTER", filter, true)
+            .override_global("MONITOR", monitor, true)
             .map_max_entries("EVENTS", ring_kib * 1024)
             .load(OBJECT)
-            .context("loading kdrop's eBPF object")
+            .context("loading kdrop's eBPF object")?;
+        if monitor.aggregate != 0 {
+            insert_overflow_key(&mut ebpf)?;
+        }
+        Ok(ebpf)
     };
     let mut fields = setup.kfree_skb_fields.clone();
     let mut ebpf = load_object(fields.as_ref().unwrap_or(&absent))?;
@@ -438,6 +455,18 @@ pub fn load(
         reports.push(report);
     }
     Ok(Probes { ebpf, reports })
+}
+
+/// Monitor mode: the aggregation map's overflow key must exist before the
+/// map can fill, i.e. before anything is attached.
+fn insert_overflow_key(ebpf: &mut Ebpf) -> Result<()> {
+    let mut agg = PerCpuHashMap::<_, AggKey, u64>::try_from(
+        ebpf.map_mut("AGGREGATE").context("AGGREGATE map missing")?,
+    )?;
+    let n = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    let zeros = PerCpuValues::try_from(vec![0u64; n])?;
+    agg.insert(AggKey::OVERFLOW, zeros, 0)
+        .context("inserting the aggregation overflow key")
 }
 
 fn attach_ladder(
@@ -567,6 +596,41 @@ impl Probes {
             sum.sampled_out += c.sampled_out;
         }
         Ok(sum)
+    }
+
+    /// Monitor mode's per-key drop counts, summed over CPUs.
+    pub fn aggregate(&self) -> Result<Vec<(AggKey, u64)>> {
+        let map = self
+            .ebpf
+            .map("AGGREGATE")
+            .context("AGGREGATE map missing")?;
+        let agg = PerCpuHashMap::<_, AggKey, u64>::try_from(map)?;
+        let mut out = Vec::new();
+        for item in agg.iter() {
+            // A key deleted mid-walk is skipped; nothing deletes here.
+            let Ok((k, v)) = item else { continue };
+            out.push((k, v.iter().sum()));
+        }
+        Ok(out)
+    }
+
+    /// Monitor mode's (sampled out, capped) drop counts, summed over CPUs.
+    pub fn limited(&self) -> Result<(u64, u64)> {
+        Ok((
+            self.limited_at(LIMITED_SAMPLED_OUT)?,
+            self.limited_at(LIMITED_CAPPED)?,
+        ))
+    }
+
+    /// Egress handshake packets monitor mode's cap refused.
+    pub fn egress_capped(&self) -> Result<u64> {
+        self.limited_at(LIMITED_EGRESS_CAPPED)
+    }
+
+    fn limited_at(&self, key: u32) -> Result<u64> {
+        let map = self.ebpf.map("LIMITED").context("LIMITED map missing")?;
+        let arr = PerCpuArray::<_, u64>::try_from(map)?;
+        Ok(arr.get(&key, 0)?.iter().sum())
     }
 
     /// `fib_validate_source (return), the source validation result: fexit

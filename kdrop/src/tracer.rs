@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
-use kdrop_common::{Counters, Filter, AF_INET, AF_INET6, TCP_ACK, TCP_SYN};
+use kdrop_common::{Counters, Filter, MonitorConfig, AF_INET, AF_INET6, TCP_ACK, TCP_SYN};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
@@ -53,8 +53,13 @@ const BUSY_PAUSE: Duration = Duration::from_millis(2);
 impl Tracer {
     /// Reads the kernel, loads and attaches; returns once tracing.
     pub fn start(filter: &Filter, ring_kib: u32) -> Result<Self> {
+        Self::start_with(filter, &MonitorConfig::zeroed(), ring_kib)
+    }
+
+    /// `start` in monitor mode: aggregation, sampling, cap.
+    pub fn start_with(filter: &Filter, monitor: &MonitorConfig, ring_kib: u32) -> Result<Self> {
         let setup = KernelSetup::read()?;
-        let mut probes = probes::load(&setup, filter, ring_kib, false)?;
+        let mut probes = probes::load_with(&setup, filter, monitor, ring_kib, false)?;
         // SAFETY: the RingBuf owns its fd and lives inside the AsyncFd, so the
         // fd stays open for as long as it is registered.
         let events = unsafe { AsyncFd::register(probes.take_events()?) }
@@ -86,6 +91,10 @@ impl Tracer {
 
     pub fn egress_counters(&self) -> Result<Counters> {
         self.probes.egress_counters()
+    }
+
+    pub fn probes(&self) -> &Probes {
+        &self.probes
     }
 
     /// Waits until records are available, then decodes all of them.
@@ -213,6 +222,11 @@ impl Enricher {
         if let Some(ns) = self.registry.lookup(inode) {
             self.netfilter.prime(&ns);
         }
+    }
+
+    /// `enum skb_drop_reason` name of a raw value.
+    pub fn reason_name(&self, raw: u32) -> Option<String> {
+        self.reasons.name(raw)
     }
 
     fn symbols(&mut self) -> &Symbols {

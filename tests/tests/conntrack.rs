@@ -367,7 +367,8 @@ fn control_backend_behind_a_router_reports_nothing() {
         ],
     );
     let _l = listen(&far, "10.245.0.9:8003");
-    let k = Kdrop::start(&["--json", "--port", "8003"]);
+    // --host: other runs on this shared kernel drop packets with port 8003 too.
+    let k = Kdrop::start(&["--json", "--port", "8003", "--host", "10.244.1.5"]);
     let dst: SocketAddr = format!("{CLUSTER_IP}:8003").parse().unwrap();
     connect_from(&h.pod_a, "10.244.1.5:43536".parse().unwrap(), dst).expect("handshake");
     let done = k.stop(libc::SIGINT);
@@ -385,7 +386,8 @@ fn control_bridge_nf_call_iptables_reports_nothing() {
     }
     let h = hairpin("hairpn", "1");
     let _l = listen(&h.pod_b, "10.244.1.9:8002");
-    let k = Kdrop::start(&["--json", "--port", "8002"]);
+    // --host: other runs on this shared kernel drop packets with port 8002 too.
+    let k = Kdrop::start(&["--json", "--port", "8002", "--host", "10.244.1.5"]);
     let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
     connect_from(&h.pod_a, "10.244.1.5:43537".parse().unwrap(), dst).expect("handshake");
     let done = k.stop(libc::SIGINT);

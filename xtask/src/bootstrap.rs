@@ -162,6 +162,11 @@ const TOOLS: &[(&str, &str)] = &[
     ("conntrack", "conntrack"),
     ("bpftool", "bpftool"),
     ("setpriv", "util-linux"),
+    // The monitor tests: a real Prometheus server and promtool, and setcap
+    // for the capability test.
+    ("prometheus", "prometheus"),
+    ("promtool", "prometheus"),
+    ("setcap", "libcap2-bin"),
 ];
 
 pub fn have(bin: &str) -> bool {
