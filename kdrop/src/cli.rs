@@ -34,8 +34,9 @@ pub enum Command {
     Monitor(MonitorArgs),
 }
 
-#[derive(Debug, Args)]
-pub struct MonitorArgs {
+/// What the kernel lets through: the same flags for `kdrop` and `kdrop monitor`.
+#[derive(Debug, Default, Args)]
+pub struct FilterArgs {
     /// Only packets to or from this port (repeatable, up to 16).
     #[arg(short, long = "port", value_name = "PORT", value_parser = parse_port)]
     pub ports: Vec<u16>,
@@ -56,6 +57,12 @@ pub struct MonitorArgs {
     /// Every dropped TCP packet, not only handshake packets (SYN, SYN-ACK).
     #[arg(long)]
     pub all_flags: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MonitorArgs {
+    #[command(flatten)]
+    pub filter: FilterArgs,
 
     /// Address of the Prometheus endpoint (GET /metrics). Loopback by
     /// default: exposing it is a decision, e.g. --listen 0.0.0.0:9464.
@@ -110,26 +117,8 @@ pub enum LabName {
 
 #[derive(Debug, Default, Args)]
 pub struct TraceArgs {
-    /// Only packets to or from this port (repeatable, up to 16).
-    #[arg(short, long = "port", value_name = "PORT", value_parser = parse_port)]
-    pub ports: Vec<u16>,
-
-    /// Only packets to or from this address or CIDR (repeatable, up to 4).
-    #[arg(long = "host", value_name = "ADDR|CIDR", value_parser = parse_cidr)]
-    pub hosts: Vec<(IpAddr, u8)>,
-
-    /// Only packets in this network namespace: a name under /run/netns, a
-    /// path (/proc/PID/ns/net) or an inode number.
-    #[arg(long, value_name = "NAME|PATH")]
-    pub netns: Option<String>,
-
-    /// Only packets on this interface (of --netns if given, else kdrop's own).
-    #[arg(long, value_name = "NAME")]
-    pub iface: Option<String>,
-
-    /// Every dropped TCP packet, not only handshake packets (SYN, SYN-ACK).
-    #[arg(long)]
-    pub all_flags: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 
     /// One JSON object per line on stdout.
     #[arg(long)]
@@ -260,7 +249,7 @@ mod tests {
     #[test]
     fn cli_parses() {
         let c = Cli::try_parse_from(["kdrop", "--port", "3306", "-p", "80", "--json"]).unwrap();
-        assert_eq!(c.trace.ports, [3306, 80]);
+        assert_eq!(c.trace.filter.ports, [3306, 80]);
         assert!(c.trace.json);
         assert!(c.command.is_none());
         let c = Cli::try_parse_from(["kdrop", "check"]).unwrap();
@@ -284,7 +273,7 @@ mod tests {
             "loopback by default"
         );
         assert_eq!((m.sample_every, m.events_per_sec), (1, 100));
-        assert_eq!(m.ports, [80]);
+        assert_eq!(m.filter.ports, [80]);
         let c = Cli::try_parse_from(["kdrop", "monitor", "--listen", "[::]:9000"]).unwrap();
         assert!(matches!(c.command, Some(Command::Monitor(m)) if m.listen.port() == 9000));
         assert!(Cli::try_parse_from(["kdrop", "monitor", "--listen", "nope"]).is_err());

@@ -8,7 +8,7 @@ use anyhow::Result;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    cli::TraceArgs,
+    cli::{FilterArgs, TraceArgs},
     context::netns::{self, NetnsRegistry},
     output::{self, Summary},
     probes,
@@ -18,7 +18,7 @@ use crate::{
 
 /// Turns the command line into a kernel filter, resolving namespace and
 /// interface names now so that a typo fails before anything is loaded.
-pub fn resolve_filter(args: &TraceArgs) -> Result<kdrop_common::Filter> {
+pub fn resolve_filter(args: &FilterArgs) -> Result<kdrop_common::Filter> {
     let mut registry = NetnsRegistry::new();
     let ns = match &args.netns {
         Some(arg) => Some(netns::resolve_arg(arg, &mut registry).map_err(UserError)?),
@@ -50,23 +50,22 @@ pub fn resolve_filter(args: &TraceArgs) -> Result<kdrop_common::Filter> {
         (None, 0) => 0,
         (None, _) => netns::own()?.inode,
     };
-    let mut filter = tracer::build_filter(
+    tracer::build_filter(
         &args.ports,
         &args.hosts,
         netns_inode,
         ifindex,
         args.all_flags,
     )
-    .map_err(UserError)?;
-    filter.sample_every = args.sample;
-    Ok(filter)
+    .map_err(|e| UserError(e).into())
 }
 
 pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     for w in probes::check_privileges()? {
         log::warn!("{w}");
     }
-    let filter = resolve_filter(args)?;
+    let mut filter = resolve_filter(&args.filter)?;
+    filter.sample_every = args.sample;
     // Handlers first: a signal right after the readiness line must still
     // take the orderly way out (summary, detach).
     let mut sigint = signal(SignalKind::interrupt())?;

@@ -26,7 +26,7 @@ use self::{
     pods::Pods,
 };
 use crate::{
-    cli::{MonitorArgs, TraceArgs},
+    cli::MonitorArgs,
     context::netns::{self, IfNames, NetnsRegistry},
     output::{self, DropRecord},
     probes::{self, Outcome},
@@ -155,14 +155,7 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
     for w in probes::check_privileges()? {
         log::warn!("{w}");
     }
-    let filter = resolve_filter(&TraceArgs {
-        ports: args.ports.clone(),
-        hosts: args.hosts.clone(),
-        netns: args.netns.clone(),
-        iface: args.iface.clone(),
-        all_flags: args.all_flags,
-        ..Default::default()
-    })?;
+    let filter = resolve_filter(&args.filter)?;
     let mut out: Box<dyn Write> = match &args.output {
         None => Box::new(io::BufWriter::new(io::stdout())),
         Some(path) => Box::new(io::BufWriter::new(
