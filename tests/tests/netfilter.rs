@@ -703,8 +703,10 @@ fn busy_ruleset(b: Backend, net: u8) {
         (e, noise.join().unwrap())
     });
     assert!(sent > 0);
-    let moved = e["netfilter"]["evidence"].to_string();
-    assert!(moved.contains("other rule counters moved meanwhile"), "{e}");
+    // Whether other counters moved inside this drop's own snapshot window
+    // depends on scheduling (kdrop snapshots again after every decoy it
+    // attributes), so it is not asserted; the decoys above are under way,
+    // and the rule must still be the one below.
     let target = format!("-A KDT-ZONE -s 10.{net}.0.1/32 -p tcp -m tcp --dport 6109 -j DROP");
     check(
         &e,
