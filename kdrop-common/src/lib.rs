@@ -58,8 +58,7 @@ pub struct Offsets {
     pub nhc_gw_family: u32,
     /// `fib_nh_common.nhc_scope` (`unsigned char`).
     pub nhc_scope: u32,
-    /// `sk_buff.data` (`unsigned char *`).
-    pub skb_data: u32,
+    pub _pad: u32,
     /// `sk_buff._nfct` (`unsigned long`: `struct nf_conn *` | ctinfo).
     pub skb_nfct: u32,
     /// `nf_conn.tuplehash[0].tuple`; the reply tuple follows at
@@ -103,7 +102,7 @@ impl Offsets {
             nhc_gw: ABSENT,
             nhc_gw_family: ABSENT,
             nhc_scope: ABSENT,
-            skb_data: ABSENT,
+            _pad: 0,
             skb_nfct: ABSENT,
             ct_tuple: ABSENT,
             ct_tuplehash_size: ABSENT,

@@ -55,20 +55,10 @@ pub fn offsets(btf: &Btf) -> Result<Offsets> {
         nhc_gw: optional(btf, "fib_nh_common", "nhc_gw", 16),
         nhc_gw_family: optional(btf, "fib_nh_common", "nhc_gw_family", 1),
         nhc_scope: optional(btf, "fib_nh_common", "nhc_scope", 1),
-        skb_data: offset(btf, "sk_buff", "data", 8)?,
         skb_nfct: optional(btf, "sk_buff", "_nfct", 8),
         // Conntrack members are filled by `conntrack_offsets` (nf_conn may
         // live in module BTF).
-        ct_tuple: ABSENT,
-        ct_tuplehash_size: ABSENT,
-        tuple_src_addr: ABSENT,
-        tuple_src_port: ABSENT,
-        tuple_dst_addr: ABSENT,
-        tuple_dst_port: ABSENT,
-        tuple_protonum: ABSENT,
-        ct_status: ABSENT,
-        ct_mark: ABSENT,
-        ct_zone: ABSENT,
+        ..Offsets::zeroed()
     })
 }
 

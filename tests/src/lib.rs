@@ -382,6 +382,24 @@ impl Finished {
     }
 }
 
+/// Pair's addressing on c0 and s0: IPv4 10.<net>.0.1/.2 and IPv6
+/// fd00:<net>::1/::2 (no DAD, so the addresses are usable at once).
+pub fn pair_addresses(client: &Ns, server: &Ns, net: u8) {
+    for (ns, dev, last) in [(client, "c0", 1), (server, "s0", 2)] {
+        ns.ip(&["addr", "add", &format!("10.{net}.0.{last}/24"), "dev", dev])
+            .unwrap();
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("fd00:{net}::{last}/64"),
+            "dev",
+            dev,
+            "nodad",
+        ])
+        .unwrap();
+    }
+}
+
 /// Two namespaces joined by a veth: `client` (c0) and `server` (s0), with
 /// IPv4 10.<net>.0.1/.2 and IPv6 fd00:<net>::1/::2.
 pub struct Pair {
@@ -403,19 +421,7 @@ impl Pair {
             "02:00:00:00:00:02",
         )
         .unwrap();
-        for (ns, dev, last) in [(&client, "c0", 1), (&server, "s0", 2)] {
-            ns.ip(&["addr", "add", &format!("10.{net}.0.{last}/24"), "dev", dev])
-                .unwrap();
-            ns.ip(&[
-                "addr",
-                "add",
-                &format!("fd00:{net}::{last}/64"),
-                "dev",
-                dev,
-                "nodad",
-            ])
-            .unwrap();
-        }
+        pair_addresses(&client, &server, net);
         Pair {
             client,
             server,

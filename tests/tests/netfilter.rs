@@ -398,19 +398,7 @@ fn forward_policy_on_bridge(b: Backend, net: u8) {
     bridge
         .sysctl("net/bridge/bridge-nf-call-ip6tables", "1")
         .unwrap();
-    for (ns, dev, last) in [(&client, "c0", 1), (&server, "s0", 2)] {
-        ns.ip(&["addr", "add", &format!("10.{net}.0.{last}/24"), "dev", dev])
-            .unwrap();
-        ns.ip(&[
-            "addr",
-            "add",
-            &format!("fd00:{net}::{last}/64"),
-            "dev",
-            dev,
-            "nodad",
-        ])
-        .unwrap();
-    }
+    integration_tests::pair_addresses(&client, &server, net);
     for v6 in [false, true] {
         ipt(&bridge, b, v6, "-P FORWARD DROP");
         ipt(&bridge, b, v6, "-A FORWARD -p tcp --dport 22 -j ACCEPT");
