@@ -219,7 +219,7 @@ impl FibLookup {
 
 /// Lookups kept per CPU; a power of two.
 pub const FIB_RECENT: usize = 16;
-/// Lookups attached to one drop event.
+/// Lookups userspace keeps for one drop, out of the `FIB_RECENT` it gets.
 pub const FIB_PER_EVENT: usize = 8;
 /// How old a lookup may be and still belong to the packet being dropped
 /// (same CPU, matching addresses): a packet's route lookups and its drop are
@@ -374,10 +374,14 @@ pub struct DropEvent {
     pub family: u8,
     pub tcp_flags: u8,
     pub _pad: [u8; 2],
-    /// Route lookups of this packet (IPv4): see `FibLookup`.
-    pub n_fib: u32,
-    pub _pad2: u32,
-    pub fib: [FibLookup; FIB_PER_EVENT],
+    /// 1 when `fib` holds this CPU's ring of recent IPv4 route lookups as
+    /// it was at the drop (`FibRecent`); userspace picks the packet's own.
+    /// Copied whole, not searched: a search loop in the kernel cost the
+    /// verifier hundreds of thousands of instructions.
+    pub fib_valid: u32,
+    /// `FibRecent::next` at the copy: the oldest entry's slot.
+    pub fib_next: u32,
+    pub fib: [FibLookup; FIB_RECENT],
     pub ct: CtInfo,
     /// What `fib_validate_source` returned last on this CPU, within
     /// `FIB_WINDOW_NS` of the drop (fexit/kretprobe rung): 0 or -errno.
@@ -664,7 +668,7 @@ mod tests {
         assert_eq!(size_of::<EventHeader>(), 16);
         assert_eq!(
             size_of::<DropEvent>(),
-            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_PER_EVENT + 96 + 8
+            16 + 8 + 16 + 32 + 8 + 8 + 56 * FIB_RECENT + 96 + 8
         );
         assert_eq!(size_of::<CtTuple>(), 40);
         assert_eq!(size_of::<CtInfo>(), 96);

@@ -67,8 +67,10 @@ pub static LIMITED: PerCpuArray<u64> = PerCpuArray::with_max_entries(LIMITED_KEY
 
 // Volatile reads so the compiler does not fold the zeroed initialisers.
 #[inline(always)]
-pub fn offsets() -> Offsets {
-    unsafe { core::ptr::read_volatile(&raw const OFFSETS) }
+pub fn offsets() -> &'static Offsets {
+    // A reference into .rodata, not a copy: 128 bytes less of BPF stack in
+    // every program (5.10 refused the drop path's combined stack of 608).
+    unsafe { &*core::ptr::read_volatile(&&raw const OFFSETS) }
 }
 
 #[inline(always)]

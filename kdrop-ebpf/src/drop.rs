@@ -35,7 +35,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         return None;
     }
     let o = offsets();
-    let tcp = skb::parse_tcp(skb, &o)?;
+    let tcp = skb::parse_tcp(skb, o)?;
     let f = filter();
     if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
         return None;
@@ -45,11 +45,11 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     let ct = CT_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch slot, used by one program run at a time.
     let ct = unsafe { &mut *ct };
-    ct::read_ct(skb, &o, ct);
+    ct::read_ct(skb, o, ct);
     if !matches_packet(f, &tcp, ct) {
         return None;
     }
-    let (netns, ifindex) = skb::netns_and_ifindex(skb, &o);
+    let (netns, ifindex) = skb::netns_and_ifindex(skb, o);
     if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
         return None;
     }
@@ -100,14 +100,14 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     e.family = tcp.family;
     e.tcp_flags = tcp.tcp_flags;
     e._pad = [0; 2];
-    e._pad2 = 0;
-    e.n_fib = if tcp.family == AF_INET {
-        let s = [tcp.saddr[0], tcp.saddr[1], tcp.saddr[2], tcp.saddr[3]];
-        let d = [tcp.daddr[0], tcp.daddr[1], tcp.daddr[2], tcp.daddr[3]];
-        fib::lookups_for(&s, &d, netns, now, &mut e.fib)
+    // Route lookups are IPv4 only; userspace ignores `fib` unless valid.
+    let fib_next = if tcp.family == AF_INET {
+        fib::copy_recent(&mut e.fib)
     } else {
-        0
+        None
     };
+    e.fib_valid = u32::from(fib_next.is_some());
+    e.fib_next = fib_next.unwrap_or(0);
     e.ct = *ct;
     let check = srccheck::recent(now);
     e.src_check_ret = check.unwrap_or(0);

@@ -23,7 +23,7 @@ pub fn on_net_dev_queue(skb: u64) -> i32 {
 #[inline(always)]
 fn try_net_dev_queue(skb: u64) -> Option<()> {
     let o = offsets();
-    let tcp = skb::parse_tcp(skb, &o)?;
+    let tcp = skb::parse_tcp(skb, o)?;
     // The handshake and its refusal, whatever --all-flags says for drops.
     if !flags_match(TCP_SYN | TCP_RST, tcp.tcp_flags) {
         return None;
@@ -32,7 +32,7 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
     let ct = CT_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch slot, used by one program run at a time.
     let ct = unsafe { &mut *ct };
-    ct::read_ct(skb, &o, ct);
+    ct::read_ct(skb, o, ct);
     if !matches_packet(f, &tcp, ct) {
         return None;
     }

@@ -2,8 +2,10 @@
 //! drop can carry the lookups the kernel did for that very packet (e.g. the
 //! reverse-path check of `fib_validate_source`). This is the kernel's own
 //! routing evidence on kernels where fexit/kretprobe are not allowed.
-use aya_ebpf::helpers::bpf_ktime_get_ns;
-use kdrop_common::{FibLookup, Offsets, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS};
+use core::mem::size_of;
+
+use aya_ebpf::helpers::{bpf_ktime_get_ns, generated};
+use kdrop_common::{FibLookup, Offsets, FIB_RECENT};
 
 use crate::{
     config::{offsets, FIB_LOOKUPS},
@@ -37,7 +39,7 @@ fn try_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> 
     e.saddr = read(flp, o.fl4_saddr).unwrap_or([0; 4]);
     e.daddr = read(flp, o.fl4_daddr).unwrap_or([0; 4]);
     e.netns = 0;
-    fill_result(e, nhc, &o);
+    fill_result(e, nhc, o);
     Some(())
 }
 
@@ -52,38 +54,21 @@ fn fill_result(e: &mut FibLookup, nhc: u64, o: &Offsets) {
     e.scope = read(nhc, o.nhc_scope).unwrap_or(0);
 }
 
-/// Copies this CPU's recent lookups of the packet `saddr -> daddr` (the
-/// forward lookup, and the reverse one with the addresses swapped) into
-/// `out`, oldest first; returns how many. A lookup whose result lives in
-/// another namespace (the sender's, on a veth) is not this packet's.
-// A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
-#[inline(never)]
-pub fn lookups_for(
-    saddr: &[u8; 4],
-    daddr: &[u8; 4],
-    netns: u32,
-    now: u64,
-    out: &mut [FibLookup; FIB_PER_EVENT],
-) -> u32 {
-    let Some(recent) = FIB_LOOKUPS.get_ptr(0) else {
-        return 0;
-    };
-    // SAFETY: per-CPU slot; we only read it.
-    let recent = unsafe { &*recent };
-    let next = recent.next as usize;
-    let mut n = 0usize;
-    let mut i = 0usize;
-    while i < FIB_RECENT {
-        let e = &recent.entries[(next + i) & (FIB_RECENT - 1)];
-        let fresh = e.ts_ns != 0 && now.wrapping_sub(e.ts_ns) < FIB_WINDOW_NS;
-        let forward = e.saddr == *saddr && e.daddr == *daddr;
-        let reverse = e.saddr == *daddr && e.daddr == *saddr;
-        let same_ns = e.netns == 0 || e.netns == netns;
-        if fresh && same_ns && (forward || reverse) && n < FIB_PER_EVENT {
-            out[n] = *e;
-            n += 1;
-        }
-        i += 1;
+/// Copies this CPU's whole ring of recent lookups into `out` and returns
+/// its cursor (the oldest slot). One helper call, no loop: userspace picks
+/// the packet's own lookups (see `kdrop::event::route_lookups`).
+#[inline(always)]
+pub fn copy_recent(out: &mut [FibLookup; FIB_RECENT]) -> Option<u32> {
+    let recent = FIB_LOOKUPS.get_ptr(0)?;
+    // SAFETY: a per-CPU map value of this CPU; bpf_probe_read_kernel copies
+    // it in one go and fails cleanly.
+    unsafe {
+        let src = &raw const (*recent).entries;
+        let ret = generated::bpf_probe_read_kernel(
+            out.as_mut_ptr().cast(),
+            size_of::<[FibLookup; FIB_RECENT]>() as u32,
+            src.cast(),
+        );
+        (ret == 0).then_some((*recent).next)
     }
-    n as u32
 }

@@ -3,7 +3,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kdrop_common::{
     CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, PacketEvent, AF_INET, AF_INET6, EVENT_DROP,
-    EVENT_EGRESS, FIB_PER_EVENT,
+    EVENT_EGRESS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
 };
 
 /// A dropped TCP packet as the kernel reported it, before any enrichment.
@@ -173,6 +173,32 @@ fn ct(family: u8, c: &CtInfo) -> Result<Option<Ct>, DecodeError> {
     }))
 }
 
+/// The dropped packet's own route lookups out of the CPU ring the kernel
+/// copied (`ring[next]` is the oldest), oldest first, at most
+/// `FIB_PER_EVENT`: those at most `FIB_WINDOW_NS` before the drop (same CPU,
+/// same softirq), for the packet's addresses forward (its route) or swapped
+/// (the reverse-path check), with a result in the drop's namespace or no
+/// result (a lookup that finds nothing does not say where it ran). A lookup
+/// whose result lives in another namespace is the sender's, on a veth.
+pub fn route_lookups(e: &DropEvent) -> Vec<Lookup> {
+    if e.fib_valid == 0 || e.family != AF_INET {
+        return Vec::new();
+    }
+    let (s, d) = (&e.saddr[..4], &e.daddr[..4]);
+    (0..FIB_RECENT)
+        .map(|i| &e.fib[(e.fib_next as usize + i) % FIB_RECENT])
+        .filter(|l| {
+            let age = e.header.ts_ns.checked_sub(l.ts_ns);
+            let fresh = l.ts_ns != 0 && age.is_some_and(|a| a < FIB_WINDOW_NS);
+            let forward = l.saddr == s && l.daddr == d;
+            let reverse = l.saddr == d && l.daddr == s;
+            fresh && (forward || reverse) && (l.netns == 0 || l.netns == e.netns)
+        })
+        .take(FIB_PER_EVENT)
+        .map(Lookup::from)
+        .collect()
+}
+
 /// Decodes one ring buffer record.
 pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
     let header: EventHeader = read(data, 0)?;
@@ -192,12 +218,7 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
                 sport: e.sport,
                 dport: e.dport,
                 tcp_flags: e.tcp_flags,
-                fib: e
-                    .fib
-                    .iter()
-                    .take((e.n_fib as usize).min(FIB_PER_EVENT))
-                    .map(Lookup::from)
-                    .collect(),
+                fib: route_lookups(&e),
                 ct: ct(e.family, &e.ct)?,
                 src_check: (e.src_check_seen != 0).then_some(e.src_check_ret),
             }))
@@ -267,9 +288,9 @@ pub(crate) mod tests {
             family: AF_INET,
             tcp_flags: TCP_SYN,
             _pad: [0; 2],
-            n_fib: 0,
-            _pad2: 0,
-            fib: [FibLookup::zeroed(); FIB_PER_EVENT],
+            fib_valid: 0,
+            fib_next: 0,
+            fib: [FibLookup::zeroed(); FIB_RECENT],
             ct: CtInfo::zeroed(),
             src_check_ret: 0,
             src_check_seen: 0,
@@ -300,27 +321,38 @@ pub(crate) mod tests {
         assert_eq!(d.netns, 4026532000);
     }
 
+    /// A lookup of `src -> dst` at `ts_ns`.
+    fn lookup(ts_ns: u64, src: [u8; 4], dst: [u8; 4]) -> FibLookup {
+        FibLookup {
+            ts_ns,
+            tb_id: 254,
+            saddr: src,
+            daddr: dst,
+            ..FibLookup::zeroed()
+        }
+    }
+
     #[test]
     fn decodes_route_lookups() {
         let mut e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
-        e.n_fib = 2;
-        e.fib[0] = FibLookup {
-            ts_ns: 40,
+        e.header.ts_ns = 1_000_000_000;
+        e.fib_valid = 1;
+        e.fib_next = 5;
+        // The reverse-path lookup (swapped addresses) fails in table 255...
+        e.fib[5] = FibLookup {
             tb_id: 255,
             err: -11,
             iif: 1,
-            daddr: [198, 51, 100, 7],
-            saddr: [10, 0, 2, 20],
-            ..FibLookup::zeroed()
+            ..lookup(999_000_000, [10, 0, 2, 20], [198, 51, 100, 7])
         };
-        e.fib[1] = FibLookup {
-            tb_id: 254,
+        // ...and finds a gateway in the main table.
+        e.fib[6] = FibLookup {
             res_ifindex: 2,
             gw: [10, 0, 1, 1],
             gw_family: AF_INET,
-            ..e.fib[0]
+            netns: 4026532000,
+            ..lookup(999_000_100, [10, 0, 2, 20], [198, 51, 100, 7])
         };
-        e.fib[1].err = 0;
         let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
             panic!()
         };
@@ -328,14 +360,64 @@ pub(crate) mod tests {
         assert_eq!(d.fib[0].table, 255);
         assert_eq!(d.fib[0].err, -11);
         assert_eq!(d.fib[0].gw, None);
+        assert_eq!(d.fib[1].table, 254);
         assert_eq!(d.fib[1].gw, Some(Ipv4Addr::new(10, 0, 1, 1)));
         assert_eq!(d.fib[1].dst, Ipv4Addr::new(198, 51, 100, 7));
-        // A corrupt count never reads past the array.
-        e.n_fib = 1000;
+        // Not a copy of the ring: nothing.
+        e.fib_valid = 0;
         let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
             panic!()
         };
-        assert_eq!(d.fib.len(), FIB_PER_EVENT);
+        assert!(d.fib.is_empty());
+    }
+
+    #[test]
+    fn route_lookups_are_the_packets_own_oldest_first() {
+        let (c, s) = ([198, 51, 100, 7], [10, 0, 2, 20]);
+        let mut e = raw_v4(c, s, 40000, 8080);
+        e.header.ts_ns = 50_000_000;
+        e.fib_valid = 1;
+        // The ring wrapped: slot 14 is the oldest, slot 13 the newest.
+        e.fib_next = 14;
+        for (slot, ts) in [
+            (14, 41_000_001),
+            (15, 41_000_002),
+            (0, 41_000_003),
+            (13, 49_999_999),
+        ] {
+            e.fib[slot] = lookup(ts, c, s);
+        }
+        // Other packets, a stale lookup, a lookup after the drop (not
+        // possible on one CPU, never trusted), another namespace's result.
+        e.fib[1] = lookup(45_000_000, c, [10, 0, 2, 21]);
+        e.fib[2] = lookup(39_999_999, c, s);
+        e.fib[3] = lookup(50_000_001, c, s);
+        e.fib[4] = FibLookup {
+            netns: 4026532999,
+            ..lookup(45_000_000, s, c)
+        };
+        let got: Vec<u64> = route_lookups(&e).iter().map(|l| l.ts_ns).collect();
+        assert_eq!(got, [41_000_001, 41_000_002, 41_000_003, 49_999_999]);
+        // The same namespace's result, or none, counts.
+        e.fib[4].netns = e.netns;
+        assert_eq!(route_lookups(&e).len(), 5);
+        // A corrupt cursor never reads past the ring.
+        e.fib_next = u32::MAX;
+        assert_eq!(route_lookups(&e).len(), 5);
+    }
+
+    #[test]
+    fn route_lookups_keep_at_most_fib_per_event() {
+        let (c, s) = ([198, 51, 100, 7], [10, 0, 2, 20]);
+        let mut e = raw_v4(c, s, 40000, 8080);
+        e.header.ts_ns = 50_000_000;
+        e.fib_valid = 1;
+        for (i, l) in e.fib.iter_mut().enumerate() {
+            *l = lookup(45_000_000 + i as u64, c, s);
+        }
+        let got = route_lookups(&e);
+        assert_eq!(got.len(), FIB_PER_EVENT);
+        assert_eq!(got[0].ts_ns, 45_000_000);
     }
 
     #[test]
