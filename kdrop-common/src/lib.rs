@@ -484,8 +484,8 @@ pub struct PacketEvent {
 pub const COUNTERS_KEY: u32 = 0;
 pub const EGRESS_COUNTERS_KEY: u32 = 1;
 
-/// Per-CPU counters. `matched == emitted + lost + sampled_out` on every CPU,
-/// always.
+/// Per-CPU counters. `matched == emitted + lost + sampled_out + capped` on
+/// every CPU, always.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -497,6 +497,9 @@ pub struct Counters {
     pub lost: u64,
     /// Matched packets left out by sampling (`Filter::sample_every`).
     pub sampled_out: u64,
+    /// Matched packets monitor mode's per-second cap refused
+    /// (`MonitorConfig::events_per_sec`).
+    pub capped: u64,
 }
 
 /// Monitor mode (`kdrop monitor`), set at load time. All zero: live tracing,
@@ -507,11 +510,9 @@ pub struct MonitorConfig {
     /// 1: count every matched drop in `AGGREGATE` before anything else.
     pub aggregate: u32,
     /// Detailed events per second per CPU (a token bucket refilled from
-    /// `bpf_ktime_get_ns`, one second of burst); 0: no cap.
+    /// `bpf_ktime_get_ns`, one second of burst); 0: no cap. Sampling is
+    /// `Filter::sample_every`, the same for live tracing and monitor mode.
     pub events_per_sec: u32,
-    /// Keep 1 matched drop in N per CPU as a detailed event; 0 or 1: all.
-    pub sample_every: u32,
-    pub _pad: u32,
 }
 
 impl MonitorConfig {
@@ -519,8 +520,6 @@ impl MonitorConfig {
         Self {
             aggregate: 0,
             events_per_sec: 0,
-            sample_every: 0,
-            _pad: 0,
         }
     }
 }
@@ -571,28 +570,15 @@ pub fn service_port(tcp_flags: u8, sport: u16, dport: u16) -> u16 {
     }
 }
 
-/// Per-CPU state of monitor mode's sampling and token bucket.
+/// Per-CPU state of monitor mode's token bucket.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimiterState {
-    /// Matched drops seen by the sampler on this CPU.
-    pub seen: u64,
     /// Bucket content in nanoseconds of credit (one event costs
     /// 1e9 / events_per_sec), at most one second.
     pub credit_ns: u64,
     pub last_ns: u64,
 }
-
-/// Keys of the per-CPU `LIMITED` counters (u64): matched drops that became
-/// no event because monitor mode sampled them out or the per-second cap
-/// refused them. With them, `matched == emitted + lost + sampled_out +
-/// capped` on every CPU.
-pub const LIMITED_SAMPLED_OUT: u32 = 0;
-pub const LIMITED_CAPPED: u32 = 1;
-/// Egress handshake packets the cap refused: with it, the egress entry of
-/// `COUNTERS` keeps `matched == emitted + lost + capped`.
-pub const LIMITED_EGRESS_CAPPED: u32 = 2;
-pub const LIMITED_KEYS: u32 = 3;
 
 /// Entries of the per-CPU `LIMITER` state: drops, egress packets.
 pub const LIMITER_DROP: u32 = 0;
@@ -673,10 +659,10 @@ mod tests {
         assert_eq!(size_of::<CtTuple>(), 40);
         assert_eq!(size_of::<CtInfo>(), 96);
         assert_eq!(size_of::<PacketEvent>(), 16 + 16 + 32 + 8 + 96);
-        assert_eq!(size_of::<Counters>(), 32);
-        assert_eq!(size_of::<MonitorConfig>(), 16);
+        assert_eq!(size_of::<Counters>(), 40);
+        assert_eq!(size_of::<MonitorConfig>(), 8);
         assert_eq!(size_of::<AggKey>(), 16);
-        assert_eq!(size_of::<LimiterState>(), 24);
+        assert_eq!(size_of::<LimiterState>(), 16);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use kdrop_common::{
     AggKey, Counters, CtInfo, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
-    MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, LIMITED_KEYS, LIMITERS,
+    MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, LIMITERS,
 };
 
 #[unsafe(no_mangle)]
@@ -60,10 +60,6 @@ pub static AGGREGATE: PerCpuHashMap<AggKey, u64> =
 /// Monitor mode: the sampler's and the token bucket's per-CPU state.
 #[map]
 pub static LIMITER: PerCpuArray<LimiterState> = PerCpuArray::with_max_entries(LIMITERS, 0);
-
-/// Matched drops monitor mode turned into no event: sampled out, capped.
-#[map]
-pub static LIMITED: PerCpuArray<u64> = PerCpuArray::with_max_entries(LIMITED_KEYS, 0);
 
 // Volatile reads so the compiler does not fold the zeroed initialisers.
 #[inline(always)]

@@ -57,21 +57,24 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
     counters.matched += 1;
-    // Monitor mode: count every matched drop, then keep a bounded sample of
-    // them as events (no-ops when MONITOR is zero, i.e. live tracing).
+    // Monitor mode: count every matched drop (a no-op when MONITOR is
+    // zero, i.e. live tracing).
     let port = service_port(tcp.tcp_flags, tcp.sport, tcp.dport);
     monitor::aggregate(reason_or_absent, netns, ifindex, port);
-    if !monitor::admit() {
-        return None;
-    }
-    // 1 in N per CPU: the 1st, N+1th, 2N+1th... match. `emitted + lost`
-    // counts the picks so far, so the next one is due at match
+    // 1 in N per CPU: the 1st, N+1th, 2N+1th... match. `emitted + lost +
+    // capped` counts the picks so far, so the next one is due at match
     // picks * N + 1 (a multiply, not a 64-bit division per packet). The
     // split stays exact without an atomic: the counters are per CPU.
     if f.sample_every > 1
-        && counters.matched - 1 != (counters.emitted + counters.lost) * u64::from(f.sample_every)
+        && counters.matched - 1
+            != (counters.emitted + counters.lost + counters.capped) * u64::from(f.sample_every)
     {
         counters.sampled_out += 1;
+        return None;
+    }
+    // Monitor mode's per-second cap on detailed events.
+    if !monitor::admit() {
+        counters.capped += 1;
         return None;
     }
     let Some(mut entry) = EVENTS.reserve::<DropEvent>(0) else {

@@ -47,6 +47,7 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
     let counters = unsafe { &mut *counters };
     counters.matched += 1;
     if !monitor::admit_egress() {
+        counters.capped += 1;
         return None;
     }
     let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {

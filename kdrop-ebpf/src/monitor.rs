@@ -1,14 +1,12 @@
 //! Monitor mode on the drop path: every matched drop is counted in the
-//! bounded `AGGREGATE` map; only a sample of them, under a per-second cap,
-//! becomes a detailed event. Both are decided before the ring buffer is
-//! touched, so a flood costs a hash update per packet, not an event.
+//! bounded `AGGREGATE` map; only a sample of them (`Filter::sample_every`,
+//! as in live tracing), under a per-second cap, becomes a detailed event.
+//! Both are decided before the ring buffer is touched, so a flood costs a
+//! hash update per packet, not an event.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use kdrop_common::{
-    AggKey, LIMITED_CAPPED, LIMITED_EGRESS_CAPPED, LIMITED_SAMPLED_OUT, LIMITER_DROP,
-    LIMITER_EGRESS,
-};
+use kdrop_common::{AggKey, LIMITER_DROP, LIMITER_EGRESS};
 
-use crate::config::{monitor, AGGREGATE, LIMITED, LIMITER};
+use crate::config::{monitor, AGGREGATE, LIMITER};
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 /// `BPF_NOEXIST`: insert only, another CPU may have just created the key.
@@ -51,25 +49,23 @@ fn add_one(key: &AggKey) -> bool {
     }
 }
 
-/// Should this matched drop become a detailed event? Keeps 1 in
-/// `sample_every` (the first, then every Nth, per CPU), then takes a token
-/// from the per-CPU bucket. Each refusal is counted in `LIMITED`.
+/// May this sampled, matched drop become a detailed event? Takes a token
+/// from the per-CPU bucket; the caller counts a refusal as `capped`.
 #[inline(never)]
 pub fn admit() -> bool {
-    admit_in(LIMITER_DROP, true)
+    admit_in(LIMITER_DROP)
 }
 
-/// The same cap (its own bucket) for handshake packets leaving devices; not
-/// sampled: following a handshake needs each of its packets.
+/// The same cap (its own bucket) for handshake packets leaving devices.
 #[inline(never)]
 pub fn admit_egress() -> bool {
-    admit_in(LIMITER_EGRESS, false)
+    admit_in(LIMITER_EGRESS)
 }
 
 #[inline(always)]
-fn admit_in(slot: u32, sample: bool) -> bool {
+fn admit_in(slot: u32) -> bool {
     let m = monitor();
-    if (!sample || m.sample_every <= 1) && m.events_per_sec == 0 {
+    if m.events_per_sec == 0 {
         return true;
     }
     let Some(st) = LIMITER.get_ptr_mut(slot) else {
@@ -77,44 +73,21 @@ fn admit_in(slot: u32, sample: bool) -> bool {
     };
     // SAFETY: per-CPU slot, used by one program run at a time.
     let st = unsafe { &mut *st };
-    if sample && m.sample_every > 1 {
-        let n = st.seen;
-        st.seen = n.wrapping_add(1);
-        // checked_*: no panic path for the verifier to trip on.
-        if n.checked_rem(u64::from(m.sample_every)).unwrap_or(0) != 0 {
-            count(LIMITED_SAMPLED_OUT);
-            return false;
-        }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // checked_*: no panic path for the verifier to trip on.
+    let cost = NS_PER_SEC
+        .checked_div(u64::from(m.events_per_sec))
+        .unwrap_or(0);
+    let mut credit = st.credit_ns.saturating_add(now.saturating_sub(st.last_ns));
+    if credit > NS_PER_SEC {
+        credit = NS_PER_SEC;
     }
-    if m.events_per_sec != 0 {
-        // SAFETY: plain helper call.
-        let now = unsafe { bpf_ktime_get_ns() };
-        let cost = NS_PER_SEC
-            .checked_div(u64::from(m.events_per_sec))
-            .unwrap_or(0);
-        let mut credit = st.credit_ns.saturating_add(now.saturating_sub(st.last_ns));
-        if credit > NS_PER_SEC {
-            credit = NS_PER_SEC;
-        }
-        st.last_ns = now;
-        if credit < cost {
-            st.credit_ns = credit;
-            count(if sample {
-                LIMITED_CAPPED
-            } else {
-                LIMITED_EGRESS_CAPPED
-            });
-            return false;
-        }
-        st.credit_ns = credit - cost;
+    st.last_ns = now;
+    if credit < cost {
+        st.credit_ns = credit;
+        return false;
     }
+    st.credit_ns = credit - cost;
     true
-}
-
-#[inline(always)]
-fn count(key: u32) {
-    if let Some(c) = LIMITED.get_ptr_mut(key) {
-        // SAFETY: per-CPU slot.
-        unsafe { *c = (*c).wrapping_add(1) };
-    }
 }

@@ -57,6 +57,12 @@ pub struct FilterArgs {
     /// Every dropped TCP packet, not only handshake packets (SYN, SYN-ACK).
     #[arg(long)]
     pub all_flags: bool,
+
+    /// Emit 1 in N matched drops as an event, chosen in the kernel per CPU
+    /// (the others are counted as sampled out); 1 emits all.
+    #[arg(long, visible_alias = "sample-every", value_name = "N", default_value_t = 1,
+          value_parser = parse_sample)]
+    pub sample: u32,
 }
 
 #[derive(Debug, Args)]
@@ -68,12 +74,6 @@ pub struct MonitorArgs {
     /// default: exposing it is a decision, e.g. --listen 0.0.0.0:9464.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     pub listen: SocketAddr,
-
-    /// Keep 1 matched drop in N (per CPU) as a detailed event; every drop is
-    /// counted in the metrics whatever N is.
-    #[arg(long, value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub sample_every: u32,
 
     /// At most N detailed events per second per CPU (0: no cap).
     #[arg(long, value_name = "N", default_value_t = 100)]
@@ -135,11 +135,6 @@ pub struct TraceArgs {
     /// Ring buffer size in KiB (a power of two, at least 4).
     #[arg(long, value_name = "KIB", default_value_t = 1024, value_parser = parse_ring_kib)]
     pub ring_size: u32,
-
-    /// Emit 1 in N matched packets, chosen in the kernel (the others are
-    /// counted as sampled out); 1 emits all.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_sample)]
-    pub sample: u32,
 }
 
 fn parse_port(s: &str) -> Result<u16, String> {
@@ -256,9 +251,12 @@ mod tests {
         assert!(matches!(c.command, Some(Command::Check)));
         assert!(Cli::try_parse_from(["kdrop", "--port", "http"]).is_err());
         assert!(Cli::try_parse_from(["kdrop", "--count", "0"]).is_err());
-        assert_eq!(Cli::try_parse_from(["kdrop"]).unwrap().trace.sample, 1);
+        assert_eq!(
+            Cli::try_parse_from(["kdrop"]).unwrap().trace.filter.sample,
+            1
+        );
         let c = Cli::try_parse_from(["kdrop", "--sample", "100"]).unwrap();
-        assert_eq!(c.trace.sample, 100);
+        assert_eq!(c.trace.filter.sample, 100);
     }
 
     #[test]
@@ -272,7 +270,10 @@ mod tests {
             "127.0.0.1:9464".parse().unwrap(),
             "loopback by default"
         );
-        assert_eq!((m.sample_every, m.events_per_sec), (1, 100));
+        assert_eq!((m.filter.sample, m.events_per_sec), (1, 100));
+        // One sampling knob for both modes; monitor's old name still works.
+        let c = Cli::try_parse_from(["kdrop", "monitor", "--sample-every", "10"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Monitor(m)) if m.filter.sample == 10));
         assert_eq!(m.filter.ports, [80]);
         let c = Cli::try_parse_from(["kdrop", "monitor", "--listen", "[::]:9000"]).unwrap();
         assert!(matches!(c.command, Some(Command::Monitor(m)) if m.listen.port() == 9000));

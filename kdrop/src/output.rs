@@ -304,6 +304,7 @@ pub(crate) mod tests {
             emitted: 3,
             lost: 0,
             sampled_out: 0,
+            capped: 0,
         };
         assert_eq!(
             s.render(&c, 2.0),
@@ -320,6 +321,7 @@ pub(crate) mod tests {
             emitted: 2,
             lost: 1,
             sampled_out: 247,
+            capped: 0,
         };
         let first = Summary::default().render(&c, 1.0);
         assert_eq!(

@@ -14,7 +14,7 @@ use aya::{
 };
 use kdrop_common::{
     AggKey, Counters, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig, Offsets, COUNTERS_KEY,
-    EGRESS_COUNTERS_KEY, LIMITED_CAPPED, LIMITED_EGRESS_CAPPED, LIMITED_SAMPLED_OUT,
+    EGRESS_COUNTERS_KEY,
 };
 
 use crate::{
@@ -594,6 +594,7 @@ impl Probes {
             sum.emitted += c.emitted;
             sum.lost += c.lost;
             sum.sampled_out += c.sampled_out;
+            sum.capped += c.capped;
         }
         Ok(sum)
     }
@@ -612,25 +613,6 @@ impl Probes {
             out.push((k, v.iter().sum()));
         }
         Ok(out)
-    }
-
-    /// Monitor mode's (sampled out, capped) drop counts, summed over CPUs.
-    pub fn limited(&self) -> Result<(u64, u64)> {
-        Ok((
-            self.limited_at(LIMITED_SAMPLED_OUT)?,
-            self.limited_at(LIMITED_CAPPED)?,
-        ))
-    }
-
-    /// Egress handshake packets monitor mode's cap refused.
-    pub fn egress_capped(&self) -> Result<u64> {
-        self.limited_at(LIMITED_EGRESS_CAPPED)
-    }
-
-    fn limited_at(&self, key: u32) -> Result<u64> {
-        let map = self.ebpf.map("LIMITED").context("LIMITED map missing")?;
-        let arr = PerCpuArray::<_, u64>::try_from(map)?;
-        Ok(arr.get(&key, 0)?.iter().sum())
     }
 
     /// `fib_validate_source (return), the source validation result: fexit

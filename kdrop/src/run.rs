@@ -50,22 +50,23 @@ pub fn resolve_filter(args: &FilterArgs) -> Result<kdrop_common::Filter> {
         (None, 0) => 0,
         (None, _) => netns::own()?.inode,
     };
-    tracer::build_filter(
+    let mut f = tracer::build_filter(
         &args.ports,
         &args.hosts,
         netns_inode,
         ifindex,
         args.all_flags,
     )
-    .map_err(|e| UserError(e).into())
+    .map_err(UserError)?;
+    f.sample_every = args.sample;
+    Ok(f)
 }
 
 pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     for w in probes::check_privileges()? {
         log::warn!("{w}");
     }
-    let mut filter = resolve_filter(&args.filter)?;
-    filter.sample_every = args.sample;
+    let filter = resolve_filter(&args.filter)?;
     // Handlers first: a signal right after the readiness line must still
     // take the orderly way out (summary, detach).
     let mut sigint = signal(SignalKind::interrupt())?;

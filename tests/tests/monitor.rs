@@ -211,7 +211,7 @@ fn sampling_and_cap_hold_under_a_burst() {
         "5602",
         "--listen",
         "127.0.0.1:0",
-        "--sample-every",
+        "--sample",
         "4",
         "--events-per-sec",
         "0",

@@ -96,7 +96,6 @@ fn snapshot(
 ) -> Result<Snapshot> {
     let p = tracer.probes();
     let c = p.counters()?;
-    let (sampled_out, capped) = p.limited()?;
     let g = p.egress_counters()?;
     let mut drops = BTreeMap::new();
     for (k, v) in p.aggregate()? {
@@ -124,14 +123,14 @@ fn snapshot(
             matched: c.matched,
             emitted: c.emitted,
             lost: c.lost,
-            sampled_out,
-            capped,
+            sampled_out: c.sampled_out,
+            capped: c.capped,
         },
         egress: EgressCounts {
             matched: g.matched,
             emitted: g.emitted,
             lost: g.lost,
-            capped: p.egress_capped()?,
+            capped: g.capped,
         },
         probes,
     })
@@ -175,8 +174,6 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
     let config = MonitorConfig {
         aggregate: 1,
         events_per_sec: args.events_per_sec,
-        sample_every: args.sample_every,
-        _pad: 0,
     };
     let mut tracer = Tracer::start_with(&filter, &config, args.ring_size)?;
     let mut labels = Labels::new(args.max_series as usize)?;
@@ -189,7 +186,7 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
     eprintln!(
         "kdrop: tracing {} (monitor: metrics on http://{addr}/metrics; events: 1 in {} drops, {cap})",
         tracer.describe(),
-        args.sample_every,
+        filter.sample_every,
     );
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let sleep = async {
@@ -241,15 +238,14 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
     let rest = tracer.drain();
     emit(rest, &mut tracer, &mut findings);
     let c = tracer.counters()?;
-    let (sampled_out, capped) = tracer.probes().limited()?;
     eprintln!(
         "kdrop: monitor stopped after {:.1}s (matched {}, emitted {}, lost {}, sampled out {}, capped {})",
         tracer.started.elapsed().as_secs_f64(),
         c.matched,
         c.emitted,
         c.lost,
-        sampled_out,
-        capped
+        c.sampled_out,
+        c.capped
     );
     Ok(ExitCode::SUCCESS)
 }
