@@ -115,10 +115,11 @@ pub fn run(opts: &Options) -> Result<()> {
     // One VM at a time on this machine, whichever worktree asks: TCG takes
     // both cores.
     let _lock = vm_lock()?;
+    let (kdrop, tests) = snapshot(&tests)?;
     let mut results = Vec::new();
     for k in kernels {
         let booted = prepare(k)?;
-        results.push(boot_and_test(k, &booted, &vng, &tests, &opts.args)?);
+        results.push(boot_and_test(k, &booted, &vng, &kdrop, &tests, &opts.args)?);
     }
     eprintln!("\nxtask vm: results");
     for r in &results {
@@ -231,6 +232,27 @@ fn vng_path() -> Option<PathBuf> {
         .ok()?;
     let p = Path::new(String::from_utf8_lossy(&out.stdout).trim()).join("vng");
     p.is_file().then_some(p)
+}
+
+/// Copies kdrop and the test executables to `.cache/vm/bin`: the guest
+/// reads them over 9p for minutes, and a build on the host meanwhile would
+/// replace them under it (a 5.10 guest's kdrop died in ld.so that way).
+fn snapshot(tests: &[(String, PathBuf)]) -> Result<(PathBuf, Vec<(String, PathBuf)>)> {
+    let dir = root().join(".cache/vm/bin");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let copy = |from: &Path, name: &str| -> Result<PathBuf> {
+        let to = dir.join(name);
+        fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        Ok(to)
+    };
+    let kdrop = copy(&crate::kdrop_bin(), "kdrop")?;
+    let tests = tests
+        .iter()
+        .map(|(name, exe)| Ok((name.clone(), copy(exe, &format!("test-{name}"))?)))
+        .collect::<Result<_>>()?;
+    Ok((kdrop, tests))
 }
 
 /// The integration test executables, built as `cargo xtask test` builds them
@@ -478,8 +500,7 @@ fn quote(s: &str) -> String {
 /// The script the guest runs: modules, `kdrop check`, each test executable;
 /// everything to the console and to `<out>/guest.log`, the exit status to
 /// `<out>/status`.
-fn guest_script(out: &Path, tests: &[(String, PathBuf)], args: &[String]) -> String {
-    let kdrop = crate::kdrop_bin();
+fn guest_script(out: &Path, kdrop: &Path, tests: &[(String, PathBuf)], args: &[String]) -> String {
     let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
     let mut s = String::new();
     s.push_str("#!/bin/sh\n# Written by `cargo xtask vm`; runs inside the VM.\n");
@@ -525,6 +546,7 @@ fn boot_and_test(
     k: &'static Kernel,
     booted: &Booted,
     vng: &Path,
+    kdrop: &Path,
     tests: &[(String, PathBuf)],
     args: &[String],
 ) -> Result<VmResult> {
@@ -532,7 +554,7 @@ fn boot_and_test(
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
     let script = out.join("guest.sh");
-    fs::write(&script, guest_script(&out, tests, args))?;
+    fs::write(&script, guest_script(&out, kdrop, tests, args))?;
     let console_path = out.join("console.log");
     let mut console = fs::File::create(&console_path)?;
 
