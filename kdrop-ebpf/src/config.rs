@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use kdrop_common::{
-    AggKey, Counters, CtInfo, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
+    AggKey, Counters, CtTuple, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
     MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, LIMITERS,
 };
 
@@ -35,10 +35,10 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 pub static FIB_LOOKUPS: PerCpuArray<FibRecent> = PerCpuArray::with_max_entries(1, 0);
 
-/// Scratch space for a packet's conntrack entry: too big for the BPF stack
-/// next to everything else.
+/// Scratch space for a conntrack entry's original tuple while filtering:
+/// too big for the BPF stack next to everything else.
 #[map]
-pub static CT_SCRATCH: PerCpuArray<CtInfo> = PerCpuArray::with_max_entries(1, 0);
+pub static CT_SCRATCH: PerCpuArray<CtTuple> = PerCpuArray::with_max_entries(1, 0);
 
 /// When each CPU last let a record wake the reader (see drop::wakeup_flags).
 #[map]

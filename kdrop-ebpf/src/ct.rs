@@ -31,6 +31,23 @@ pub fn read_ct(skb: u64, o: &Offsets, out: &mut CtInfo) {
     out.present = 1;
 }
 
+/// The original-direction tuple of the packet's conntrack entry, if any:
+/// what the client sent before NAT.
+// A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
+#[inline(never)]
+pub fn read_orig(skb: u64, o: &Offsets, out: &mut CtTuple) -> bool {
+    if o.ct_tuple == ABSENT {
+        return false;
+    }
+    let nfct: u64 = read(skb, o.skb_nfct).unwrap_or(0);
+    let ct = nfct & !NFCT_INFOMASK;
+    if ct == 0 {
+        return false;
+    }
+    read_tuple(ct + u64::from(o.ct_tuple), o, out);
+    true
+}
+
 #[inline(always)]
 fn read_tuple(t: u64, o: &Offsets, out: &mut CtTuple) {
     out.saddr = read(t, o.tuple_src_addr).unwrap_or([0; 16]);

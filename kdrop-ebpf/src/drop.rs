@@ -4,7 +4,7 @@ use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
 };
 use kdrop_common::{
-    service_port, Cidr, CtInfo, DropEvent, EventHeader, Filter, KfreeSkbArgs, ABSENT, AF_INET,
+    service_port, Cidr, DropEvent, EventHeader, Filter, KfreeSkbArgs, Offsets, ABSENT, AF_INET,
     COUNTERS_KEY, EVENT_DROP, MAX_HOSTS, MAX_PORTS,
 };
 
@@ -40,13 +40,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
         return None;
     }
-    // Read before filtering: --port/--host also match the addresses the
-    // client used before NAT (a service port, a VIP).
-    let ct = CT_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU scratch slot, used by one program run at a time.
-    let ct = unsafe { &mut *ct };
-    ct::read_ct(skb, o, ct);
-    if !matches_packet(f, &tcp, ct) {
+    if !matches_packet(f, &tcp, skb, o) {
         return None;
     }
     let (netns, ifindex) = skb::netns_and_ifindex(skb, o);
@@ -111,7 +105,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     };
     e.fib_valid = u32::from(fib_next.is_some());
     e.fib_next = fib_next.unwrap_or(0);
-    e.ct = *ct;
+    ct::read_ct(skb, o, &mut e.ct);
     let check = srccheck::recent(now);
     e.src_check_ret = check.unwrap_or(0);
     e.src_check_seen = u32::from(check.is_some());
@@ -152,22 +146,44 @@ pub fn flags_match(any: u8, flags: u8) -> bool {
     any == 0 || flags & any != 0
 }
 
-/// Ports and addresses, of the packet or of the conntrack entry's original
-/// direction. Loops stop at the first hit and at the configured count, which
-/// keeps both the verifier's path count and the stack small.
+/// Ports and addresses, of the packet or else of its conntrack entry's
+/// original direction: `--port`/`--host` also match what the client used
+/// before NAT (a service port, a VIP). The entry is only read for packets
+/// that do not match by themselves.
 // A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
 #[inline(never)]
-pub fn matches_packet(f: &Filter, t: &Tcp, ct: &CtInfo) -> bool {
-    let has_ct = ct.present != 0;
+pub fn matches_packet(f: &Filter, t: &Tcp, skb: u64, o: &Offsets) -> bool {
+    if f.n_ports == 0 && f.n_hosts == 0 {
+        return true;
+    }
+    let ports = (u32::from(t.sport) << 16) | u32::from(t.dport);
+    if matches_tuple(f, t.family, &t.saddr, &t.daddr, ports) {
+        return true;
+    }
+    let Some(orig) = CT_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU scratch slot, used by one program run at a time.
+    let orig = unsafe { &mut *orig };
+    if !ct::read_orig(skb, o, orig) {
+        return false;
+    }
+    let ports = (u32::from(orig.sport) << 16) | u32::from(orig.dport);
+    matches_tuple(f, t.family, &orig.saddr, &orig.daddr, ports)
+}
+
+/// One direction's addresses and ports (`sport << 16 | dport`: BPF
+/// functions take at most 5 arguments). Loops stop at the first hit and at
+/// the configured count, which keeps the verifier's path count small.
+#[inline(never)]
+fn matches_tuple(f: &Filter, family: u8, saddr: &[u8; 16], daddr: &[u8; 16], ports: u32) -> bool {
+    let (sport, dport) = ((ports >> 16) as u16, ports as u16);
     if f.n_ports != 0 {
         let mut hit = false;
         let mut i = 0;
         while i < MAX_PORTS && (i as u32) < f.n_ports {
             let p = f.ports[i];
-            if p == t.sport
-                || p == t.dport
-                || (has_ct && (p == ct.orig.sport || p == ct.orig.dport))
-            {
+            if p == sport || p == dport {
                 hit = true;
                 break;
             }
@@ -182,12 +198,7 @@ pub fn matches_packet(f: &Filter, t: &Tcp, ct: &CtInfo) -> bool {
         let mut i = 0;
         while i < MAX_HOSTS && (i as u32) < f.n_hosts {
             let h = &f.hosts[i];
-            if in_cidr(h, t.family, &t.saddr)
-                || in_cidr(h, t.family, &t.daddr)
-                || (has_ct
-                    && (in_cidr(h, t.family, &ct.orig.saddr)
-                        || in_cidr(h, t.family, &ct.orig.daddr)))
-            {
+            if in_cidr(h, family, saddr) || in_cidr(h, family, daddr) {
                 hit = true;
                 break;
             }

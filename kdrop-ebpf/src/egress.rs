@@ -7,7 +7,7 @@ use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
 use kdrop_common::{EventHeader, PacketEvent, EGRESS_COUNTERS_KEY, EVENT_EGRESS, TCP_RST, TCP_SYN};
 
 use crate::{
-    config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS},
+    config::{filter, offsets, COUNTERS, EVENTS},
     ct,
     drop::{flags_match, matches_packet, wakeup_flags},
     monitor,
@@ -29,11 +29,7 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
         return None;
     }
     let f = filter();
-    let ct = CT_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU scratch slot, used by one program run at a time.
-    let ct = unsafe { &mut *ct };
-    ct::read_ct(skb, o, ct);
-    if !matches_packet(f, &tcp, ct) {
+    if !matches_packet(f, &tcp, skb, o) {
         return None;
     }
     let dev: u64 = read(skb, o.skb_dev).ok()?;
@@ -73,7 +69,7 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
     e.family = tcp.family;
     e.tcp_flags = tcp.tcp_flags;
     e._pad = [0; 2];
-    e.ct = *ct;
+    ct::read_ct(skb, o, &mut e.ct);
     entry.submit(wakeup_flags(e.header.ts_ns));
     counters.emitted += 1;
     Some(())
