@@ -369,7 +369,7 @@ pub fn load(
     load_with(setup, filter, &MonitorConfig::zeroed(), ring_kib, all_rungs)
 }
 
-/// `load` with monitor mode's aggregation, sampling and cap.
+/// `load` with monitor mode's aggregation and cap.
 pub fn load_with(
     setup: &KernelSetup,
     filter: &Filter,
@@ -394,6 +394,7 @@ pub fn load_with(
             .override_global("MONITOR", monitor, true)
             .map_max_entries("EVENTS", ring_kib * 1024)
             .load(OBJECT)
+            .map_err(|e| anyhow::Error::new(e).context(memlock_hint()))
             .context("loading kdrop's eBPF object")?;
         if monitor.aggregate != 0 {
             insert_overflow_key(&mut ebpf)?;
@@ -675,4 +676,26 @@ pub fn check_privileges() -> Result<Vec<String>, UserError> {
         warnings.push("no CAP_NET_ADMIN: routing and netfilter context is unavailable".into());
     }
     Ok(warnings)
+}
+
+/// Why map creation may fail for a process that is not root: kernels before
+/// 5.11 charge BPF maps to RLIMIT_MEMLOCK, not to the memory cgroup (the
+/// memcg accounting series, Linux 5.11), and raising the limit takes
+/// CAP_SYS_RESOURCE. Seen on Debian's 5.10: EPERM creating `EVENTS`.
+fn memlock_hint() -> String {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct it is given.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    if !ok || r.rlim_cur == libc::RLIM_INFINITY {
+        return "creating maps and programs".into();
+    }
+    format!(
+        "creating maps and programs with RLIMIT_MEMLOCK at {} KiB (kernels before 5.11 \
+         charge BPF maps to it: give kdrop CAP_SYS_RESOURCE or a higher limit, e.g. `ulimit -l \
+         unlimited`)",
+        r.rlim_cur / 1024
+    )
 }

@@ -54,6 +54,17 @@ pub fn kdrop_bin() -> PathBuf {
 /// Does this kernel's `kfree_skb` carry a drop reason (5.17+; not on
 /// Debian 11's 5.10)? Asked of `kdrop check` once per test process, so tests
 /// key on what kdrop found in BTF, not on version strings.
+/// Is the running kernel at least `major.minor` (uname's release)?
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let have = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    have >= (major, minor)
+}
+
 pub fn kernel_has_drop_reasons() -> bool {
     let text = check_output();
     let line = text
