@@ -31,8 +31,11 @@ pub struct DropFacts<'a> {
 /// A finding from the kernel's drop reason alone. Richer causes (the route
 /// the reverse-path lookup took, the rule that dropped) build on this.
 pub fn explain(f: &DropFacts) -> Option<Finding> {
-    let Some(reason) = f.reason else {
-        return Some(no_reason(f));
+    let reason = match f.reason {
+        Some(r) => r,
+        // Not a guess: the location alone says it.
+        None if f.location.is_some_and(netfilter_location) => "NETFILTER_DROP",
+        None => return Some(no_reason(f)),
     };
     let ns = f
         .netns
@@ -125,16 +128,34 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         "XFRM_POLICY" => ("xfrm_policy", "an IPsec policy refused it".into(), vec![]),
         _ => return None,
     };
-    let mut evidence = vec![format!("kernel drop reason {reason}")];
-    if let Some(loc) = f.location {
-        evidence[0].push_str(&format!(" at {loc}"));
-    }
     Some(Finding {
         cause,
         summary,
-        evidence,
+        evidence: vec![reason_evidence(f)],
         fix,
     })
+}
+
+/// Where the drop reason comes from: `kernel drop reason X at LOC`, or on a
+/// kernel without reasons the location that implies it.
+pub fn reason_evidence(f: &DropFacts) -> String {
+    let at = f.location.map(|l| format!(" at {l}")).unwrap_or_default();
+    match f.reason {
+        Some(r) => format!("kernel drop reason {r}{at}"),
+        None => format!(
+            "freed{at}: no drop reason on this kernel (5.17+ has them), but nf_hook_slow \
+             frees a packet only on a netfilter NF_DROP verdict"
+        ),
+    }
+}
+
+/// Was the packet freed in `nf_hook_slow`? On kernels without drop reasons
+/// that names netfilter as certainly as NETFILTER_DROP: it frees a packet
+/// only on an NF_DROP verdict (5.10:
+/// https://github.com/torvalds/linux/blob/v5.10/net/netfilter/core.c, `case
+/// NF_DROP: kfree_skb(skb)` in `nf_hook_slow`).
+pub fn netfilter_location(location: &str) -> bool {
+    location.split('+').next() == Some("nf_hook_slow")
 }
 
 /// A kernel whose `kfree_skb` carries no reason (before 5.17, e.g. Debian
@@ -218,6 +239,25 @@ mod tests {
         );
         assert_eq!(got.evidence[1], "freed at ip_rcv_finish_core+0x1a3");
         assert!(got.fix.is_empty());
+    }
+
+    #[test]
+    fn no_reason_but_nf_hook_slow_is_netfilter() {
+        let mut f = facts("IP_RPFILTER");
+        f.reason = None;
+        f.location = Some("nf_hook_slow+0x93");
+        let got = explain(&f).unwrap();
+        assert_eq!(got.cause, "netfilter");
+        assert_eq!(
+            got.evidence,
+            [
+                "freed at nf_hook_slow+0x93: no drop reason on this kernel (5.17+ has them), \
+              but nf_hook_slow frees a packet only on a netfilter NF_DROP verdict"
+            ]
+        );
+        // Only that function: nf_hook_slow_list or a prefix is not it.
+        assert!(!netfilter_location("nf_hook_slow_list+0x10"));
+        assert!(netfilter_location("nf_hook_slow"));
     }
 
     #[test]

@@ -388,6 +388,9 @@ impl Enricher {
             .unwrap_or_else(|| format!("{:#x}", d.location));
         let netfilter = match reason.as_deref() {
             Some("NETFILTER_DROP") => self.netfilter.attribute(ns.as_ref(), d),
+            None if diagnosis::netfilter_location(&location) => {
+                self.netfilter.attribute(ns.as_ref(), d)
+            }
             _ => None,
         };
         let epoch = (i128::from(d.ts_ns) + self.realtime_offset_ns).max(0) as u64;

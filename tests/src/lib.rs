@@ -148,6 +148,16 @@ pub fn expected_cause(cause: &str) -> &str {
     }
 }
 
+/// The `reason` label kdrop monitor gives a drop the kernel names `name`:
+/// `unknown` on a kernel without drop reasons.
+pub fn expected_reason_label(name: &str) -> &str {
+    if kernel_has_drop_reasons() {
+        name
+    } else {
+        "unknown"
+    }
+}
+
 /// A namespace name unique to this test process and test.
 pub fn ns_name(test: &str) -> String {
     format!("kdt{}-{test}", std::process::id())

@@ -10,7 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{kdrop_bin, ns_name, send_syn, Kdrop, Ns, Pair};
+use integration_tests::{
+    expected_cause, expected_reason, expected_reason_label, kdrop_bin, ns_name, send_syn, Kdrop,
+    Ns, Pair,
+};
 use kdrop::context::netns::in_netns;
 
 /// kdrop started inside `ns` (`ip netns exec` execs it: same process).
@@ -150,7 +153,7 @@ fn metrics_equal_the_provoked_drops() {
     socks.push(send_syn(&p.client, p.client_v6(46010), p.server_v6(5601)));
     let m = scrape_until(addr, "6 matched drops", |m| events(m, "emitted") == 6);
     let labels = [
-        ("reason", "NO_SOCKET"),
+        ("reason", expected_reason_label("NO_SOCKET")),
         ("netns", p.server.name.as_str()),
         ("pod", ""),
         ("ifname", "s0"),
@@ -171,7 +174,11 @@ fn metrics_equal_the_provoked_drops() {
     );
     // Findings come from the events, which the monitor writes as they come.
     let m = scrape_until(addr, "6 findings", |m| {
-        value(m, "kdrop_findings_total", &[("cause", "no_socket")]) == Some(6)
+        value(
+            m,
+            "kdrop_findings_total",
+            &[("cause", expected_cause("no_socket"))],
+        ) == Some(6)
     });
     assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(6));
     let (status, _) = http_get(addr, "/").unwrap();
@@ -194,7 +201,8 @@ fn metrics_equal_the_provoked_drops() {
     assert_eq!(lines.len(), 6, "{lines:?}");
     assert!(lines
         .iter()
-        .all(|e| e["reason"] == "NO_SOCKET" && e["finding"]["cause"] == "no_socket"));
+        .all(|e| e["reason"] == expected_reason("NO_SOCKET")
+            && e["finding"]["cause"] == expected_cause("no_socket")));
 }
 
 #[test]
@@ -225,7 +233,10 @@ fn sampling_and_cap_hold_under_a_burst() {
     assert!((10..=10 + cpus).contains(&emitted), "{m}");
     assert_eq!(events(&m, "sampled_out"), 40 - emitted, "{m}");
     // Every drop is in the metrics, sampled or not.
-    let labels = [("reason", "NO_SOCKET"), ("port", "5602")];
+    let labels = [
+        ("reason", expected_reason_label("NO_SOCKET")),
+        ("port", "5602"),
+    ];
     assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(40), "{m}");
     drop(k);
 
@@ -256,7 +267,10 @@ fn sampling_and_cap_hold_under_a_burst() {
     );
     assert!(emitted >= 5, "{m}");
     assert_eq!(events(&m, "capped"), 200 - emitted, "{m}");
-    let labels = [("reason", "NO_SOCKET"), ("port", "5603")];
+    let labels = [
+        ("reason", expected_reason_label("NO_SOCKET")),
+        ("port", "5603"),
+    ];
     assert_eq!(value(&m, "kdrop_drops_total", &labels), Some(200), "{m}");
     // The server's 200 RSTs leaving s0 go through their own bucket.
     let hs = |state| value(&m, "kdrop_handshake_packets_total", &[("state", state)]).unwrap();
@@ -448,14 +462,20 @@ fn prometheus_scrapes_the_provoked_drops() {
     let drops = Prometheus::query_until(
         &home,
         api,
-        "sum(kdrop_drops_total{reason=\"NO_SOCKET\",port=\"5605\",ifname=\"s0\"})",
+        &format!(
+            "sum(kdrop_drops_total{{reason=\"{}\",port=\"5605\",ifname=\"s0\"}})",
+            expected_reason_label("NO_SOCKET")
+        ),
         |v| v >= 7.0,
     );
     assert_eq!(drops, 7.0);
     let causes = Prometheus::query_until(
         &home,
         api,
-        "kdrop_findings_total{cause=\"no_socket\"}",
+        &format!(
+            "kdrop_findings_total{{cause=\"{}\"}}",
+            expected_cause("no_socket")
+        ),
         |v| v >= 7.0,
     );
     assert_eq!(causes, 7.0);
@@ -567,7 +587,7 @@ fn drops_are_attributed_to_the_pod_of_their_namespace() {
             &[
                 ("pod", uid.as_str()),
                 ("port", "5607"),
-                ("reason", "NO_SOCKET")
+                ("reason", expected_reason_label("NO_SOCKET"))
             ]
         ),
         Some(2),

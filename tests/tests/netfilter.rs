@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{inode, ns_name, send_syn, veth, Kdrop, Ns, Pair};
+use integration_tests::{expected_reason, inode, ns_name, send_syn, veth, Kdrop, Ns, Pair};
 use serde_json::Value;
 
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +97,7 @@ fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
 fn drop_of(k: &Kdrop, ns: &Ns, src: SocketAddr, dst: SocketAddr) -> Value {
     let _syn = send_syn(ns, src, dst);
     let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
+    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
     e
 }
 

@@ -6,7 +6,9 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{connect_from, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
+use integration_tests::{
+    connect_from, expected_reason, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+};
 use kdrop::{
     context::netns::in_netns,
     lab::rp_filter::{RpFilter, RpFilterLab},
@@ -42,7 +44,7 @@ fn incident1(t: &RpFilter) -> (RpFilterLab, Kdrop, Value) {
     let dst = SocketAddr::from((t.pod_ip, t.port));
     let _syn = send_syn(&lab.client, src, dst);
     let e = k.expect_event("the rp_filter drop", |e| e["sport"] == 40100);
-    assert_eq!(e["reason"], "IP_RPFILTER");
+    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"));
     (lab, k, e)
 }
 

@@ -78,13 +78,7 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
             )
         }
     };
-    let mut evidence = vec![format!(
-        "kernel drop reason {}",
-        f.reason.unwrap_or("NETFILTER_DROP")
-    )];
-    if let Some(loc) = f.location {
-        evidence[0].push_str(&format!(" at {loc}"));
-    }
+    let mut evidence = vec![crate::diagnosis::reason_evidence(f)];
     evidence.push(format!("method: {}", a.method));
     evidence.extend(a.evidence.iter().cloned());
     Finding {
