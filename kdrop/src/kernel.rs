@@ -220,6 +220,11 @@ impl Reasons {
         self.names.is_empty()
     }
 
+    /// Does this kernel have the reason `name` (without its prefix)?
+    pub fn has(&self, name: &str) -> bool {
+        self.names.values().any(|n| n == name)
+    }
+
     pub fn consumed(&self) -> Option<u32> {
         self.consumed
     }

@@ -148,6 +148,16 @@ pub fn expected_cause(cause: &str) -> &str {
     }
 }
 
+/// Whether the running kernel's `enum skb_drop_reason` has `name` (e.g.
+/// IP_LOCAL_SOURCE came in 6.13): the reason kdrop reports where it has,
+/// `None` where the kernel names the drop otherwise (or not at all).
+pub fn kernel_reason(name: &str) -> Option<&str> {
+    let btf = kdrop::btf::Btf::from_file(std::path::Path::new("/sys/kernel/btf/vmlinux")).unwrap();
+    kdrop::kernel::Reasons::from_btf(&btf)
+        .has(name)
+        .then_some(name)
+}
+
 /// The `reason` label kdrop monitor gives a drop the kernel names `name`:
 /// `unknown` on a kernel without drop reasons.
 pub fn expected_reason_label(name: &str) -> &str {
