@@ -36,9 +36,18 @@ enum Cmd {
     },
     /// rustfmt and clippy, on the host crates and on the eBPF crate.
     Lint,
-    /// Everything CI runs: bootstrap, lint, build, unit and integration tests.
+    /// Everything CI runs: bootstrap, lint, build, unit and integration
+    /// tests on this kernel, then the incident labs and probe rungs on
+    /// Debian 5.10 and 6.1 in VMs (`cargo xtask vm`).
     Test {
-        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        /// Only this machine's kernel: skip the VM kernels.
+        #[arg(long)]
+        no_vm: bool,
+        /// Kernels for the VM leg (repeatable; default: 5.10 and 6.1).
+        #[arg(long = "vm-kernel", value_name = "VERSION")]
+        vm_kernels: Vec<String>,
+        /// Extra arguments for `cargo test` (e.g. a test name filter); the
+        /// VM leg runs its whole subset regardless.
         args: Vec<String>,
     },
     /// The integration suite on Debian kernels (bullseye 5.10, bookworm 6.1,
@@ -70,7 +79,25 @@ fn main() -> ExitCode {
         Cmd::Build => build(),
         Cmd::Lab { args } => lab(&args),
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
-        Cmd::Test { args } => test(&args),
+        Cmd::Test {
+            no_vm,
+            vm_kernels,
+            args,
+        } => test(&args).and_then(|()| {
+            if no_vm {
+                return Ok(());
+            }
+            let kernels = if vm_kernels.is_empty() {
+                vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
+            } else {
+                vm_kernels
+            };
+            vm::run(&vm::Options {
+                kernels,
+                tests: vm::CI_TESTS.iter().map(|t| t.to_string()).collect(),
+                args: Vec::new(),
+            })
+        }),
         Cmd::Vm {
             kernels,
             tests,
