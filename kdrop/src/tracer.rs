@@ -20,6 +20,7 @@ use crate::{
     },
     diagnosis::{
         self,
+        conntrack,
         handshake::{self, BridgeFacts, CtBits, Dead, Flow, Tracker},
         routing, DropFacts, Finding,
     },
@@ -434,6 +435,7 @@ impl Enricher {
         r.finding = self
             .explain_routing(d, &r, ns.as_ref())
             .or_else(|| self.explain_hairpin(d, &r))
+            .or_else(|| self.explain_conntrack_drop(d, &r))
             .or_else(|| {
                 diagnosis::explain(&DropFacts {
                     reason: r.reason.as_deref(),
@@ -446,6 +448,32 @@ impl Enricher {
                 })
             });
         r
+    }
+
+    /// A drop conntrack itself made (its statistics moved): a NAT port
+    /// clash at confirmation or a full table.
+    fn explain_conntrack_drop(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+        let moved = r.netfilter.as_ref()?.conntrack.as_ref()?;
+        let snap = self.netfilter.latest(d.netns);
+        let rules = snap
+            .map(|s| conntrack::nat_rules(&s.tables))
+            .unwrap_or_default();
+        let status = d
+            .ct
+            .map(|c| self.ct_names.status(c.status))
+            .unwrap_or_default();
+        let netns = r.netns_name.clone().unwrap_or_else(|| r.netns.to_string());
+        conntrack::explain(&conntrack::CtDrop {
+            moved,
+            ct: d.ct.as_ref(),
+            bits: &self.ct_bits,
+            status: &status,
+            nat_rules: &rules,
+            kernel: format!("kernel drop reason {} at {}", r.reason.as_deref().unwrap_or("NETFILTER_DROP"), r.location),
+            netns_exec: &Self::netns_exec(r.netns_name.as_ref()),
+            netns: &netns,
+            holder: None,
+        })
     }
 
     /// Reverse-path and martian drops, with the namespace's routing context.

@@ -241,6 +241,7 @@ fn read_conntrack() -> Option<ConntrackStats> {
     // Network sysctls answer for the opening thread's namespace.
     stats.count = num("/proc/sys/net/netfilter/nf_conntrack_count");
     stats.max = num("/proc/sys/net/netfilter/nf_conntrack_max");
+    stats.buckets = num("/proc/sys/net/netfilter/nf_conntrack_buckets");
     Some(stats)
 }
 
@@ -258,6 +259,10 @@ pub fn parse_conntrack_stat(text: &str) -> Option<ConntrackStats> {
                 "insert_failed" => s.insert_failed += v,
                 "early_drop" => s.early_drop += v,
                 "invalid" => s.invalid += v,
+                // ct_cpu_seq_show prints st->chaintoolong under this name
+                // (https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_standalone.c).
+                "chainlength" => s.chaintoolong += v,
+                "clashres" => s.clash_resolve += v,
                 _ => {}
             }
         }
@@ -354,6 +359,11 @@ impl NetfilterContext {
         }
     }
 
+    /// The newest snapshot of the namespace with this inode.
+    pub fn latest(&self, inode: u32) -> Option<Arc<Snapshot>> {
+        self.history.get(&inode)?.last().cloned()
+    }
+
     /// A "before" for the first drop in `ns`: call before tracing starts.
     pub fn prime(&mut self, ns: &Netns) {
         self.take(ns);
@@ -427,6 +437,7 @@ mod tests {
             (s.invalid, s.insert_failed, s.drop, s.early_drop),
             (11, 1, 18, 3)
         );
+        assert_eq!((s.chaintoolong, s.clash_resolve), (0, 0));
         assert!(parse_conntrack_stat("").is_none());
         assert!(parse_conntrack_stat("drop\nzz\n").is_none());
     }
