@@ -626,7 +626,17 @@ fn snat_to_one_port(test: &str, snat_to: &[&str]) -> Snat {
     s.server
         .ip(&["addr", "add", "10.98.2.2/24", "dev", "s0"])
         .unwrap();
-    let mut rule = vec!["-t", "nat", "-A", "POSTROUTING", "-o", "r1", "-p", "tcp", "-j"];
+    let mut rule = vec![
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-o",
+        "r1",
+        "-p",
+        "tcp",
+        "-j",
+    ];
     rule.extend_from_slice(snat_to);
     iptables(&s.router, &rule);
     s
@@ -654,7 +664,10 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
     let k = Kdrop::start(&["--json", "--netns", &s.router.name, "--port", "8006"]);
     let dst: SocketAddr = SNAT_SERVER.parse().unwrap();
     let first = send_syn(&s.client, "10.98.1.2:41001".parse().unwrap(), dst);
-    assert!(connected(&first), "the first connection takes 10.98.2.1:40000");
+    assert!(
+        connected(&first),
+        "the first connection takes 10.98.2.1:40000"
+    );
     let _second = send_syn(&s.client, "10.98.1.2:41002".parse().unwrap(), dst);
     let e = k.expect_event("the clashing SYN", |e| {
         e["kind"] == "drop" && e["ct"]["orig"]["src"] == "10.98.1.2:41002"
@@ -711,8 +724,9 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         "{ev:?}"
     );
     assert!(
-        ev.iter()
-            .any(|l| l.starts_with("NAT rule: -A POSTROUTING -o r1 -p tcp -j SNAT --to-source 10.98.2.1:40000")),
+        ev.iter().any(|l| l.starts_with(
+            "NAT rule: -A POSTROUTING -o r1 -p tcp -j SNAT --to-source 10.98.2.1:40000"
+        )),
         "{ev:?}"
     );
     let fix = strs(&f["fix"]);
@@ -735,7 +749,12 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
 fn control_snat_with_a_port_range_reports_nothing() {
     let s = snat_to_one_port(
         "ctinsc",
-        &["SNAT", "--to-source", "10.98.2.1:40000-40100", "--random-fully"],
+        &[
+            "SNAT",
+            "--to-source",
+            "10.98.2.1:40000-40100",
+            "--random-fully",
+        ],
     );
     let _l = listen(&s.server, SNAT_SERVER);
     let k = Kdrop::start(&["--json", "--netns", &s.router.name, "--port", "8006"]);
@@ -746,4 +765,151 @@ fn control_snat_with_a_port_range_reports_nothing() {
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
     assert_eq!(done.counts().matched, 0);
+}
+
+/// Runs `conntrack` inside `ns`, returning stdout.
+fn conntrack(ns: &Ns, args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name, "conntrack"])
+        .args(args)
+        .output()
+        .expect("running conntrack");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (bounded) until `ns` has a conntrack entry from source port `sport`.
+fn wait_entry(ns: &Ns, sport: u16) {
+    let port = sport.to_string();
+    for _ in 0..100 {
+        if conntrack(ns, &["-L", "-p", "tcp", "--orig-port-src", &port]).contains("src=") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no conntrack entry for source port {sport}");
+}
+
+/// A DNAT'd and masqueraded SYN forwarded to a backend that never answers
+/// (blackholed in its own namespace); the entry is deleted before the
+/// client's retransmissions add up: the ctnetlink destroy event of an
+/// UNREPLIED entry makes it an "unanswered" event, once.
+#[test]
+fn an_entry_that_dies_unreplied_is_reported_once() {
+    let a = asymmetric("ctdes");
+    iptables(
+        &a.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            BACKEND,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    iptables(
+        &a.pod,
+        &["-A", "INPUT", "-p", "tcp", "--dport", "8005", "-j", "DROP"],
+    );
+    let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
+    assert!(
+        k.stderr_seen
+            .iter()
+            .any(|l| l.contains("conntrack destroy events in 1 namespace")),
+        "{:?}",
+        k.stderr_seen
+    );
+    let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
+    let _syn = send_syn(&a.client, "172.16.0.50:45008".parse().unwrap(), dst);
+    wait_entry(&a.node, 45008);
+    conntrack(
+        &a.node,
+        &[
+            "-D",
+            "-p",
+            "tcp",
+            "--orig-src",
+            "172.16.0.50",
+            "--orig-port-src",
+            "45008",
+        ],
+    );
+    // Well before the client's third transmission (3 s after its first).
+    let e = k.expect_event_within("the entry that died", Duration::from_secs(2), |e| {
+        e["kind"] == "unanswered"
+    });
+    assert_eq!(e["saddr"], "172.16.0.50");
+    assert_eq!(e["sport"], 45008);
+    assert_eq!(e["daddr"], VIP);
+    assert_eq!(e["ifname"], "eth0");
+    assert_eq!(e["ct"]["orig"]["dst"], "10.0.58.158:8005");
+    assert_eq!(e["ct"]["reply"]["src"], "10.0.0.13:8005");
+    assert_eq!(e["ct"]["reply"]["dst"], "10.0.0.12:45008");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "unanswered");
+    assert_eq!(
+        f["summary"],
+        "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent once out of eth0 without an answer"
+    );
+    let ev = strs(&f["evidence"]);
+    assert_eq!(ev[0], "1 transmission of the SYN, not answered");
+    let died = ev.last().unwrap();
+    assert!(
+        died.starts_with(
+            "conntrack: the entry 172.16.0.50:45008 -> 10.0.58.158:8005 (reply 10.0.0.13:8005 -> \
+             10.0.0.12:45008) died without ever seeing a reply in netns "
+        ),
+        "{ev:?}"
+    );
+    assert!(died.contains("state SYN_SENT"), "{died}");
+    assert!(
+        died.contains("DST_NAT") && !died.contains("SEEN_REPLY"),
+        "{died}"
+    );
+    // The client's retransmissions (1 s and 3 s after the first) do not
+    // report the same handshake again.
+    assert_eq!(k.next_event(Duration::from_millis(3500)), None);
+    let done = k.stop(libc::SIGINT);
+    assert!(
+        done.stderr
+            .iter()
+            .any(|l| l.starts_with("kdrop: conntrack entries that died unreplied: received 1,")),
+        "{:?}",
+        done.stderr
+    );
+}
+
+/// An answered handshake whose entry is deleted: the kernel filter keeps
+/// its destroy event (SEEN_REPLY) from ever reaching kdrop.
+#[test]
+fn control_an_answered_entry_that_dies_is_filtered_in_the_kernel() {
+    let a = asymmetric("ctdesc");
+    iptables(
+        &a.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            BACKEND,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
+    let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
+    connect_from(&a.client, "172.16.0.50:45009".parse().unwrap(), dst).expect("handshake");
+    wait_entry(&a.node, 45009);
+    conntrack(&a.node, &["-D", "-p", "tcp"]);
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    assert!(
+        !done.stderr.iter().any(|l| l.contains("died unreplied")),
+        "{:?}",
+        done.stderr
+    );
 }

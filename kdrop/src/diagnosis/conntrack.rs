@@ -48,9 +48,7 @@ pub fn nat_rules(tables: &[Table]) -> Vec<NatRule> {
         for c in &t.chains {
             for (i, r) in c.rules.iter().enumerate() {
                 let is_snat = match t.backend {
-                    Backend::Nftables => {
-                        r.text.contains("snat ") || r.text.contains("masquerade")
-                    }
+                    Backend::Nftables => r.text.contains("snat ") || r.text.contains("masquerade"),
                     _ => r.target.starts_with("SNAT") || r.target.starts_with("MASQUERADE"),
                 };
                 if is_snat {
