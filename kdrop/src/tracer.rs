@@ -499,6 +499,13 @@ impl Enricher {
             d.ct.map(|c| self.ct_names.status(c.status))
                 .unwrap_or_default();
         let netns = r.netns_name.clone().unwrap_or_else(|| r.netns.to_string());
+        // Who holds the reply tuple this entry wanted (only for a clash).
+        let holder = match (&d.ct, self.registry.lookup(d.netns)) {
+            (Some(ct), Some(ns)) if moved.after.insert_failed > moved.before.insert_failed => {
+                crate::context::netfilter::reply_holder(&ns.path, &ct.reply)
+            }
+            _ => None,
+        };
         conntrack::explain(&conntrack::CtDrop {
             moved,
             ct: d.ct.as_ref(),
@@ -512,7 +519,7 @@ impl Enricher {
             ),
             netns_exec: &Self::netns_exec(r.netns_name.as_ref()),
             netns: &netns,
-            holder: None,
+            holder,
         })
     }
 
