@@ -1,5 +1,6 @@
 //! Pure logic: an enriched event in, a finding out. No kernel, no I/O, so it
 //! runs from recorded events in tests.
+pub mod conntrack;
 pub mod handshake;
 pub mod routing;
 

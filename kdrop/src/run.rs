@@ -9,7 +9,10 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cli::{FilterArgs, TraceArgs},
-    context::netns::{self, NetnsRegistry},
+    context::{
+        ctevents::CtEvents,
+        netns::{self, NetnsRegistry},
+    },
     output::{self, Summary},
     probes,
     tracer::{self, Tracer},
@@ -62,6 +65,20 @@ pub fn resolve_filter(args: &FilterArgs) -> Result<kdrop_common::Filter> {
     Ok(f)
 }
 
+/// Where to listen for conntrack destroy events: the `--netns` namespace,
+/// or kdrop's own and every namespace that exists now.
+fn followed_namespaces(netns: u32) -> Result<Vec<netns::Netns>> {
+    let mut registry = NetnsRegistry::new();
+    if netns != 0 {
+        return Ok(registry.lookup(netns).into_iter().collect());
+    }
+    let own = netns::own()?;
+    let mut all = registry.all();
+    all.retain(|n| n.inode != own.inode);
+    all.insert(0, own);
+    Ok(all)
+}
+
 pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     for w in probes::check_privileges()? {
         log::warn!("{w}");
@@ -72,8 +89,24 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut tracer = Tracer::start(&filter, args.ring_size)?;
-    eprintln!("kdrop: tracing {}", tracer.describe());
-    for line in tracer.missing() {
+    // Subscribed before the readiness line: entries created from then on
+    // are reported when they die unreplied.
+    let mut ct_events = CtEvents::open(
+        &followed_namespaces(filter.netns)?,
+        &filter.ports[..filter.n_ports as usize],
+        tracer.enricher.seen_reply_bit(),
+        filter.netns != 0,
+    );
+    let mut describe = tracer.describe();
+    if !ct_events.is_empty() {
+        describe.push_str(&format!(
+            ", conntrack destroy events in {} namespace{}",
+            ct_events.len(),
+            if ct_events.len() == 1 { "" } else { "s" }
+        ));
+    }
+    eprintln!("kdrop: tracing {describe}");
+    for line in tracer.missing().iter().chain(&ct_events.notes) {
         eprintln!("kdrop: without {line}");
     }
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
@@ -119,6 +152,28 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
                     break;
                 }
             }
+            destroyed = ct_events.next() => {
+                // The SYNs that created those entries are on the ring buffer
+                // already: follow them first.
+                let rest = tracer.drain();
+                let mut stop = emit(rest, &mut tracer, &mut summary, &mut out);
+                for d in destroyed {
+                    if stop || summary.received >= limit {
+                        stop = true;
+                        break;
+                    }
+                    let Some(r) = tracer.enricher.on_destroyed(&d) else {
+                        continue;
+                    };
+                    summary.add(&r);
+                    stop = output::write_record(&mut out, &r, args.json).is_err()
+                        || out.flush().is_err();
+                }
+                if stop || summary.received >= limit {
+                    closed = true;
+                    break;
+                }
+            }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = &mut sleep => break,
@@ -141,6 +196,12 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
         eprintln!(
             "kdrop: handshake packets followed: matched {}, emitted {}, lost {}",
             eg.matched, eg.emitted, eg.lost
+        );
+    }
+    if ct_events.received > 0 || ct_events.overruns > 0 {
+        eprintln!(
+            "kdrop: conntrack entries that died unreplied: received {}, socket overruns {}",
+            ct_events.received, ct_events.overruns
         );
     }
     Ok(ExitCode::SUCCESS)

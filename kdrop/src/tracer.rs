@@ -14,12 +14,13 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     context::{
+        ctevents,
         netfilter::NetfilterContext,
         netns::{self, IfNames, NetnsRegistry},
         routing::ContextCache,
     },
     diagnosis::{
-        self,
+        self, conntrack,
         handshake::{self, BridgeFacts, CtBits, Dead, Flow, Tracker},
         routing, DropFacts, Finding,
     },
@@ -256,6 +257,43 @@ impl Enricher {
         }
     }
 
+    /// The status bit that marks an answered entry (the uapi value when the
+    /// kernel's BTF does not name it).
+    pub fn seen_reply_bit(&self) -> u32 {
+        match self.ct_bits.seen_reply {
+            0 => ctevents::IPS_SEEN_REPLY,
+            b => b,
+        }
+    }
+
+    /// A conntrack entry that died without a reply: an "unanswered" record
+    /// for the handshake kdrop followed with that tuple, unless it was
+    /// answered or already reported.
+    pub fn on_destroyed(&mut self, d: &ctevents::Destroyed) -> Option<DropRecord> {
+        let flow = self.tracker.on_destroyed(&d.ct)?;
+        let mut r = self.unanswered(&flow, None);
+        let netns = self
+            .registry
+            .lookup(d.netns)
+            .and_then(|n| n.name)
+            .unwrap_or_else(|| d.netns.to_string());
+        let line = format!(
+            "conntrack: the entry {} -> {} (reply {} -> {}) died without ever seeing a reply in netns {netns}{}, status [{}] (ctnetlink destroy event: timed out or deleted)",
+            d.ct.orig.src,
+            d.ct.orig.dst,
+            d.ct.reply.src,
+            d.ct.reply.dst,
+            d.tcp_state
+                .map(|s| format!(", state {}", ctevents::tcp_state_name(s)))
+                .unwrap_or_default(),
+            self.ct_names.status(d.ct.status).join(",")
+        );
+        if let Some(f) = r.finding.as_mut() {
+            f.evidence.push(line);
+        }
+        Some(r)
+    }
+
     fn ct_record(&self, ct: &Ct) -> CtRecord {
         let t = |t: &Tuple| TupleRecord {
             src: t.src.to_string(),
@@ -437,6 +475,7 @@ impl Enricher {
         r.finding = self
             .explain_routing(d, &r, ns.as_ref())
             .or_else(|| self.explain_hairpin(d, &r))
+            .or_else(|| self.explain_conntrack_drop(d, &r))
             .or_else(|| {
                 diagnosis::explain(&DropFacts {
                     reason: r.reason.as_deref(),
@@ -449,6 +488,42 @@ impl Enricher {
                 })
             });
         r
+    }
+
+    /// A drop conntrack itself made (its statistics moved): a NAT port
+    /// clash at confirmation or a full table.
+    fn explain_conntrack_drop(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+        let moved = r.netfilter.as_ref()?.conntrack.as_ref()?;
+        let snap = self.netfilter.latest(d.netns);
+        let rules = snap
+            .map(|s| conntrack::nat_rules(&s.tables))
+            .unwrap_or_default();
+        let status =
+            d.ct.map(|c| self.ct_names.status(c.status))
+                .unwrap_or_default();
+        let netns = r.netns_name.clone().unwrap_or_else(|| r.netns.to_string());
+        // Who holds the reply tuple this entry wanted (only for a clash).
+        let holder = match (&d.ct, self.registry.lookup(d.netns)) {
+            (Some(ct), Some(ns)) if moved.after.insert_failed > moved.before.insert_failed => {
+                crate::context::netfilter::reply_holder(&ns.path, &ct.reply)
+            }
+            _ => None,
+        };
+        conntrack::explain(&conntrack::CtDrop {
+            moved,
+            ct: d.ct.as_ref(),
+            bits: &self.ct_bits,
+            status: &status,
+            nat_rules: &rules,
+            kernel: format!(
+                "kernel drop reason {} at {}",
+                r.reason.as_deref().unwrap_or("NETFILTER_DROP"),
+                r.location
+            ),
+            netns_exec: &Self::netns_exec(r.netns_name.as_ref()),
+            netns: &netns,
+            holder,
+        })
     }
 
     /// Reverse-path and martian drops, with the namespace's routing context.

@@ -576,3 +576,342 @@ fn control_vip_served_locally_with_snat_reports_nothing() {
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
 }
+
+/// A client, a router that SNATs everything leaving towards the server to
+/// one address and port (`--to-source 10.98.2.1:40000`, or `snat_to`), and
+/// a server listening on 8006.
+struct Snat {
+    client: Ns,
+    router: Ns,
+    server: Ns,
+}
+
+const SNAT_SERVER: &str = "10.98.2.2:8006";
+
+fn snat_to_one_port(test: &str, snat_to: &[&str]) -> Snat {
+    let s = Snat {
+        client: Ns::new(&ns_name(&format!("{test}-c"))).unwrap(),
+        router: Ns::new(&ns_name(&format!("{test}-r"))).unwrap(),
+        server: Ns::new(&ns_name(&format!("{test}-s"))).unwrap(),
+    };
+    veth(
+        &s.client,
+        "c0",
+        "02:00:00:00:60:01",
+        &s.router,
+        "r0",
+        "02:00:00:00:60:02",
+    )
+    .unwrap();
+    veth(
+        &s.server,
+        "s0",
+        "02:00:00:00:60:03",
+        &s.router,
+        "r1",
+        "02:00:00:00:60:04",
+    )
+    .unwrap();
+    s.client
+        .ip(&["addr", "add", "10.98.1.2/24", "dev", "c0"])
+        .unwrap();
+    s.client
+        .ip(&["route", "add", "default", "via", "10.98.1.1"])
+        .unwrap();
+    s.router
+        .ip(&["addr", "add", "10.98.1.1/24", "dev", "r0"])
+        .unwrap();
+    s.router
+        .ip(&["addr", "add", "10.98.2.1/24", "dev", "r1"])
+        .unwrap();
+    s.router.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    s.server
+        .ip(&["addr", "add", "10.98.2.2/24", "dev", "s0"])
+        .unwrap();
+    let mut rule = vec![
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-o",
+        "r1",
+        "-p",
+        "tcp",
+        "-j",
+    ];
+    rule.extend_from_slice(snat_to);
+    iptables(&s.router, &rule);
+    s
+}
+
+/// Waits (bounded) until a non-blocking connect on `fd` completed.
+fn connected(fd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut pfd, 1, 3000) == 1 && pfd.revents & libc::POLLERR == 0 }
+}
+
+/// Two connections SNAT'd to the same source address and port, to the same
+/// server: the second one's reply tuple is the first one's, conntrack
+/// cannot confirm it and drops its SYN (insert_failed).
+#[test]
+fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() {
+    let s = snat_to_one_port("ctins", &["SNAT", "--to-source", "10.98.2.1:40000"]);
+    let _l = listen(&s.server, SNAT_SERVER);
+    let k = Kdrop::start(&["--json", "--netns", &s.router.name, "--port", "8006"]);
+    let dst: SocketAddr = SNAT_SERVER.parse().unwrap();
+    let first = send_syn(&s.client, "10.98.1.2:41001".parse().unwrap(), dst);
+    assert!(
+        connected(&first),
+        "the first connection takes 10.98.2.1:40000"
+    );
+    let _second = send_syn(&s.client, "10.98.1.2:41002".parse().unwrap(), dst);
+    let e = k.expect_event("the clashing SYN", |e| {
+        e["kind"] == "drop" && e["ct"]["orig"]["src"] == "10.98.1.2:41002"
+    });
+    assert_eq!(e["reason"], "NETFILTER_DROP");
+    // Dropped at POSTROUTING (confirmation), after SNAT.
+    assert_eq!(e["saddr"], "10.98.2.1");
+    assert_eq!(e["sport"], 40000);
+    assert_eq!(e["ifname"], "r0");
+    assert!(
+        e["location"].as_str().unwrap().starts_with("nf_hook_slow"),
+        "{e}"
+    );
+    assert_eq!(e["netns_name"], s.router.name.as_str());
+    assert_eq!(e["ct"]["orig"]["src"], "10.98.1.2:41002");
+    assert_eq!(e["ct"]["orig"]["dst"], SNAT_SERVER);
+    assert_eq!(e["ct"]["reply"]["src"], SNAT_SERVER);
+    assert_eq!(e["ct"]["reply"]["dst"], "10.98.2.1:40000");
+    let status = strs(&e["ct"]["status"]);
+    assert!(status.contains(&"SRC_NAT".to_string()), "{status:?}");
+    assert!(!status.contains(&"CONFIRMED".to_string()), "{status:?}");
+    let stats = &e["netfilter"]["conntrack"];
+    assert_eq!(e["netfilter"]["dropped_by"], "conntrack", "{e}");
+    assert!(
+        stats["after"]["insert_failed"].as_u64() > stats["before"]["insert_failed"].as_u64(),
+        "{stats}"
+    );
+    assert!(
+        stats["after"]["drop"].as_u64() > stats["before"]["drop"].as_u64(),
+        "{stats}"
+    );
+    // conntrack -S (ctnetlink's per-CPU statistics) agrees with what kdrop
+    // read from /proc/net/stat/nf_conntrack in that namespace.
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &s.router.name, "conntrack", "-S"])
+        .output()
+        .unwrap();
+    let total: u64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("insert_failed=")?.parse::<u64>().ok())
+        .sum();
+    assert!(total >= 1, "{}", String::from_utf8_lossy(&out.stdout));
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "conntrack_insert_failed");
+    assert_eq!(
+        f["summary"],
+        "NAT port clash: 10.98.1.2:41002 -> 10.98.2.2:8006, SNAT'd to 10.98.2.1:40000 -> \
+         10.98.2.2:8006, could not be confirmed: another connection already has reply tuple \
+         10.98.2.2:8006 -> 10.98.2.1:40000, so conntrack dropped it (insert_failed)"
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[1].starts_with("conntrack statistics: insert_failed "),
+        "{ev:?}"
+    );
+    assert!(
+        ev.iter().any(|l| l.starts_with(
+            "NAT rule: -A POSTROUTING -o r1 -p tcp -j SNAT --to-source 10.98.2.1:40000"
+        )),
+        "{ev:?}"
+    );
+    let fix = strs(&f["fix"]);
+    assert!(
+        fix[0].starts_with(&format!("ip netns exec {} iptables", s.router.name))
+            && fix[0].ends_with(
+                " -t nat -R POSTROUTING 1 -o r1 -p tcp -j SNAT --to-source 10.98.2.1:1024-65535 --random-fully"
+            ),
+        "{fix:?}"
+    );
+    k.stop(libc::SIGINT);
+    run_fix(&fix[0]);
+    connect_from(&s.client, "10.98.1.2:41003".parse().unwrap(), dst)
+        .expect("handshake after the fix");
+}
+
+/// The same two connections with a port range and --random-fully: both
+/// complete, kdrop reports nothing.
+#[test]
+fn control_snat_with_a_port_range_reports_nothing() {
+    let s = snat_to_one_port(
+        "ctinsc",
+        &[
+            "SNAT",
+            "--to-source",
+            "10.98.2.1:40000-40100",
+            "--random-fully",
+        ],
+    );
+    let _l = listen(&s.server, SNAT_SERVER);
+    let k = Kdrop::start(&["--json", "--netns", &s.router.name, "--port", "8006"]);
+    let dst: SocketAddr = SNAT_SERVER.parse().unwrap();
+    let first = send_syn(&s.client, "10.98.1.2:41001".parse().unwrap(), dst);
+    assert!(connected(&first));
+    connect_from(&s.client, "10.98.1.2:41002".parse().unwrap(), dst).expect("second handshake");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    assert_eq!(done.counts().matched, 0);
+}
+
+/// Runs `conntrack` inside `ns`, returning stdout.
+fn conntrack(ns: &Ns, args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name, "conntrack"])
+        .args(args)
+        .output()
+        .expect("running conntrack");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (bounded) until `ns` has a conntrack entry from source port `sport`.
+fn wait_entry(ns: &Ns, sport: u16) {
+    let port = sport.to_string();
+    for _ in 0..100 {
+        if conntrack(ns, &["-L", "-p", "tcp", "--orig-port-src", &port]).contains("src=") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no conntrack entry for source port {sport}");
+}
+
+/// A DNAT'd and masqueraded SYN forwarded to a backend that never answers
+/// (blackholed in its own namespace); the entry is deleted before the
+/// client's retransmissions add up: the ctnetlink destroy event of an
+/// UNREPLIED entry makes it an "unanswered" event, once.
+#[test]
+fn an_entry_that_dies_unreplied_is_reported_once() {
+    let a = asymmetric("ctdes");
+    iptables(
+        &a.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            BACKEND,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    iptables(
+        &a.pod,
+        &["-A", "INPUT", "-p", "tcp", "--dport", "8005", "-j", "DROP"],
+    );
+    let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
+    assert!(
+        k.stderr_seen
+            .iter()
+            .any(|l| l.contains("conntrack destroy events in 1 namespace")),
+        "{:?}",
+        k.stderr_seen
+    );
+    let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
+    let _syn = send_syn(&a.client, "172.16.0.50:45008".parse().unwrap(), dst);
+    wait_entry(&a.node, 45008);
+    conntrack(
+        &a.node,
+        &[
+            "-D",
+            "-p",
+            "tcp",
+            "--orig-src",
+            "172.16.0.50",
+            "--orig-port-src",
+            "45008",
+        ],
+    );
+    // Well before the client's third transmission (3 s after its first).
+    let e = k.expect_event_within("the entry that died", Duration::from_secs(2), |e| {
+        e["kind"] == "unanswered"
+    });
+    assert_eq!(e["saddr"], "172.16.0.50");
+    assert_eq!(e["sport"], 45008);
+    assert_eq!(e["daddr"], VIP);
+    assert_eq!(e["ifname"], "eth0");
+    assert_eq!(e["ct"]["orig"]["dst"], "10.0.58.158:8005");
+    assert_eq!(e["ct"]["reply"]["src"], "10.0.0.13:8005");
+    assert_eq!(e["ct"]["reply"]["dst"], "10.0.0.12:45008");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "unanswered");
+    assert_eq!(
+        f["summary"],
+        "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent once out of eth0 without an answer"
+    );
+    let ev = strs(&f["evidence"]);
+    assert_eq!(ev[0], "1 transmission of the SYN, not answered");
+    let died = ev.last().unwrap();
+    assert!(
+        died.starts_with(
+            "conntrack: the entry 172.16.0.50:45008 -> 10.0.58.158:8005 (reply 10.0.0.13:8005 -> \
+             10.0.0.12:45008) died without ever seeing a reply in netns "
+        ),
+        "{ev:?}"
+    );
+    assert!(died.contains("state SYN_SENT"), "{died}");
+    assert!(
+        died.contains("DST_NAT") && !died.contains("SEEN_REPLY"),
+        "{died}"
+    );
+    // The client's retransmissions (1 s and 3 s after the first) do not
+    // report the same handshake again.
+    assert_eq!(k.next_event(Duration::from_millis(3500)), None);
+    let done = k.stop(libc::SIGINT);
+    assert!(
+        done.stderr
+            .iter()
+            .any(|l| l.starts_with("kdrop: conntrack entries that died unreplied: received 1,")),
+        "{:?}",
+        done.stderr
+    );
+}
+
+/// An answered handshake whose entry is deleted: the kernel filter keeps
+/// its destroy event (SEEN_REPLY) from ever reaching kdrop.
+#[test]
+fn control_an_answered_entry_that_dies_is_filtered_in_the_kernel() {
+    let a = asymmetric("ctdesc");
+    iptables(
+        &a.node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            BACKEND,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
+    let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
+    connect_from(&a.client, "172.16.0.50:45009".parse().unwrap(), dst).expect("handshake");
+    wait_entry(&a.node, 45009);
+    conntrack(&a.node, &["-D", "-p", "tcp"]);
+    let done = k.stop(libc::SIGINT);
+    assert!(done.stdout.is_empty(), "{:?}", done.stdout);
+    assert!(
+        !done.stderr.iter().any(|l| l.contains("died unreplied")),
+        "{:?}",
+        done.stderr
+    );
+}

@@ -1,5 +1,6 @@
 //! What the node looks like around an event: namespaces and their names,
 //! interfaces, routing tables and rules, sysctls, netfilter counters.
+pub mod ctevents;
 pub mod netfilter;
 pub mod netlink;
 pub mod netns;

@@ -97,6 +97,14 @@ impl NetnsRegistry {
         self.known.get(&inode).cloned()
     }
 
+    /// Every namespace known now (after a fresh scan).
+    pub fn all(&mut self) -> Vec<Netns> {
+        self.scan();
+        let mut v: Vec<Netns> = self.known.values().cloned().collect();
+        v.sort_by_key(|n| n.inode);
+        v
+    }
+
     /// Named namespaces win over process paths.
     fn scan(&mut self) {
         self.last_scan = Some(Instant::now());

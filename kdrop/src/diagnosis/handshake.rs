@@ -151,6 +151,21 @@ impl Tracker {
         None
     }
 
+    /// A conntrack entry died without a reply (ctnetlink destroy event): the
+    /// flow kdrop followed with that original tuple, once, unless it was
+    /// answered or already reported (the Tracker's own "unanswered" stands).
+    pub fn on_destroyed(&mut self, ct: &Ct) -> Option<Flow> {
+        let f = self.flows.get_mut(&ct.orig)?;
+        if f.answered || f.reported {
+            return None;
+        }
+        f.reported = true;
+        if f.ct.is_none() {
+            f.ct = Some(*ct);
+        }
+        Some(f.clone())
+    }
+
     /// The DNAT'd flow whose reply side `t` is, if one was seen.
     pub fn dnat_reply(&self, t: &Tuple) -> Option<&Flow> {
         self.flows.get(self.dnat_replies.get(t)?)
@@ -295,6 +310,9 @@ fn same_subnet(a: IpAddr, b: IpAddr, len: u8) -> bool {
 
 fn transmissions(flow: &Flow) -> String {
     let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
+    if flow.syns == 1 {
+        return "1 transmission of the SYN, not answered".into();
+    }
     format!(
         "{} transmissions of the same SYN over {secs:.1}s, none answered",
         flow.syns
@@ -395,8 +413,14 @@ pub fn unanswered(
         _ => Finding {
             cause: "unanswered",
             summary: format!(
-                "SYN {} -> {} sent {} times out of {dev} without an answer",
-                flow.orig.src, flow.orig.dst, flow.syns
+                "SYN {} -> {} sent {} out of {dev} without an answer",
+                flow.orig.src,
+                flow.orig.dst,
+                if flow.syns == 1 {
+                    "once".to_string()
+                } else {
+                    format!("{} times", flow.syns)
+                }
             ),
             evidence: vec![sent],
             fix: vec![],
@@ -643,6 +667,34 @@ mod tests {
         assert_eq!(f.fix[0], "iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d 203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.9:80");
         // Reported once, for the pair.
         assert_eq!(tr.on_egress(&back(9_000_000_000), &BITS), None);
+    }
+
+    #[test]
+    fn an_entry_that_dies_unreplied_reports_its_flow_once() {
+        let mut tr = Tracker::default();
+        let ct = dnat_ct(8);
+        // Never followed: nothing.
+        assert_eq!(tr.on_destroyed(&ct), None);
+        tr.on_egress(&syn(0, Some(ct)), &BITS);
+        let f = tr.on_destroyed(&ct).unwrap();
+        assert_eq!((f.syns, f.orig), (1, ct.orig));
+        assert_eq!(tr.on_destroyed(&ct), None, "once");
+        // The client's retransmissions on a new entry do not report it again.
+        for ts in [1_000_000_000, 3_000_000_000] {
+            assert_eq!(tr.on_egress(&syn(ts, Some(ct)), &BITS), None);
+        }
+        // Already reported by the Tracker itself: no duplicate.
+        let mut tr = Tracker::default();
+        let mut dead = None;
+        for ts in [0, 1_000_000_000, 3_000_000_000] {
+            dead = dead.or(tr.on_egress(&syn(ts, Some(ct)), &BITS));
+        }
+        assert!(dead.is_some());
+        assert_eq!(tr.on_destroyed(&ct), None);
+        // Answered: no.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, Some(dnat_ct(8 | BITS.seen_reply))), &BITS);
+        assert_eq!(tr.on_destroyed(&ct), None);
     }
 
     #[test]

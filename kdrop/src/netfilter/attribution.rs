@@ -19,7 +19,8 @@ use serde::Serialize;
 
 use super::{
     matching::{eval_all, CtState, Match, Packet, Tri},
-    Backend, Chain, ConntrackStats, Family, Hook, Iface, Policy, Rule, Snapshot, Table, Verdict,
+    Backend, Chain, ConntrackMoved, ConntrackStats, Family, Hook, Iface, Policy, Rule, Snapshot,
+    Table, Verdict,
 };
 
 /// The dropped packet as the kernel reported it.
@@ -70,6 +71,9 @@ pub struct Attribution {
     pub packets_after: Option<u64>,
     /// The rule matches conntrack state INVALID.
     pub ctstate_invalid: bool,
+    /// For a conntrack drop: its statistics before and after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conntrack: Option<ConntrackMoved>,
     pub evidence: Vec<String>,
 }
 
@@ -495,7 +499,11 @@ fn conntrack_moved(
 ) -> Option<(ConntrackStats, ConntrackStats)> {
     let b = before?.conntrack?;
     let a = after.conntrack?;
-    (a.drop > b.drop).then_some((b, a))
+    // A clash that could not be resolved counts drop and insert_failed; a
+    // chain too long only insert_failed; a full table only drop
+    // (nf_ct_resolve_clash, __nf_conntrack_confirm, nf_conntrack_in:
+    // https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_core.c).
+    (a.drop > b.drop || a.insert_failed > b.insert_failed).then_some((b, a))
 }
 
 /// The answer, or `None` when nothing in the rulesets or conntrack's
@@ -547,8 +555,8 @@ pub fn attribute(d: &Dropped, before: Option<&Snapshot>, after: &Snapshot) -> Op
 
 fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
     let mut evidence = vec![format!(
-        "conntrack's own drop counter went {} -> {} (insert_failed {} -> {}, early_drop {} -> {}) while no rule or policy counter for this packet moved",
-        b.drop, a.drop, b.insert_failed, a.insert_failed, b.early_drop, a.early_drop
+        "conntrack statistics of the namespace moved while no rule or policy counter for this packet did: {}",
+        stats_moved(&b, &a)
     )];
     if let (Some(count), Some(max)) = (a.count, a.max) {
         evidence.push(format!(
@@ -570,7 +578,39 @@ fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
         packets_before: None,
         packets_after: None,
         ctstate_invalid: false,
+        conntrack: Some(ConntrackMoved {
+            before: b,
+            after: a,
+        }),
         evidence,
+    }
+}
+
+/// `insert_failed 0 -> 1, drop 0 -> 1 (early_drop 0, chaintoolong 0)`:
+/// the counters that moved first, the others as they stand.
+pub fn stats_moved(b: &ConntrackStats, a: &ConntrackStats) -> String {
+    let all = [
+        ("insert_failed", b.insert_failed, a.insert_failed),
+        ("drop", b.drop, a.drop),
+        ("early_drop", b.early_drop, a.early_drop),
+        ("chaintoolong", b.chaintoolong, a.chaintoolong),
+        ("invalid", b.invalid, a.invalid),
+        ("clash_resolve", b.clash_resolve, a.clash_resolve),
+    ];
+    let moved: Vec<String> = all
+        .iter()
+        .filter(|(_, b, a)| a != b)
+        .map(|(n, b, a)| format!("{n} {b} -> {a}"))
+        .collect();
+    let still: Vec<String> = all
+        .iter()
+        .filter(|(_, b, a)| a == b)
+        .map(|(n, _, a)| format!("{n} {a}"))
+        .collect();
+    if still.is_empty() {
+        moved.join(", ")
+    } else {
+        format!("{} ({})", moved.join(", "), still.join(", "))
     }
 }
 
@@ -686,6 +726,7 @@ fn describe(
         packets_before: before,
         packets_after: after_n,
         ctstate_invalid,
+        conntrack: None,
         evidence,
     }
 }

@@ -122,6 +122,7 @@ mod tests {
             packets_before: Some(0),
             packets_after: Some(1),
             ctstate_invalid: false,
+            conntrack: None,
             evidence: vec!["its counter went 0 -> 1".into()],
         }
     }

@@ -234,16 +234,32 @@ impl Table {
     }
 }
 
-/// Conntrack's own counters (`/proc/net/stat/nf_conntrack`, summed over
-/// CPUs) and table fill.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Conntrack's own counters (`/proc/net/stat/nf_conntrack` of the
+/// namespace, summed over CPUs) and table fill.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ConntrackStats {
     pub drop: u64,
     pub insert_failed: u64,
     pub early_drop: u64,
     pub invalid: u64,
+    /// Insertions refused because a hash chain was too long (the
+    /// `chainlength` column; `chaintoolong` in `conntrack -S`).
+    pub chaintoolong: u64,
+    /// Clashes resolved without a drop (`clashres`).
+    pub clash_resolve: u64,
+    /// Entries in this namespace (`nf_conntrack_count`).
     pub count: Option<u64>,
+    /// `nf_conntrack_max`: global, compared with each namespace's count.
     pub max: Option<u64>,
+    /// `nf_conntrack_buckets`: hash table size, global.
+    pub buckets: Option<u64>,
+}
+
+/// Conntrack's counters before and after a drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ConntrackMoved {
+    pub before: ConntrackStats,
+    pub after: ConntrackStats,
 }
 
 /// An interface of the namespace: name, bridge master, local addresses.
