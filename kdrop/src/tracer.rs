@@ -375,9 +375,18 @@ impl Enricher {
 
     /// A refused SYN-ACK that is the reply side of a DNAT'd SYN seen leaving.
     fn explain_hairpin(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
-        if r.reason.as_deref() != Some("NO_SOCKET")
-            || d.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN | TCP_ACK
-        {
+        // Before 5.17 (no reasons) the place says as much: tcp_v4_rcv and
+        // tcp_v6_rcv free a segment no socket takes at their `discard_it`
+        // (https://github.com/torvalds/linux/blob/v5.10/net/ipv4/tcp_ipv4.c),
+        // and this SYN-ACK's tuple is one no local socket can have: its SYN
+        // went to the DNAT'd address.
+        let no_socket = match r.reason.as_deref() {
+            Some(reason) => reason == "NO_SOCKET",
+            None => ["tcp_v4_rcv+", "tcp_v6_rcv+"]
+                .iter()
+                .any(|f| r.location.starts_with(f)),
+        };
+        if !no_socket || d.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN | TCP_ACK {
             return None;
         }
         let syn_ack = Tuple {
@@ -396,8 +405,11 @@ impl Enricher {
             call_iptables: ctx.confs.bridge_nf_call_iptables,
         };
         let kernel = format!(
-            "kernel: drop reason NO_SOCKET at {} in netns {}: no socket for {} -> {}, so it \
-             answers with a RST",
+            "kernel: {} at {} in netns {}: no socket for {} -> {}, so it answers with a RST",
+            match r.reason {
+                Some(_) => "drop reason NO_SOCKET",
+                None => "no drop reason on this kernel, freed by TCP's receive path",
+            },
             r.location,
             r.netns_name.clone().unwrap_or_else(|| r.netns.to_string()),
             syn_ack.src,
@@ -536,11 +548,12 @@ impl Enricher {
         let reason = r.reason.as_deref();
         // No reason at all (5.10): only what fib_validate_source or the drop
         // location can tell (routing::derive_reason).
+        // NOT_SPECIFIED (before 6.13 for martians, e.g. 6.1) the same way.
         let derivable = d.src_check.is_some() || r.location.starts_with("ip_rcv_finish_core");
         match reason {
-            Some(reason) if !routing::REASONS.contains(&reason) => return None,
-            None if !derivable => return None,
-            _ => {}
+            Some("NOT_SPECIFIED") | None if derivable => {}
+            Some(reason) if routing::REASONS.contains(&reason) => {}
+            _ => return None,
         }
         let (IpAddr::V4(src), IpAddr::V4(dst)) = (d.saddr, d.daddr) else {
             return None;

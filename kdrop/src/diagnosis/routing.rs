@@ -85,6 +85,17 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables) -> Option<(&'static str, String)
                 d.location
             ),
         )),
+        // ip_route_input_slow refuses a loopback destination on a device
+        // without route_localnet before any source check (v6.1:
+        // https://github.com/torvalds/linux/blob/v6.1/net/ipv4/route.c,
+        // `martian_destination`).
+        None if d.dst.is_loopback() && d.location.starts_with("ip_rcv_finish_core") => Some((
+            "IP_LOCALNET",
+            format!(
+                "kernel: drop at {} ({named} on this kernel) while routing a packet to 127.0.0.0/8 (derived from the location and the destination)",
+                d.location
+            ),
+        )),
         None if local && d.location.starts_with("ip_rcv_finish_core") => Some((
             "IP_LOCAL_SOURCE",
             format!(
@@ -795,6 +806,18 @@ mod tests {
         let f = explain(&d, &t, &confs(0, 0, 0)).unwrap();
         assert_eq!(f.cause, "martian_local_source");
         assert!(f.evidence[0].contains("derived from the location"));
+        // 6.1 and 5.10: a loopback destination refused while routing.
+        for reason in [Some("NOT_SPECIFIED"), None] {
+            let mut d = drop("NOT_SPECIFIED", &[], 0);
+            d.reason = reason;
+            d.dst = ip("127.1.1.1");
+            let f = explain(&d, &incident1(), &confs(0, 0, 0)).unwrap();
+            assert_eq!(f.cause, "martian_localnet");
+            assert!(f.evidence[0].contains("derived from the location and the destination"));
+            // Elsewhere than in routing, a loopback destination says nothing.
+            d.location = "tcp_v4_rcv+0x10";
+            assert!(explain(&d, &incident1(), &confs(0, 0, 0)).is_none());
+        }
         // Nothing to go on: no finding rather than a guess.
         let d = drop("NOT_SPECIFIED", &[], 0);
         assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
