@@ -29,6 +29,24 @@ struct Asym {
 const VIP: &str = "10.0.58.158";
 const BACKEND: &str = "10.0.0.13";
 
+/// The control's fix, in place from the start: the node masquerades what
+/// it sends to the backend, so replies come back through it.
+fn masquerade_to_backend(node: &Ns) {
+    iptables(
+        node,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-d",
+            BACKEND,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+}
+
 fn asymmetric(test: &str) -> Asym {
     let a = Asym {
         client: Ns::new(&ns_name(&format!("{test}-cl"))).unwrap(),
@@ -176,19 +194,7 @@ fn incident5_asymmetric_return_path_and_its_fix() {
 #[test]
 fn control_masquerade_reports_nothing() {
     let a = asymmetric("asymc");
-    iptables(
-        &a.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-d",
-            BACKEND,
-            "-j",
-            "MASQUERADE",
-        ],
-    );
+    masquerade_to_backend(&a.node);
     let _l = listen(&a.pod, "10.0.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
@@ -798,19 +804,7 @@ fn wait_entry(ns: &Ns, sport: u16) {
 #[test]
 fn an_entry_that_dies_unreplied_is_reported_once() {
     let a = asymmetric("ctdes");
-    iptables(
-        &a.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-d",
-            BACKEND,
-            "-j",
-            "MASQUERADE",
-        ],
-    );
+    masquerade_to_backend(&a.node);
     iptables(
         &a.pod,
         &["-A", "INPUT", "-p", "tcp", "--dport", "8005", "-j", "DROP"],
@@ -888,19 +882,7 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
 #[test]
 fn control_an_answered_entry_that_dies_is_filtered_in_the_kernel() {
     let a = asymmetric("ctdesc");
-    iptables(
-        &a.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-d",
-            BACKEND,
-            "-j",
-            "MASQUERADE",
-        ],
-    );
+    masquerade_to_backend(&a.node);
     let _l = listen(&a.pod, "10.0.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
