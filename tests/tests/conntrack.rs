@@ -680,7 +680,7 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
     let e = k.expect_event("the clashing SYN", |e| {
         e["kind"] == "drop" && e["ct"]["orig"]["src"] == "10.98.1.2:41002"
     });
-    assert_eq!(e["reason"], "NETFILTER_DROP");
+    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
     // Dropped at POSTROUTING (confirmation), after SNAT.
     assert_eq!(e["saddr"], "10.98.2.1");
     assert_eq!(e["sport"], 40000);
@@ -845,12 +845,24 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
     assert_eq!(e["ct"]["reply"]["dst"], "10.0.0.12:45008");
     let f = &e["finding"];
     assert_eq!(f["cause"], "unanswered");
-    assert_eq!(
-        f["summary"],
-        "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent once out of eth0 without an answer"
+    // Once, or twice where the guest is slow (a VM under TCG) and the
+    // client's 1 s retransmission came before the delete: never the three
+    // the handshake tracker waits for, so this report is the entry's own.
+    let summary = f["summary"].as_str().unwrap();
+    assert!(
+        [
+            "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent once out of eth0 without an answer",
+            "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent 2 times out of eth0 without an answer",
+        ]
+        .contains(&summary),
+        "{summary}"
     );
     let ev = strs(&f["evidence"]);
-    assert_eq!(ev[0], "1 transmission of the SYN, not answered");
+    assert!(
+        ev[0] == "1 transmission of the SYN, not answered"
+            || ev[0].starts_with("2 transmissions of the same SYN over "),
+        "{ev:?}"
+    );
     let died = ev.last().unwrap();
     assert!(
         died.starts_with(
