@@ -871,7 +871,12 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
         ),
         "{ev:?}"
     );
-    assert!(died.contains("state SYN_SENT"), "{died}");
+    // Debian's 5.10 sends destroy events without the TCP state (no
+    // CTA_PROTOINFO); where there is one it is SYN_SENT.
+    assert!(
+        died.contains("state SYN_SENT") || !died.contains("state "),
+        "{died}"
+    );
     assert!(
         died.contains("DST_NAT") && !died.contains("SEEN_REPLY"),
         "{died}"
