@@ -4,18 +4,19 @@
 //! https://github.com/torvalds/linux/blob/v6.18/include/linux/skbuff.h#L5050).
 use kdrop_common::{CtInfo, CtTuple, Offsets, ABSENT};
 
-use crate::skb::read;
+use crate::skb::{read, Load};
 
 const NFCT_INFOMASK: u64 = 7;
 
 // A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
 #[inline(never)]
-pub fn read_ct(skb: u64, o: &Offsets, out: &mut CtInfo) {
+pub fn read_ct<L: Load>(skb: u64, o: &Offsets, out: &mut CtInfo) {
     out.present = 0;
     if o.ct_tuple == ABSENT {
         return;
     }
-    let nfct: u64 = read(skb, o.skb_nfct).unwrap_or(0);
+    // `_nfct` is an integer to the verifier: the entry is read with helpers.
+    let nfct: u64 = L::load(skb, o.skb_nfct).unwrap_or(0);
     let ct = nfct & !NFCT_INFOMASK;
     if ct == 0 {
         return;
@@ -35,11 +36,11 @@ pub fn read_ct(skb: u64, o: &Offsets, out: &mut CtInfo) {
 /// what the client sent before NAT.
 // A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
 #[inline(never)]
-pub fn read_orig(skb: u64, o: &Offsets, out: &mut CtTuple) -> bool {
+pub fn read_orig<L: Load>(skb: u64, o: &Offsets, out: &mut CtTuple) -> bool {
     if o.ct_tuple == ABSENT {
         return false;
     }
-    let nfct: u64 = read(skb, o.skb_nfct).unwrap_or(0);
+    let nfct: u64 = L::load(skb, o.skb_nfct).unwrap_or(0);
     let ct = nfct & !NFCT_INFOMASK;
     if ct == 0 {
         return false;

@@ -11,18 +11,18 @@ use kdrop_common::{
 use crate::{
     config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS, LAST_WAKEUP},
     ct, fib, monitor,
-    skb::{self, Tcp},
+    skb::{self, Load, Tcp},
     srccheck,
 };
 
 #[inline(always)]
-pub fn on_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> i32 {
-    let _ = try_kfree_skb(skb, location, reason, args);
+pub fn on_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> i32 {
+    let _ = try_kfree_skb::<L>(skb, location, reason, args);
     0
 }
 
 #[inline(always)]
-fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
+fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
     let reason = reason as u32;
     let reason_or_absent = if args.reason == ABSENT {
         ABSENT
@@ -35,15 +35,15 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
         return None;
     }
     let o = offsets();
-    let tcp = skb::parse_tcp(skb, o)?;
+    let tcp = skb::parse_tcp::<L>(skb, o)?;
     let f = filter();
     if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
         return None;
     }
-    if !matches_packet(f, &tcp, skb, o) {
+    if !matches_packet::<L>(f, &tcp, skb, o) {
         return None;
     }
-    let (netns, ifindex) = skb::netns_and_ifindex(skb, o);
+    let (netns, ifindex) = skb::netns_and_ifindex::<L>(skb, o);
     if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
         return None;
     }
@@ -89,7 +89,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     e.reason = reason_or_absent;
     e.netns = netns;
     e.ifindex = ifindex;
-    e.mark = skb::read(skb, o.skb_mark).unwrap_or(0);
+    e.mark = L::load(skb, o.skb_mark).unwrap_or(0);
     e.saddr = tcp.saddr;
     e.daddr = tcp.daddr;
     e.sport = tcp.sport;
@@ -105,7 +105,7 @@ fn try_kfree_skb(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> O
     };
     e.fib_valid = u32::from(fib_next.is_some());
     e.fib_next = fib_next.unwrap_or(0);
-    ct::read_ct(skb, o, &mut e.ct);
+    ct::read_ct::<L>(skb, o, &mut e.ct);
     let check = srccheck::recent(now);
     e.src_check_ret = check.unwrap_or(0);
     e.src_check_seen = u32::from(check.is_some());
@@ -152,7 +152,7 @@ pub fn flags_match(any: u8, flags: u8) -> bool {
 /// that do not match by themselves.
 // A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
 #[inline(never)]
-pub fn matches_packet(f: &Filter, t: &Tcp, skb: u64, o: &Offsets) -> bool {
+pub fn matches_packet<L: Load>(f: &Filter, t: &Tcp, skb: u64, o: &Offsets) -> bool {
     if f.n_ports == 0 && f.n_hosts == 0 {
         return true;
     }
@@ -165,7 +165,7 @@ pub fn matches_packet(f: &Filter, t: &Tcp, skb: u64, o: &Offsets) -> bool {
     };
     // SAFETY: per-CPU scratch slot, used by one program run at a time.
     let orig = unsafe { &mut *orig };
-    if !ct::read_orig(skb, o, orig) {
+    if !ct::read_orig::<L>(skb, o, orig) {
         return false;
     }
     let ports = (u32::from(orig.sport) << 16) | u32::from(orig.dport);

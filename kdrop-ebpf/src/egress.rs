@@ -11,30 +11,30 @@ use crate::{
     ct,
     drop::{flags_match, matches_packet, wakeup_flags},
     monitor,
-    skb::{self, read},
+    skb::{self, Load},
 };
 
 #[inline(always)]
-pub fn on_net_dev_queue(skb: u64) -> i32 {
-    let _ = try_net_dev_queue(skb);
+pub fn on_net_dev_queue<L: Load>(skb: u64) -> i32 {
+    let _ = try_net_dev_queue::<L>(skb);
     0
 }
 
 #[inline(always)]
-fn try_net_dev_queue(skb: u64) -> Option<()> {
+fn try_net_dev_queue<L: Load>(skb: u64) -> Option<()> {
     let o = offsets();
-    let tcp = skb::parse_tcp(skb, o)?;
+    let tcp = skb::parse_tcp::<L>(skb, o)?;
     // The handshake and its refusal, whatever --all-flags says for drops.
     if !flags_match(TCP_SYN | TCP_RST, tcp.tcp_flags) {
         return None;
     }
     let f = filter();
-    if !matches_packet(f, &tcp, skb, o) {
+    if !matches_packet::<L>(f, &tcp, skb, o) {
         return None;
     }
-    let dev: u64 = read(skb, o.skb_dev).ok()?;
-    let net: u64 = read(dev, o.dev_net).unwrap_or(0);
-    let netns: u32 = read(net, o.net_inum).unwrap_or(0);
+    let dev: u64 = L::load(skb, o.skb_dev)?;
+    let net: u64 = L::load(dev, o.dev_net).unwrap_or(0);
+    let netns: u32 = L::load(net, o.net_inum).unwrap_or(0);
     if f.netns != 0 && f.netns != netns {
         return None;
     }
@@ -59,8 +59,8 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
         ts_ns: unsafe { bpf_ktime_get_ns() },
     };
     e.netns = netns;
-    e.ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
-    e.mark = read(skb, o.skb_mark).unwrap_or(0);
+    e.ifindex = L::load(dev, o.dev_ifindex).unwrap_or(0);
+    e.mark = L::load(skb, o.skb_mark).unwrap_or(0);
     e._pad0 = 0;
     e.saddr = tcp.saddr;
     e.daddr = tcp.daddr;
@@ -69,7 +69,7 @@ fn try_net_dev_queue(skb: u64) -> Option<()> {
     e.family = tcp.family;
     e.tcp_flags = tcp.tcp_flags;
     e._pad = [0; 2];
-    ct::read_ct(skb, o, &mut e.ct);
+    ct::read_ct::<L>(skb, o, &mut e.ct);
     entry.submit(wakeup_flags(e.header.ts_ns));
     counters.emitted += 1;
     Some(())

@@ -9,20 +9,22 @@ use kdrop_common::{FibLookup, Offsets, FIB_RECENT};
 
 use crate::{
     config::{offsets, FIB_LOOKUPS},
-    skb::read,
+    skb::Load,
 };
 
 /// `fib_table_lookup(tb_id, flp, nhc, err)`, the tracepoint in
 /// net/ipv4/fib_trie.c (args as of v6.18:
 /// https://github.com/torvalds/linux/blob/v6.18/include/trace/events/fib.h#L14).
+/// It runs for every IPv4 route lookup on the node: `L` is `Direct` for
+/// tp_btf (plain loads), `Probe` for raw_tp.
 #[inline(always)]
-pub fn on_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> i32 {
-    let _ = try_fib_table_lookup(tb_id, flp, nhc, err);
+pub fn on_fib_table_lookup<L: Load>(tb_id: u64, flp: u64, nhc: u64, err: u64) -> i32 {
+    let _ = try_fib_table_lookup::<L>(tb_id, flp, nhc, err);
     0
 }
 
 #[inline(always)]
-fn try_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> {
+fn try_fib_table_lookup<L: Load>(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> {
     let o = offsets();
     let recent = FIB_LOOKUPS.get_ptr_mut(0)?;
     // SAFETY: per-CPU slot, written only by this CPU.
@@ -33,25 +35,25 @@ fn try_fib_table_lookup(tb_id: u64, flp: u64, nhc: u64, err: u64) -> Option<()> 
     e.ts_ns = unsafe { bpf_ktime_get_ns() };
     e.tb_id = tb_id as u32;
     e.err = err as i32;
-    e.iif = read(flp, o.fl4_iif).unwrap_or(0);
-    e.oif = read(flp, o.fl4_oif).unwrap_or(0);
-    e.mark = read(flp, o.fl4_mark).unwrap_or(0);
-    e.saddr = read(flp, o.fl4_saddr).unwrap_or([0; 4]);
-    e.daddr = read(flp, o.fl4_daddr).unwrap_or([0; 4]);
+    e.iif = L::load(flp, o.fl4_iif).unwrap_or(0);
+    e.oif = L::load(flp, o.fl4_oif).unwrap_or(0);
+    e.mark = L::load(flp, o.fl4_mark).unwrap_or(0);
+    e.saddr = L::load(flp, o.fl4_saddr).unwrap_or([0; 4]);
+    e.daddr = L::load(flp, o.fl4_daddr).unwrap_or([0; 4]);
     e.netns = 0;
-    fill_result(e, nhc, o);
+    fill_result::<L>(e, nhc, o);
     Some(())
 }
 
 #[inline(always)]
-fn fill_result(e: &mut FibLookup, nhc: u64, o: &Offsets) {
-    let dev: u64 = read(nhc, o.nhc_dev).unwrap_or(0);
-    e.res_ifindex = read(dev, o.dev_ifindex).unwrap_or(0);
-    let net: u64 = read(dev, o.dev_net).unwrap_or(0);
-    e.netns = read(net, o.net_inum).unwrap_or(0);
-    e.gw = read(nhc, o.nhc_gw).unwrap_or([0; 4]);
-    e.gw_family = read(nhc, o.nhc_gw_family).unwrap_or(0);
-    e.scope = read(nhc, o.nhc_scope).unwrap_or(0);
+fn fill_result<L: Load>(e: &mut FibLookup, nhc: u64, o: &Offsets) {
+    let dev: u64 = L::load(nhc, o.nhc_dev).unwrap_or(0);
+    e.res_ifindex = L::load(dev, o.dev_ifindex).unwrap_or(0);
+    let net: u64 = L::load(dev, o.dev_net).unwrap_or(0);
+    e.netns = L::load(net, o.net_inum).unwrap_or(0);
+    e.gw = L::load(nhc, o.nhc_gw).unwrap_or([0; 4]);
+    e.gw_family = L::load(nhc, o.nhc_gw_family).unwrap_or(0);
+    e.scope = L::load(nhc, o.nhc_scope).unwrap_or(0);
 }
 
 /// Copies this CPU's whole ring of recent lookups into `out` and returns

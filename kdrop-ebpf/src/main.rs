@@ -21,7 +21,10 @@ use aya_ebpf::{
 };
 use kdrop_common::ABSENT;
 
-use crate::config::{fib_args, kfree_skb_args, kfree_skb_fields};
+use crate::{
+    config::{fib_args, kfree_skb_args, kfree_skb_fields},
+    skb::{Direct, Probe},
+};
 
 /// `skb:kfree_skb` as tp_btf: arguments are the `TP_PROTO` ones,
 /// `(struct sk_buff *skb, void *location, enum skb_drop_reason reason, ...)`
@@ -33,7 +36,7 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
     let skb: u64 = arg_at(args.skb, |n| ctx.arg(n));
     let location: u64 = arg_at(args.location, |n| ctx.arg(n));
     let reason: u64 = arg_at(args.reason, |n| ctx.arg(n));
-    drop::on_kfree_skb(skb, location, reason, &args)
+    drop::on_kfree_skb::<Direct>(skb, location, reason, &args)
 }
 
 /// The same tracepoint as a raw tracepoint (kernels without tp_btf).
@@ -43,7 +46,7 @@ pub fn kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
     let skb: u64 = arg_at(args.skb, |n| ctx.arg(n));
     let location: u64 = arg_at(args.location, |n| ctx.arg(n));
     let reason: u64 = arg_at(args.reason, |n| ctx.arg(n));
-    drop::on_kfree_skb(skb, location, reason, &args)
+    drop::on_kfree_skb::<Probe>(skb, location, reason, &args)
 }
 
 /// The classic tracepoint: arguments are fields of the trace record at the
@@ -54,7 +57,7 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> i32 {
     let skb: u64 = record_at(&ctx, args.skb, 8);
     let location: u64 = record_at(&ctx, args.location, 8);
     let reason: u64 = record_at(&ctx, args.reason, 4);
-    drop::on_kfree_skb(skb, location, reason, &args)
+    drop::on_kfree_skb::<Probe>(skb, location, reason, &args)
 }
 
 /// `fib:fib_table_lookup` as tp_btf: `(u32 tb_id, const struct flowi4 *flp,
@@ -63,7 +66,7 @@ pub fn kfree_skb_tp(ctx: TracePointContext) -> i32 {
 #[btf_tracepoint(function = "fib_table_lookup")]
 pub fn fib_table_lookup_btf(ctx: BtfTracePointContext) -> i32 {
     let a = fib_args();
-    fib::on_fib_table_lookup(
+    fib::on_fib_table_lookup::<Direct>(
         arg_at(a.tb_id, |n| ctx.arg(n)),
         arg_at(a.flp, |n| ctx.arg(n)),
         arg_at(a.nhc, |n| ctx.arg(n)),
@@ -75,7 +78,7 @@ pub fn fib_table_lookup_btf(ctx: BtfTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "fib_table_lookup")]
 pub fn fib_table_lookup_raw(ctx: RawTracePointContext) -> i32 {
     let a = fib_args();
-    fib::on_fib_table_lookup(
+    fib::on_fib_table_lookup::<Probe>(
         arg_at(a.tb_id, |n| ctx.arg(n)),
         arg_at(a.flp, |n| ctx.arg(n)),
         arg_at(a.nhc, |n| ctx.arg(n)),
@@ -86,13 +89,13 @@ pub fn fib_table_lookup_raw(ctx: RawTracePointContext) -> i32 {
 /// `net:net_dev_queue` as tp_btf: `(struct sk_buff *skb)`.
 #[btf_tracepoint(function = "net_dev_queue")]
 pub fn net_dev_queue_btf(ctx: BtfTracePointContext) -> i32 {
-    egress::on_net_dev_queue(ctx.arg(0))
+    egress::on_net_dev_queue::<Direct>(ctx.arg(0))
 }
 
 /// The same as a raw tracepoint.
 #[raw_tracepoint(tracepoint = "net_dev_queue")]
 pub fn net_dev_queue_raw(ctx: RawTracePointContext) -> i32 {
-    egress::on_net_dev_queue(ctx.arg(0))
+    egress::on_net_dev_queue::<Probe>(ctx.arg(0))
 }
 
 /// `fib_validate_source`'s return code through fexit (kernels whose
