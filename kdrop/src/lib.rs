@@ -9,6 +9,7 @@ pub mod kernel;
 pub mod lab;
 pub mod monitor;
 pub mod netfilter;
+pub mod nfprobe;
 pub mod output;
 pub mod probes;
 pub mod run;
