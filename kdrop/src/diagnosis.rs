@@ -32,6 +32,10 @@ pub struct DropFacts<'a> {
 /// the reverse-path lookup took, the rule that dropped) build on this.
 pub fn explain(f: &DropFacts) -> Option<Finding> {
     let Some(reason) = f.reason else {
+        // No reason (before 5.17), but the kernel's NF_DROP verdict for it.
+        if let Some(a) = f.netfilter {
+            return Some(crate::netfilter::finding::explain(a, f));
+        }
         return Some(no_reason(f));
     };
     let ns = f

@@ -15,6 +15,7 @@ pub mod probes;
 pub mod run;
 pub mod symbols;
 pub mod tracer;
+pub mod verdict;
 
 /// An error in what the user asked for (bad flag value, unknown namespace,
 /// missing privileges or BTF): one line, exit code 2.

@@ -77,11 +77,34 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
                 "conntrack itself dropped it (table full, or the entry could not be inserted)".into(),
             )
         }
+        DroppedBy::Nat => (
+            "nat_drop",
+            format!(
+                "the NAT step dropped it ({family}{hook}{}): no address or port to map it to",
+                if table.is_empty() {
+                    String::new()
+                } else {
+                    format!(", table {table}")
+                }
+            ),
+        ),
+        DroppedBy::Table => (
+            "netfilter_table",
+            format!(
+                "{} table {table}{} ({family}{hook}) dropped it: a rule or the chain policy; the counters do not say which",
+                if backend.is_empty() { "netfilter" } else { backend },
+                if chain.is_empty() {
+                    String::new()
+                } else {
+                    format!(", chain {chain}")
+                }
+            ),
+        ),
     };
-    let mut evidence = vec![format!(
-        "kernel drop reason {}",
-        f.reason.unwrap_or("NETFILTER_DROP")
-    )];
+    let mut evidence = vec![match f.reason {
+        Some(r) => format!("kernel drop reason {r}"),
+        None => "no kernel drop reason on this kernel: freed after the NF_DROP verdict below".into(),
+    }];
     if let Some(loc) = f.location {
         evidence[0].push_str(&format!(" at {loc}"));
     }
