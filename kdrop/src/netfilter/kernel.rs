@@ -109,25 +109,29 @@ pub fn combine(
         }
         return Some(a);
     }
-    if let Some(v) = find(verdicts, NfFn::Nat) {
+    let nat = find(verdicts, NfFn::Nat);
+    let Some(w) = walker(verdicts) else {
+        // The NAT step dropped it by itself (no rule walker inside it did).
+        let Some(v) = nat else {
+            return counted;
+        };
         let mut a = bare(DroppedBy::Nat, method(v), v);
         a.evidence.push(evidence(v));
-        if let Some(w) = walker(verdicts) {
-            a.table = w.table.clone();
-            a.chain = w.chain.clone();
-            a.backend = (w.func == NfFn::IptDoTable).then_some(Backend::IptablesLegacy);
-            a.evidence.push(evidence(w));
-        }
         a.evidence.push(
             "the NAT step could not map this packet: e.g. MASQUERADE out of an interface \
-             without an address of the packet's family, or no free source port"
+             without an address of the packet's family, or a binding it could not set up"
                 .into(),
         );
         return Some(a);
-    }
-    let Some(w) = walker(verdicts) else {
-        return counted;
     };
+    // A rule walker inside the NAT step (a nat chain) returned the drop:
+    // the walker's verdict explains the NAT step's.
+    let nat_line = nat.map(|v| {
+        format!(
+            "{}: the NAT step passed on the verdict of the nat chain",
+            evidence(v)
+        )
+    });
     let agrees = |c: &Attribution| {
         w.hook.is_none_or(|h| c.hook == Some(h))
             && w.table.as_ref().is_none_or(|t| c.table.as_ref() == Some(t))
@@ -137,6 +141,7 @@ pub fn combine(
         Some(mut c) if agrees(&c) => {
             c.method = format!("{} + {}", method(w), c.method);
             c.evidence.insert(0, evidence(w));
+            c.evidence.extend(nat_line);
             Some(c)
         }
         other => {
@@ -160,6 +165,7 @@ pub fn combine(
                 ),
                 None => "no rule or policy counter of that table and hook names the rule".into(),
             });
+            a.evidence.extend(nat_line);
             Some(a)
         }
     }
@@ -256,11 +262,17 @@ mod tests {
         assert_eq!(a.dropped_by, DroppedBy::Conntrack);
         assert_eq!(a.method, "kernel verdict (kretprobe on nf_conntrack_in)");
         let nat = v(NfFn::Nat, None, Some(Hook::Postrouting));
-        let a = combine(&[w.clone(), nat], 1_000_000, &rung, None).unwrap();
-        assert_eq!(a.dropped_by, DroppedBy::Nat);
+        // A drop rule in a nat chain: the chain's verdict, the NAT step's after it.
+        let a = combine(&[w.clone(), nat.clone()], 1_000_000, &rung, None).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Table);
         assert_eq!(a.table.as_deref(), Some("nat"));
         assert_eq!(a.backend, Some(Backend::IptablesLegacy));
         assert_eq!(a.evidence.len(), 3);
+        assert!(a.evidence[2].contains("nf_nat_inet_fn"), "{:?}", a.evidence);
+        // The NAT step alone.
+        let a = combine(&[nat], 1_000_000, &rung, None).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Nat);
+        assert_eq!(a.evidence.len(), 2);
         assert_eq!(combine(&[], 0, &rung, None), None);
         let c = counted("filter", Hook::Input);
         assert_eq!(combine(&[], 0, &rung, Some(c.clone())), Some(c));
