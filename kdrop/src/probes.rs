@@ -624,13 +624,29 @@ where
 }
 
 /// First line of an error chain: verifier logs can run to thousands of lines.
+/// A verifier log's last line says what it refused (its first lines are
+/// often notes), so that one is kept too.
 fn short_error(e: &anyhow::Error) -> String {
     let s = format!("{e:#}");
-    let first = s.lines().next().unwrap_or("").to_string();
+    let mut lines = s.lines().filter(|l| !l.trim().is_empty());
+    let first: String = lines.next().unwrap_or("").chars().take(240).collect();
     if s.lines().count() > 1 {
         log::debug!("{s}");
     }
-    first.chars().take(240).collect()
+    // The log ends with the instruction count; the refusal is just before.
+    let last: Vec<&str> = lines
+        .filter(|l| {
+            !["processed ", "verification time", "stack depth", ": "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
+    match last.last() {
+        Some(l) if s.contains("Verifier output") => {
+            format!("{first} ... {}", l.chars().take(160).collect::<String>())
+        }
+        _ => first,
+    }
 }
 
 pub fn outcome_text(o: &Outcome) -> String {
