@@ -40,18 +40,19 @@ pub fn save_args(func: u8, args: [u64; 3]) {
     let st = unsafe { &mut *st };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
+    // Indexes are masked as well as compared: the 6.1 verifier does not
+    // carry the comparison's bound to the access ("unbounded memory access").
     if st.depth != 0 {
         let top = st.depth.wrapping_sub(1) as usize;
-        let stale = st
-            .slots
-            .get(top.min(NF_ARG_DEPTH - 1))
-            .is_none_or(|s| now.wrapping_sub(s[3]) > NF_ARG_STALE_NS);
+        let stale = top >= NF_ARG_DEPTH
+            || now.wrapping_sub(st.slots[top & (NF_ARG_DEPTH - 1)][3]) > NF_ARG_STALE_NS;
         if stale {
             st.depth = 0;
         }
     }
-    if let Some(slot) = st.slots.get_mut(st.depth as usize) {
-        *slot = [args[0], args[1], args[2], now];
+    let d = st.depth as usize;
+    if d < NF_ARG_DEPTH {
+        st.slots[d & (NF_ARG_DEPTH - 1)] = [args[0], args[1], args[2], now];
     }
     st.depth = st.depth.wrapping_add(1);
 }
@@ -66,7 +67,11 @@ pub fn take_args(func: u8) -> Option<[u64; 3]> {
         return None;
     }
     st.depth -= 1;
-    let s = st.slots.get(st.depth as usize)?;
+    let d = st.depth as usize;
+    if d >= NF_ARG_DEPTH {
+        return None;
+    }
+    let s = st.slots[d & (NF_ARG_DEPTH - 1)];
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     (now.wrapping_sub(s[3]) <= NF_ARG_STALE_NS).then_some([s[0], s[1], s[2]])
@@ -94,7 +99,14 @@ pub fn on_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> i3
 #[inline(always)]
 fn try_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> Option<()> {
     let p = nf_probes();
-    let fa = p.args.get(func as usize)?;
+    // Constant offsets into .rodata, for the same reason as above.
+    let fa = match func {
+        0 => &p.args[0],
+        1 => &p.args[1],
+        2 => &p.args[2],
+        3 => &p.args[3],
+        _ => return None,
+    };
     let mut skb = pick(fa.skb, a0, a1, a2);
     let mut state = pick(fa.state, a0, a1, a2);
     if fa.pkt != ABSENT {
