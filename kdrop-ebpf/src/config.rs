@@ -5,9 +5,9 @@ use aya_ebpf::{
     maps::{PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use kdrop_common::{
+    nf::{NfArgStack, NfProbes, NF_FNS},
     AggKey, Counters, CtInfo, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
     MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, COUNTERS_KEYS, LIMITED_KEYS, LIMITERS,
-    nf::{NfArgStack, NfProbes, NF_FNS},
 };
 
 #[unsafe(no_mangle)]

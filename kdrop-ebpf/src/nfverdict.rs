@@ -10,7 +10,8 @@ use aya_ebpf::helpers::{
 };
 use kdrop_common::{
     nf::{
-        NfVerdictEvent, NF_ARG_DEPTH, NF_ARG_STALE_NS, NF_DROP, NF_FNS, NF_NAME_LEN, NF_UNKNOWN, NF_VERDICT_MASK,
+        NfVerdictEvent, NF_ARG_DEPTH, NF_ARG_STALE_NS, NF_DROP, NF_FNS, NF_NAME_LEN, NF_UNKNOWN,
+        NF_VERDICT_MASK,
     },
     EventHeader, ABSENT, NF_VERDICT_COUNTERS_KEY,
 };

@@ -161,7 +161,10 @@ fn check_args(f: &NfFunc, a: &NfFnArgs) -> Result<(), String> {
     };
     for (what, i) in need {
         if *i == ABSENT || *i > 2 {
-            return Err(format!("{}: no {what} among its first three arguments", f.name));
+            return Err(format!(
+                "{}: no {what} among its first three arguments",
+                f.name
+            ));
         }
     }
     Ok(())
@@ -202,11 +205,9 @@ impl NfSetup {
                 Some(found) => {
                     let (btf, id, source): (&Btf, u32, String) = match found {
                         Found::Vmlinux(id) => (vmlinux, *id, "vmlinux BTF".into()),
-                        Found::Module(b, id) => (
-                            b,
-                            *id,
-                            format!("/sys/kernel/btf/{} (module BTF)", f.module),
-                        ),
+                        Found::Module(b, id) => {
+                            (b, *id, format!("/sys/kernel/btf/{} (module BTF)", f.module))
+                        }
                     };
                     let types: Vec<String> = btf
                         .params(id)
@@ -236,10 +237,9 @@ impl NfSetup {
                         FnFacts { source, fexit }
                     })
                 }
-                None if !Path::new("/sys/module").join(f.module).exists() => Err(format!(
-                    "{} is not loaded (nothing uses it yet)",
-                    f.module
-                )),
+                None if !Path::new("/sys/module").join(f.module).exists() => {
+                    Err(format!("{} is not loaded (nothing uses it yet)", f.module))
+                }
                 None => args_from_signature(f.id, version)
                     .map_err(|e| format!("no BTF for {}: {e}", f.name))
                     .and_then(|args| {
@@ -294,7 +294,10 @@ fn fill_offsets(p: &mut NfProbes, f: &NfFunc, btf: &Btf) {
 /// The offsets without which a function's record would be empty.
 fn needs_offsets(f: &NfFunc, p: &NfProbes) -> Result<(), String> {
     let need: &[(&str, u32)] = match f.id {
-        NF_FN_NFT_DO_CHAIN => &[("nft_pktinfo.skb", p.pkt_skb), ("nft_pktinfo.state", p.pkt_state)],
+        NF_FN_NFT_DO_CHAIN => &[
+            ("nft_pktinfo.skb", p.pkt_skb),
+            ("nft_pktinfo.state", p.pkt_state),
+        ],
         _ => &[],
     };
     for (what, off) in need {

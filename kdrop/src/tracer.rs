@@ -429,17 +429,18 @@ impl Enricher {
             .unwrap_or_else(|| format!("{:#x}", d.location));
         let verdicts = self.verdicts.take_for(d);
         let rungs = &self.nf_rungs;
-        let rung = |f: NfFn| rungs.get(f.name()).cloned().unwrap_or_else(|| "probe".into());
+        let rung = |f: NfFn| {
+            rungs
+                .get(f.name())
+                .cloned()
+                .unwrap_or_else(|| "probe".into())
+        };
         // Without a reason (before 5.17) the kernel's NF_DROP verdict is
         // what says netfilter dropped it.
         let netfilter = match reason.as_deref() {
-            Some("NETFILTER_DROP") => {
-                self.netfilter
-                    .attribute(ns.as_ref(), d, &verdicts, &rung)
-            }
+            Some("NETFILTER_DROP") => self.netfilter.attribute(ns.as_ref(), d, &verdicts, &rung),
             None if !verdicts.is_empty() => {
-                self.netfilter
-                    .attribute(ns.as_ref(), d, &verdicts, &rung)
+                self.netfilter.attribute(ns.as_ref(), d, &verdicts, &rung)
             }
             _ => None,
         };

@@ -116,7 +116,10 @@ pub fn decode(data: &[u8]) -> Option<Result<Verdict, String>> {
         return None;
     }
     if data.len() < size_of::<NfVerdictEvent>() {
-        return Some(Err(format!("verdict record too short ({} bytes)", data.len())));
+        return Some(Err(format!(
+            "verdict record too short ({} bytes)",
+            data.len()
+        )));
     }
     // SAFETY: as above.
     let e: NfVerdictEvent = unsafe { std::ptr::read_unaligned(data.as_ptr().cast()) };
@@ -285,7 +288,9 @@ mod tests {
         assert!(log.take_for(&drop_at(3_000, 1, 40000)).is_empty());
         // Too old for its drop, and then forgotten.
         log.push(v);
-        assert!(log.take_for(&drop_at(1_000 + WINDOW_NS + 1, 1, 40000)).is_empty());
+        assert!(log
+            .take_for(&drop_at(1_000 + WINDOW_NS + 1, 1, 40000))
+            .is_empty());
         assert!(log.recent.is_empty());
     }
 

@@ -9,9 +9,7 @@ use std::{
     sync::Mutex,
 };
 
-use integration_tests::{
-    expected_reason, inode, ns_name, point_rung, send_syn, Kdrop, Ns, Pair,
-};
+use integration_tests::{expected_reason, inode, ns_name, point_rung, send_syn, Kdrop, Ns, Pair};
 use kdrop::context::netns::in_netns;
 use serde_json::Value;
 
@@ -80,10 +78,15 @@ fn ipt_do_table_verdict_confirms_the_counted_rule() {
     let nf = &e["netfilter"];
     assert_eq!(
         nf["method"],
-        format!("kernel verdict ({rung} on ipt_do_table) + rule counters (iptables-legacy-save -c)"),
+        format!(
+            "kernel verdict ({rung} on ipt_do_table) + rule counters (iptables-legacy-save -c)"
+        ),
         "{e}"
     );
-    assert_eq!(nf["rule"], "-A INPUT -p tcp -m tcp --dport 6201 -j DROP", "{e}");
+    assert_eq!(
+        nf["rule"], "-A INPUT -p tcp -m tcp --dport 6201 -j DROP",
+        "{e}"
+    );
     assert_eq!(nf["hook"], "INPUT", "{e}");
     let ev = evidence(&e);
     assert!(
@@ -142,48 +145,6 @@ fn nft_do_chain_verdict_names_table_chain_and_hook() {
     k.stop(libc::SIGINT);
 }
 
-/// A drop rule in an nftables nat chain: the NAT step returns the chain's
-/// NF_DROP, and both verdicts are on the event.
-#[test]
-fn nat_step_passes_on_a_nat_chain_drop() {
-    let Some(rung) = rung_or_skip("nat_step_verdict", "nf_nat_inet_fn") else {
-        return;
-    };
-    if rung_or_skip("nat_step_verdict", "nft_do_chain").is_none() {
-        return;
-    }
-    let _g = serial();
-    let p = Pair::new("vnat", 93);
-    nft(
-        &p.client,
-        "vnat",
-        "table ip kdn {\n chain post {\n type nat hook postrouting priority 100; policy accept;\n \
-         tcp dport 6204 drop\n }\n}\n",
-    );
-    let k = Kdrop::start(&["--json", "--netns", &p.client.name, "-p", "6204"]);
-    let (src, dst) = (p.client_v4(42204), p.server_v4(6204));
-    let _syn = send_syn(&p.client, src, dst);
-    let e = k.expect_event("the nat chain drop", |e| is_tuple(e, &src, &dst));
-    let nf = &e["netfilter"];
-    assert_eq!(nf["table"], "kdn", "{e}");
-    assert_eq!(nf["chain"], "post", "{e}");
-    assert_eq!(nf["hook"], "POSTROUTING", "{e}");
-    let ev = evidence(&e);
-    assert!(
-        ev.iter().any(|l| l.starts_with(
-            "kernel: nft_do_chain returned NF_DROP for this packet (table kdn, chain post, hook POSTROUTING"
-        )),
-        "{ev:?}"
-    );
-    assert!(
-        ev.iter().any(|l| l.starts_with(&format!(
-            "kernel: nf_nat_inet_fn returned NF_DROP for this packet (hook POSTROUTING, via {rung}"
-        )) && l.ends_with("the NAT step passed on the verdict of the nat chain")),
-        "{ev:?}"
-    );
-    k.stop(libc::SIGINT);
-}
-
 /// Restores the global nf_conntrack_max (writable from the initial
 /// namespace only) however the test ends.
 struct ConntrackMax(String);
@@ -232,13 +193,24 @@ fn conntrack_table_full_is_conntracks_own_verdict() {
     p.server
         .exec(
             "iptables-legacy",
-            &["-A", "INPUT", "-m", "conntrack", "--ctstate", "NEW,ESTABLISHED", "-j", "ACCEPT"],
+            &[
+                "-A",
+                "INPUT",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "NEW,ESTABLISHED",
+                "-j",
+                "ACCEPT",
+            ],
         )
         .unwrap();
     let server = p.server_v4(6205);
-    let listener = in_netns(&p.server.path(), move || std::net::TcpListener::bind(server))
-        .unwrap()
-        .unwrap();
+    let listener = in_netns(&p.server.path(), move || {
+        std::net::TcpListener::bind(server)
+    })
+    .unwrap()
+    .unwrap();
     let _held = established(&p.client, p.client_v4(42205), server);
     let count: u64 = in_netns(&p.server.path(), || {
         std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count")
@@ -265,7 +237,9 @@ fn conntrack_table_full_is_conntracks_own_verdict() {
     assert_eq!(nf["hook"], "PREROUTING", "{e}");
     let ev = evidence(&e);
     assert!(
-        ev[0].starts_with("kernel: nf_conntrack_in returned NF_DROP for this packet (hook PREROUTING"),
+        ev[0].starts_with(
+            "kernel: nf_conntrack_in returned NF_DROP for this packet (hook PREROUTING"
+        ),
         "{ev:?}"
     );
     assert_eq!(e["finding"]["cause"], "conntrack_drop", "{e}");

@@ -25,11 +25,11 @@ use serde_json::Value;
 use super::netns::{in_netns, Netns};
 use crate::{
     event::Drop,
-    verdict::{NfFn, Verdict},
     netfilter::{
         self, attribution::Dropped, iptables, nft, Attribution, Backend, ConntrackStats, Family,
         Iface, Snapshot, Table,
     },
+    verdict::{NfFn, Verdict},
 };
 
 /// A tool that has not answered in this long is killed; kdrop reports the

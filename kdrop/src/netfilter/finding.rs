@@ -103,7 +103,9 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
     };
     let mut evidence = vec![match f.reason {
         Some(r) => format!("kernel drop reason {r}"),
-        None => "no kernel drop reason on this kernel: freed after the NF_DROP verdict below".into(),
+        None => {
+            "no kernel drop reason on this kernel: freed after the NF_DROP verdict below".into()
+        }
     }];
     if let Some(loc) = f.location {
         evidence[0].push_str(&format!(" at {loc}"));
