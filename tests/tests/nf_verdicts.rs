@@ -125,14 +125,24 @@ fn nft_do_chain_verdict_names_table_chain_and_hook() {
         let e = k.expect_event("the nftables drop", |e| is_tuple(e, &src, &dst));
         assert_eq!(e["netns"], inode(&p.server), "{e}");
         let nf = &e["netfilter"];
+        assert_eq!(nf["table"], "kdv", "{e}");
+        assert_eq!(nf["chain"], "input", "{e}");
+        assert_eq!(nf["rule"], "tcp dport 6202 drop", "{e}");
+        // Debian's 6.12 frees the packet inside nft_do_chain (the drop's
+        // location) and returns NF_STOLEN: no NF_DROP verdict to record.
+        if e["location"].as_str().unwrap().starts_with("nft_do_chain+") {
+            println!("nft_do_chain freed the packet itself here: no NF_DROP verdict ({e})");
+            assert_eq!(
+                nf["method"], "ruleset evaluation (nft -j list ruleset)",
+                "{e}"
+            );
+            continue;
+        }
         assert_eq!(
             nf["method"],
             format!("kernel verdict ({rung} on nft_do_chain) + ruleset evaluation (nft -j list ruleset)"),
             "{e}"
         );
-        assert_eq!(nf["table"], "kdv", "{e}");
-        assert_eq!(nf["chain"], "input", "{e}");
-        assert_eq!(nf["rule"], "tcp dport 6202 drop", "{e}");
         let ev = evidence(&e);
         assert!(
             ev[0].starts_with(
