@@ -5,6 +5,8 @@
 //! gets `aya::Pod` impls with the `user` feature.
 #![no_std]
 
+pub mod nf;
+
 /// Highest number of `--port` values the kernel filter holds.
 pub const MAX_PORTS: usize = 16;
 /// Highest number of `--host` CIDRs the kernel filter holds.
@@ -483,6 +485,9 @@ pub struct PacketEvent {
 /// Entries of the per-CPU `COUNTERS` map: drops, and egress handshake packets.
 pub const COUNTERS_KEY: u32 = 0;
 pub const EGRESS_COUNTERS_KEY: u32 = 1;
+/// Netfilter verdict records (nf.rs).
+pub const NF_VERDICT_COUNTERS_KEY: u32 = 2;
+pub const COUNTERS_KEYS: u32 = 3;
 
 /// Per-CPU counters. `matched == emitted + lost + sampled_out + capped` on
 /// every CPU, always.

@@ -5,8 +5,9 @@ use aya_ebpf::{
     maps::{PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use kdrop_common::{
+    nf::{NfArgStack, NfProbes, NF_FNS},
     AggKey, Counters, CtTuple, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
-    MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, LIMITERS,
+    MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, COUNTERS_KEYS, LIMITERS,
 };
 
 #[unsafe(no_mangle)]
@@ -45,7 +46,15 @@ pub static CT_SCRATCH: PerCpuArray<CtTuple> = PerCpuArray::with_max_entries(1, 0
 pub static LAST_WAKEUP: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(2, 0);
+pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(COUNTERS_KEYS, 0);
+
+/// Argument positions and offsets for the netfilter verdict programs.
+#[unsafe(no_mangle)]
+static NF_PROBES: NfProbes = NfProbes::zeroed();
+
+/// Kretprobe rung: each function's arguments saved by its kprobe, per CPU.
+#[map]
+pub static NF_ARGS: PerCpuArray<NfArgStack> = PerCpuArray::with_max_entries(NF_FNS as u32, 0);
 
 /// Monitor mode: aggregation on, sampling and the per-second cap.
 #[unsafe(no_mangle)]
@@ -93,4 +102,9 @@ pub fn filter() -> &'static Filter {
 #[inline(always)]
 pub fn monitor() -> &'static MonitorConfig {
     unsafe { &*core::ptr::read_volatile(&&raw const MONITOR) }
+}
+
+#[inline(always)]
+pub fn nf_probes() -> &'static NfProbes {
+    unsafe { &*core::ptr::read_volatile(&&raw const NF_PROBES) }
 }

@@ -9,17 +9,21 @@ mod drop;
 mod egress;
 mod fib;
 mod monitor;
+mod nfverdict;
 mod skb;
 mod srccheck;
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, fexit, kretprobe, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, fexit, kprobe, kretprobe, raw_tracepoint, tracepoint},
     programs::{
-        BtfTracePointContext, FExitContext, RawTracePointContext, RetProbeContext,
+        BtfTracePointContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext,
         TracePointContext,
     },
 };
-use kdrop_common::ABSENT;
+use kdrop_common::{
+    nf::{NF_FN_CONNTRACK_IN, NF_FN_IPT_DO_TABLE, NF_FN_NAT, NF_FN_NFT_DO_CHAIN},
+    ABSENT,
+};
 
 use crate::{
     config::{fib_args, kfree_skb_args, kfree_skb_fields},
@@ -111,6 +115,112 @@ pub fn fib_validate_source_fexit(ctx: FExitContext) -> i32 {
 pub fn fib_validate_source_kretprobe(ctx: RetProbeContext) -> u32 {
     srccheck::on_return(ctx.ret::<i64>() as i32);
     0
+}
+
+// Netfilter verdicts (nfverdict.rs). Each function has three programs: an
+// fexit (arguments and return value in one place; the return value is the
+// argument after the last, so the argument count is part of the program and
+// userspace checks it against BTF), and a kprobe saving the arguments for a
+// kretprobe that reads the return value. Signatures, unchanged from v5.10 to
+// v6.18 except ipt_do_table (reordered in v5.16; userspace takes the order
+// from BTF):
+// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_core.c (nf_conntrack_in(skb, state))
+// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c (nf_nat_inet_fn(priv, skb, state))
+// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_tables_core.c (nft_do_chain(pkt, priv))
+// https://github.com/torvalds/linux/blob/v6.18/net/ipv4/netfilter/ip_tables.c (ipt_do_table(priv, skb, state))
+// https://github.com/torvalds/linux/blob/v5.10/net/ipv4/netfilter/ip_tables.c (ipt_do_table(skb, state, table))
+
+#[inline(always)]
+fn nf_fexit<const N: usize>(ctx: &FExitContext, func: u8) -> i32 {
+    // The return value follows the N arguments in the trampoline's context.
+    let verdict: u64 = ctx.arg(N);
+    if !nfverdict::is_drop(verdict as u32) {
+        return 0;
+    }
+    let a0: u64 = if N > 0 { ctx.arg(0) } else { 0 };
+    let a1: u64 = if N > 1 { ctx.arg(1) } else { 0 };
+    let a2: u64 = if N > 2 { ctx.arg(2) } else { 0 };
+    nfverdict::on_drop_verdict(u32::from(func), verdict as u32, a0, a1, a2)
+}
+
+#[inline(always)]
+fn nf_kprobe(ctx: &ProbeContext, func: u8) -> u32 {
+    let a = |n| ctx.arg::<u64>(n).unwrap_or(0);
+    nfverdict::save_args(func, [a(0), a(1), a(2)]);
+    0
+}
+
+#[inline(always)]
+fn nf_kretprobe(ctx: &RetProbeContext, func: u8) -> u32 {
+    // Popped whatever the verdict, to keep the stack in step with the calls.
+    let Some([a0, a1, a2]) = nfverdict::take_args(func) else {
+        return 0;
+    };
+    let verdict = ctx.ret::<u64>() as u32;
+    if nfverdict::is_drop(verdict) {
+        nfverdict::on_drop_verdict(u32::from(func), verdict, a0, a1, a2);
+    }
+    0
+}
+
+#[fexit(function = "nf_conntrack_in")]
+pub fn nf_conntrack_in_fexit(ctx: FExitContext) -> i32 {
+    nf_fexit::<2>(&ctx, NF_FN_CONNTRACK_IN)
+}
+
+#[kprobe]
+pub fn nf_conntrack_in_kprobe(ctx: ProbeContext) -> u32 {
+    nf_kprobe(&ctx, NF_FN_CONNTRACK_IN)
+}
+
+#[kretprobe]
+pub fn nf_conntrack_in_kretprobe(ctx: RetProbeContext) -> u32 {
+    nf_kretprobe(&ctx, NF_FN_CONNTRACK_IN)
+}
+
+#[fexit(function = "nf_nat_inet_fn")]
+pub fn nf_nat_inet_fn_fexit(ctx: FExitContext) -> i32 {
+    nf_fexit::<3>(&ctx, NF_FN_NAT)
+}
+
+#[kprobe]
+pub fn nf_nat_inet_fn_kprobe(ctx: ProbeContext) -> u32 {
+    nf_kprobe(&ctx, NF_FN_NAT)
+}
+
+#[kretprobe]
+pub fn nf_nat_inet_fn_kretprobe(ctx: RetProbeContext) -> u32 {
+    nf_kretprobe(&ctx, NF_FN_NAT)
+}
+
+#[fexit(function = "nft_do_chain")]
+pub fn nft_do_chain_fexit(ctx: FExitContext) -> i32 {
+    nf_fexit::<2>(&ctx, NF_FN_NFT_DO_CHAIN)
+}
+
+#[kprobe]
+pub fn nft_do_chain_kprobe(ctx: ProbeContext) -> u32 {
+    nf_kprobe(&ctx, NF_FN_NFT_DO_CHAIN)
+}
+
+#[kretprobe]
+pub fn nft_do_chain_kretprobe(ctx: RetProbeContext) -> u32 {
+    nf_kretprobe(&ctx, NF_FN_NFT_DO_CHAIN)
+}
+
+#[fexit(function = "ipt_do_table")]
+pub fn ipt_do_table_fexit(ctx: FExitContext) -> i32 {
+    nf_fexit::<3>(&ctx, NF_FN_IPT_DO_TABLE)
+}
+
+#[kprobe]
+pub fn ipt_do_table_kprobe(ctx: ProbeContext) -> u32 {
+    nf_kprobe(&ctx, NF_FN_IPT_DO_TABLE)
+}
+
+#[kretprobe]
+pub fn ipt_do_table_kretprobe(ctx: RetProbeContext) -> u32 {
+    nf_kretprobe(&ctx, NF_FN_IPT_DO_TABLE)
 }
 
 /// Reads argument `n` with a constant index: the verifier refuses variable

@@ -54,8 +54,13 @@ pub fn run() -> Result<ExitCode> {
         Err(e) => println!("conntrack   {e}: packets are reported without their entry"),
     }
     let mut ok = true;
+    let mut nf_rungs = Vec::new();
     match probes::load(&setup, &Filter::zeroed(), 64, true) {
         Ok(p) => {
+            for f in &crate::nfprobe::FUNCS {
+                let r = p.reports.iter().find(|r| r.point == f.point);
+                nf_rungs.push((f.name, r.and_then(|r| r.chosen()).map(|c| c.to_string())));
+            }
             for r in &p.reports {
                 let chosen = r.chosen().map_or("none".into(), |c| c.to_string());
                 println!("probe       {} ({}): using {chosen}", r.point, r.what);
@@ -70,7 +75,7 @@ pub fn run() -> Result<ExitCode> {
         }
     }
     // NETFILTER_DROP attribution: methods in the order kdrop tries them.
-    for (i, m) in crate::context::netfilter::describe_methods()
+    for (i, m) in crate::context::netfilter::describe_methods(&nf_rungs)
         .iter()
         .enumerate()
     {

@@ -34,8 +34,12 @@ pub struct DropFacts<'a> {
 pub fn explain(f: &DropFacts) -> Option<Finding> {
     let reason = match f.reason {
         Some(r) => r,
-        // Not a guess: the location alone says it.
-        None if f.location.is_some_and(netfilter_location) => "NETFILTER_DROP",
+        // No reason (before 5.17), but not a guess: the location
+        // (nf_hook_slow frees only on NF_DROP) or the kernel's own NF_DROP
+        // verdict for the packet (an attribution exists) says it.
+        None if f.netfilter.is_some() || f.location.is_some_and(netfilter_location) => {
+            "NETFILTER_DROP"
+        }
         None => return Some(no_reason(f)),
     };
     let ns = f
@@ -143,9 +147,13 @@ pub fn reason_evidence(f: &DropFacts) -> String {
     let at = f.location.map(|l| format!(" at {l}")).unwrap_or_default();
     match f.reason {
         Some(r) => format!("kernel drop reason {r}{at}"),
-        None => format!(
+        None if f.location.is_some_and(netfilter_location) => format!(
             "freed{at}: no drop reason on this kernel (5.17+ has them), but nf_hook_slow \
              frees a packet only on a netfilter NF_DROP verdict"
+        ),
+        None => format!(
+            "freed{at}: no drop reason on this kernel (5.17+ has them), after the NF_DROP \
+             verdict below"
         ),
     }
 }

@@ -9,11 +9,13 @@ pub mod kernel;
 pub mod lab;
 pub mod monitor;
 pub mod netfilter;
+pub mod nfprobe;
 pub mod output;
 pub mod probes;
 pub mod run;
 pub mod symbols;
 pub mod tracer;
+pub mod verdict;
 
 /// An error in what the user asked for (bad flag value, unknown namespace,
 /// missing privileges or BTF): one line, exit code 2.

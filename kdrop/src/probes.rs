@@ -19,7 +19,9 @@ use kdrop_common::{
 
 use crate::{
     btf::{Btf, Kind},
-    kernel, UserError,
+    kernel,
+    nfprobe::{self, NfSetup},
+    UserError,
 };
 
 /// The eBPF object, built by build.rs and embedded.
@@ -114,6 +116,8 @@ pub struct KernelSetup {
     /// fexit needs the function in BTF and a trampoline for all its
     /// arguments (6 on 6.1, more on newer kernels: the load says).
     pub fib_validate_source: Result<(), String>,
+    /// The netfilter functions whose verdicts kdrop records.
+    pub nf: NfSetup,
 }
 
 impl KernelSetup {
@@ -141,6 +145,8 @@ impl KernelSetup {
             .find("fib_validate_source", Kind::Func)
             .map(|_| ())
             .ok_or_else(|| "fib_validate_source is not in BTF (inlined or renamed?)".to_string());
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let nf = NfSetup::read(&btf, &release);
         Ok(Self {
             btf_path,
             btf,
@@ -153,6 +159,7 @@ impl KernelSetup {
             ct_names,
             net_dev_queue,
             fib_validate_source,
+            nf,
         })
     }
 }
@@ -200,9 +207,11 @@ enum Attach {
         prog: &'static str,
         func: &'static str,
     },
+    /// `entry`: a kprobe saving the arguments for the kretprobe.
     KRetProbe {
         prog: &'static str,
         func: &'static str,
+        entry: Option<&'static str>,
     },
 }
 
@@ -225,6 +234,8 @@ struct Point<'a> {
     what: &'static str,
     /// kdrop cannot work without it; other points degrade.
     required: bool,
+    /// Evidence for live tracing only: `kdrop monitor` does not attach it.
+    trace_only: bool,
     rungs: Vec<(Attach, Result<(), &'a str>)>,
 }
 
@@ -255,6 +266,7 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
             name: "skb:kfree_skb",
             what: "drop path",
             required: true,
+            trace_only: false,
             rungs: vec![
                 (
                     Attach::TpBtf {
@@ -284,6 +296,7 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
             name: "fib:fib_table_lookup",
             what: "route lookups (reverse-path evidence)",
             required: false,
+            trace_only: false,
             rungs: vec![
                 (
                     Attach::TpBtf {
@@ -315,6 +328,7 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
             name: "fib_validate_source (return)",
             what: "source validation result (reason on kernels without one)",
             required: false,
+            trace_only: false,
             rungs: vec![
                 (
                     Attach::FExit {
@@ -327,6 +341,7 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
                     Attach::KRetProbe {
                         prog: "fib_validate_source_kretprobe",
                         func: "fib_validate_source",
+                        entry: None,
                     },
                     Ok(()),
                 ),
@@ -336,6 +351,7 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
             name: "net:net_dev_queue",
             what: "handshake packets leaving devices (unanswered SYNs, NAT)",
             required: false,
+            trace_only: false,
             rungs: vec![
                 (
                     Attach::TpBtf {
@@ -354,6 +370,45 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
             ],
         },
     ]
+    .into_iter()
+    .chain(nf_points(&setup.nf))
+    .collect()
+}
+
+/// Netfilter verdicts: fexit, else kretprobe (with a kprobe for the
+/// arguments), per function.
+fn nf_points(nf: &NfSetup) -> Vec<Point<'_>> {
+    nfprobe::FUNCS
+        .iter()
+        .zip(&nf.funcs)
+        .map(|(f, facts)| {
+            let facts = facts.as_ref().map_err(String::as_str);
+            let fexit = facts.and_then(|f| f.fexit.as_ref().map(|_| ()).map_err(String::as_str));
+            Point {
+                name: f.point,
+                what: f.what,
+                required: false,
+                trace_only: true,
+                rungs: vec![
+                    (
+                        Attach::FExit {
+                            prog: f.fexit,
+                            func: f.name,
+                        },
+                        fexit,
+                    ),
+                    (
+                        Attach::KRetProbe {
+                            prog: f.kretprobe,
+                            func: f.name,
+                            entry: Some(f.kprobe),
+                        },
+                        facts.map(|_| ()),
+                    ),
+                ],
+            }
+        })
+        .collect()
 }
 
 const DROP_PATH: &str = "skb:kfree_skb";
@@ -392,6 +447,7 @@ pub fn load_with(
             .override_global("FIB_ARGS", fib, true)
             .override_global("FILTER", filter, true)
             .override_global("MONITOR", monitor, true)
+            .override_global("NF_PROBES", &setup.nf.probes, true)
             .map_max_entries("EVENTS", ring_kib * 1024)
             .load(OBJECT)
             .map_err(|e| anyhow::Error::new(e).context(memlock_hint()))
@@ -408,6 +464,9 @@ pub fn load_with(
     let mut reports = Vec::new();
     let n = points(setup, &fields).len();
     for i in 0..n {
+        if monitor.aggregate != 0 && points(setup, &fields)[i].trace_only {
+            continue;
+        }
         let mut report = attach_ladder(
             &mut ebpf,
             &aya_btf,
@@ -533,10 +592,23 @@ fn attach_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
             p.load(func, btf)?;
             p.attach()?;
         }
-        Attach::KRetProbe { prog, func } => {
+        Attach::KRetProbe { prog, func, entry } => {
+            // The kretprobe first: a call entered between the two attaches
+            // must not leave saved arguments that nothing pops.
             let p: &mut KProbe = program(ebpf, prog)?;
             p.load()?;
-            p.attach(func, 0)?;
+            let ret = p.attach(func, 0)?;
+            if let Some(entry) = entry {
+                let attached = program::<KProbe>(ebpf, entry).and_then(|k| {
+                    k.load()?;
+                    k.attach(func, 0)?;
+                    Ok(())
+                });
+                if let Err(e) = attached {
+                    let _ = program::<KProbe>(ebpf, prog)?.detach(ret);
+                    return Err(e.context(format!("kprobe {entry}")));
+                }
+            }
         }
     }
     Ok(())
@@ -553,13 +625,29 @@ where
 }
 
 /// First line of an error chain: verifier logs can run to thousands of lines.
+/// A verifier log's last line says what it refused (its first lines are
+/// often notes), so that one is kept too.
 fn short_error(e: &anyhow::Error) -> String {
     let s = format!("{e:#}");
-    let first = s.lines().next().unwrap_or("").to_string();
+    let mut lines = s.lines().filter(|l| !l.trim().is_empty());
+    let first: String = lines.next().unwrap_or("").chars().take(240).collect();
     if s.lines().count() > 1 {
         log::debug!("{s}");
     }
-    first.chars().take(240).collect()
+    // The log ends with the instruction count; the refusal is just before.
+    let last: Vec<&str> = lines
+        .filter(|l| {
+            !["processed ", "verification time", "stack depth", ": "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
+    match last.last() {
+        Some(l) if s.contains("Verifier output") => {
+            format!("{first} ... {}", l.chars().take(160).collect::<String>())
+        }
+        _ => first,
+    }
 }
 
 pub fn outcome_text(o: &Outcome) -> String {
@@ -584,6 +672,11 @@ impl Probes {
     /// Egress handshake packet counters summed over CPUs.
     pub fn egress_counters(&self) -> Result<Counters> {
         self.counters_at(EGRESS_COUNTERS_KEY)
+    }
+
+    /// Netfilter verdict record counters summed over CPUs.
+    pub fn verdict_counters(&self) -> Result<Counters> {
+        self.counters_at(kdrop_common::NF_VERDICT_COUNTERS_KEY)
     }
 
     fn counters_at(&self, key: u32) -> Result<Counters> {

@@ -29,6 +29,7 @@ use crate::{
     output::{rfc3339, CtRecord, DropRecord, LookupRecord, TupleRecord},
     probes::{self, KernelSetup, Probes},
     symbols::Symbols,
+    verdict::{self, NfFn, VerdictLog},
 };
 
 pub struct Tracer {
@@ -67,6 +68,14 @@ impl Tracer {
             .map_err(|e| anyhow::anyhow!("polling the ring buffer: {e}"))?;
         let mut enricher = Enricher::new(setup.reasons, setup.ct_names)?;
         enricher.prime_netfilter(filter.netns);
+        enricher.nf_rungs = probes
+            .reports
+            .iter()
+            .filter_map(|r| {
+                let f = crate::nfprobe::FUNCS.iter().find(|f| f.point == r.point)?;
+                Some((f.name, r.chosen()?.to_string()))
+            })
+            .collect();
         Ok(Self {
             probes,
             events,
@@ -128,7 +137,11 @@ impl Tracer {
                 continue;
             };
             let mut guard = guard?;
-            let batch = Self::drain_ring(guard.get_inner_mut(), &mut self.undecodable);
+            let batch = Self::drain_ring(
+                guard.get_inner_mut(),
+                &mut self.undecodable,
+                &mut self.enricher.verdicts,
+            );
             guard.clear_ready();
             if !batch.is_empty() {
                 self.busy = batch.len() >= BUSY_BATCH;
@@ -139,12 +152,34 @@ impl Tracer {
 
     /// Whatever is on the ring buffer now, without waiting.
     pub fn drain(&mut self) -> Vec<Event> {
-        Self::drain_ring(self.events.get_mut(), &mut self.undecodable)
+        Self::drain_ring(
+            self.events.get_mut(),
+            &mut self.undecodable,
+            &mut self.enricher.verdicts,
+        )
     }
 
-    fn drain_ring(ring: &mut RingBuf<MapData>, undecodable: &mut u64) -> Vec<Event> {
+    /// Events in ring order; netfilter verdict records go to `verdicts`,
+    /// where the drop each one precedes picks it up.
+    fn drain_ring(
+        ring: &mut RingBuf<MapData>,
+        undecodable: &mut u64,
+        verdicts: &mut VerdictLog,
+    ) -> Vec<Event> {
         let mut out = Vec::new();
         while let Some(item) = ring.next() {
+            match verdict::decode(&item) {
+                Some(Ok(v)) => {
+                    verdicts.push(v);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    *undecodable += 1;
+                    log::debug!("{e}");
+                    continue;
+                }
+                None => {}
+            }
             match event::decode(&item) {
                 Ok(e) => out.push(e),
                 Err(e) => {
@@ -175,6 +210,10 @@ pub struct Enricher {
     /// flood of identical drops costs one.
     findings: HashMap<FindingKey, Option<Finding>>,
     netfilter: NetfilterContext,
+    /// Netfilter verdicts waiting for their drop.
+    pub verdicts: VerdictLog,
+    /// The rung each netfilter function's verdicts come through.
+    pub nf_rungs: HashMap<&'static str, String>,
 }
 
 type FindingKey = (u64, u32, u32, u32, Ipv4Addr, Ipv4Addr, u32, Option<i32>);
@@ -213,6 +252,8 @@ impl Enricher {
             contexts: ContextCache::default(),
             findings: HashMap::new(),
             netfilter: NetfilterContext::new(),
+            verdicts: VerdictLog::default(),
+            nf_rungs: HashMap::new(),
         })
     }
 
@@ -436,10 +477,20 @@ impl Enricher {
             .symbols()
             .resolve(d.location)
             .unwrap_or_else(|| format!("{:#x}", d.location));
+        let verdicts = self.verdicts.take_for(d);
+        let rungs = &self.nf_rungs;
+        let rung = |f: NfFn| {
+            rungs
+                .get(f.name())
+                .cloned()
+                .unwrap_or_else(|| "probe".into())
+        };
+        // Without a reason (before 5.17) the kernel's NF_DROP verdict, or
+        // a free in nf_hook_slow, is what says netfilter dropped it.
         let netfilter = match reason.as_deref() {
-            Some("NETFILTER_DROP") => self.netfilter.attribute(ns.as_ref(), d),
-            None if diagnosis::netfilter_location(&location) => {
-                self.netfilter.attribute(ns.as_ref(), d)
+            Some("NETFILTER_DROP") => self.netfilter.attribute(ns.as_ref(), d, &verdicts, &rung),
+            None if !verdicts.is_empty() || diagnosis::netfilter_location(&location) => {
+                self.netfilter.attribute(ns.as_ref(), d, &verdicts, &rung)
             }
             _ => None,
         };

@@ -103,6 +103,26 @@ pub fn src_check_attaches() -> bool {
         .is_some_and(|l| !l.ends_with("using none"))
 }
 
+/// The rung `kdrop check` chose for an optional probe point (`"nft_do_chain
+/// (return)"`), or why none attached (the point's refusals, for a test's
+/// skip message).
+pub fn point_rung(point: &str) -> Result<String, String> {
+    let text = check_output();
+    let head = format!("probe       {point} ");
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(&head));
+    let line = lines
+        .next()
+        .ok_or_else(|| format!("kdrop check lists no probe point {point}"))?;
+    match line.rsplit_once("using ") {
+        Some((_, r)) if r != "none" => Ok(r.to_string()),
+        _ => Err(lines
+            .map_while(|l| l.strip_prefix("              "))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
+}
+
 /// The cause kdrop gives an rp_filter drop: named from the kernel's reason,
 /// or derived from fib_validate_source's return code where only that is
 /// available; `no_reason` where neither is.

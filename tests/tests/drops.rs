@@ -104,8 +104,9 @@ fn iptables_drop_in_input_is_netfilter_drop() {
     assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
     assert_eq!(e["ifname"], "s0");
     assert_eq!(e["netns"], inode(&p.server));
-    // Also without drop reasons (5.10): nf_hook_slow frees only on NF_DROP.
-    assert_eq!(e["finding"]["cause"], "netfilter_rule");
+    // Also without drop reasons (5.10): nf_hook_slow frees only on NF_DROP,
+    // and the rule walker's verdict, where its probe attached, says so too.
+    assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e}");
     assert_eq!(
         e["netfilter"]["rule"],
         "-A INPUT -p tcp -m tcp --dport 5502 -j DROP"

@@ -116,9 +116,17 @@ struct Want<'a> {
 
 fn check(e: &Value, w: &Want) {
     let nf = &e["netfilter"];
+    // Where a rule walker's verdict probe attached (kernels with kprobes),
+    // its verdict comes first and the counters name the rule after it.
+    let method = nf["method"].as_str().unwrap_or_default();
+    assert!(
+        method == w.method
+            || (method.starts_with("kernel verdict (")
+                && method.ends_with(&format!(" + {}", w.method))),
+        "method in {e}"
+    );
     let pairs = [
         ("dropped_by", w.dropped_by),
-        ("method", w.method),
         ("hook", w.hook),
         ("family", w.family),
         ("backend", w.backend),

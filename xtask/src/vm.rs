@@ -48,11 +48,18 @@ pub const KERNELS: &[Kernel] = &[
 /// the first with drop reasons and module BTF.
 pub const CI_KERNELS: &[&str] = &["5.10", "6.1"];
 
-/// What CI runs in each VM: the incidents' labs, every probe rung, and the
-/// DaemonSet's capabilities (5.10 charges maps to RLIMIT_MEMLOCK). The rest
+/// What CI runs in each VM: the incidents' labs, every probe rung (the
+/// netfilter verdict rungs only attach there), and the DaemonSet's capabilities (5.10 charges maps to RLIMIT_MEMLOCK). The rest
 /// (monitor, accounting, torture, lifecycle) exercises userspace that does
 /// not change with the kernel; it runs on the host, and in VMs on demand.
-pub const CI_TESTS: &[&str] = &["caps", "drops", "routing", "conntrack", "netfilter"];
+pub const CI_TESTS: &[&str] = &[
+    "caps",
+    "drops",
+    "routing",
+    "conntrack",
+    "netfilter",
+    "nf_verdicts",
+];
 
 /// How much the test harness stretches its timeouts in a guest: eight kdrops
 /// starting at once took 7 s in the 6.1 guest (well under a second here).

@@ -29,6 +29,7 @@ use crate::{
         self, attribution::Dropped, iptables, nft, Attribution, Backend, ConntrackStats, Family,
         Iface, Snapshot, Table,
     },
+    verdict::{NfFn, Verdict},
 };
 
 /// A tool that has not answered in this long is killed; kdrop reports the
@@ -434,14 +435,31 @@ impl NetfilterContext {
         self.take(ns);
     }
 
-    /// Which rule, policy or conntrack drop killed this NETFILTER_DROP
-    /// packet in `ns`.
-    pub fn attribute(&mut self, ns: Option<&Netns>, d: &Drop) -> Option<Attribution> {
-        // The rung above this one, kernel evidence (the verdict and hook
-        // recorded by a fexit/kretprobe on nft_do_chain / ipt_do_table /
-        // nf_hook_slow and carried on the event), would answer here first;
-        // no kernel kdrop is developed on allows those probes yet.
-        let ns = ns?;
+    /// Which rule, policy, conntrack or NAT drop killed this NETFILTER_DROP
+    /// packet in `ns`: the kernel's own verdicts for it first (rung 1, see
+    /// netfilter::kernel), the rule counters within the table and hook they
+    /// name (or everywhere, without them).
+    pub fn attribute(
+        &mut self,
+        ns: Option<&Netns>,
+        d: &Drop,
+        verdicts: &[Verdict],
+        rung: &dyn Fn(NfFn) -> String,
+    ) -> Option<Attribution> {
+        let scope = netfilter::kernel::scope(verdicts);
+        let counted = ns.and_then(|ns| self.counted(ns, d, scope.as_ref()));
+        if verdicts.is_empty() {
+            return counted;
+        }
+        netfilter::kernel::combine(verdicts, d.ts_ns, rung, counted)
+    }
+
+    fn counted(
+        &mut self,
+        ns: &Netns,
+        d: &Drop,
+        scope: Option<&netfilter::kernel::Scope>,
+    ) -> Option<Attribution> {
         let hist = self.history.get(&ns.inode).cloned().unwrap_or_default();
         let before = hist.iter().rev().find(|s| s.finished_ns < d.ts_ns).cloned();
         let after = match hist.iter().find(|s| s.started_ns > d.ts_ns) {
@@ -457,13 +475,15 @@ impl NetfilterContext {
             mark: d.mark,
             ifindex: d.ifindex,
         };
-        netfilter::attribute(&dropped, before.as_deref(), &after)
+        netfilter::attribution::attribute_within(&dropped, before.as_deref(), &after, scope)
     }
 }
 
 /// For `kdrop check`: which attribution methods this host offers, best
 /// first.
-pub fn describe_methods() -> Vec<String> {
+/// `kernel` names the rung each netfilter function's verdict comes
+/// through (from the probe reports).
+pub fn describe_methods(kernel: &[(&str, Option<String>)]) -> Vec<String> {
     let t = Tools::find();
     let tools: Vec<String> = [&t.legacy4, &t.legacy6, &t.nft_save4, &t.nft_save6]
         .into_iter()
@@ -471,14 +491,18 @@ pub fn describe_methods() -> Vec<String> {
         .map(|p| tool_name(p))
         .chain(t.nft.as_ref().map(|_| "nft -j".to_string()))
         .collect();
-    // CONFIG_KPROBES kernels export register_kprobe.
-    let kprobes =
-        std::fs::read_to_string("/proc/kallsyms").is_ok_and(|k| k.contains(" register_kprobe\n"));
+    let used: Vec<String> = kernel
+        .iter()
+        .filter_map(|(f, r)| Some(format!("{f} via {}", r.as_ref()?)))
+        .collect();
     vec![
-        format!(
-            "kernel evidence (fexit/kretprobe on nft_do_chain, ipt_do_table, nf_hook_slow): not implemented yet{}",
-            if kprobes { "" } else { "; this kernel has no kprobes" }
-        ),
+        if used.is_empty() {
+            "kernel verdicts (nf_conntrack_in, nf_nat_inet_fn, nft_do_chain, ipt_do_table): \
+             none here, their probes did not attach"
+                .to_string()
+        } else {
+            format!("kernel verdicts: {}", used.join(", "))
+        },
         if tools.is_empty() {
             "rule counters: no iptables-save or nft found".into()
         } else {

@@ -43,6 +43,11 @@ pub enum DroppedBy {
     Rule,
     Policy,
     Conntrack,
+    /// The NAT step (kernel verdict of nf_nat_inet_fn).
+    Nat,
+    /// A rule or the policy of this table and hook, by the kernel's
+    /// verdict; no counter said which.
+    Table,
 }
 
 /// kdrop's answer, with the evidence for it. Serialized as the `netfilter`
@@ -509,11 +514,30 @@ fn conntrack_moved(
 /// The answer, or `None` when nothing in the rulesets or conntrack's
 /// counters points at a drop of this packet.
 pub fn attribute(d: &Dropped, before: Option<&Snapshot>, after: &Snapshot) -> Option<Attribution> {
-    let (hooks, packet) = path_of(d, &after.ifaces);
+    attribute_within(d, before, after, None)
+}
+
+/// `attribute`, searching only the table and hook the kernel's verdict
+/// names (see `kernel::scope`).
+pub fn attribute_within(
+    d: &Dropped,
+    before: Option<&Snapshot>,
+    after: &Snapshot,
+    scope: Option<&super::kernel::Scope>,
+) -> Option<Attribution> {
+    let (mut hooks, packet) = path_of(d, &after.ifaces);
+    if let Some(h) = scope.and_then(|s| s.hook) {
+        hooks = vec![h];
+    }
     let tables: Vec<&Table> = after
         .tables
         .iter()
         .filter(|t| family_fits(t.family, &packet))
+        .filter(|t| {
+            scope
+                .and_then(|s| s.table.as_ref())
+                .is_none_or(|n| &t.name == n)
+        })
         .collect();
     let mut w = Walker {
         tables: tables.clone(),
@@ -529,8 +553,9 @@ pub fn attribute(d: &Dropped, before: Option<&Snapshot>, after: &Snapshot) -> Op
             break;
         }
     }
-    // Outside the implied path only for what counters show.
-    if w.found.iter().all(|c| tier(c) > COUNTER_TIERS) {
+    // Outside the implied path only for what counters show, and never
+    // when the kernel named the hook.
+    if scope.is_none() && w.found.iter().all(|c| tier(c) > COUNTER_TIERS) {
         w.off_path = true;
         for hook in Hook::ALL.into_iter().filter(|h| !hooks.contains(h)) {
             w.walk_hook(hook);
@@ -544,7 +569,7 @@ pub fn attribute(d: &Dropped, before: Option<&Snapshot>, after: &Snapshot) -> Op
         .map(|(_, c)| c.clone());
     let unrelated = unrelated_moves(&tables, &packet, &w.before);
     let first_sight = before.is_none();
-    if let Some((b, a)) = conntrack_moved(before, after) {
+    if let Some((b, a)) = conntrack_moved(before, after).filter(|_| scope.is_none()) {
         if best.as_ref().is_none_or(|c| tier(c) > CONNTRACK_TIER) {
             return Some(conntrack_attribution(b, a));
         }

@@ -77,6 +77,29 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
                 "conntrack itself dropped it (table full, or the entry could not be inserted)".into(),
             )
         }
+        DroppedBy::Nat => (
+            "nat_drop",
+            format!(
+                "the NAT step dropped it ({family}{hook}{}): no address or port to map it to",
+                if table.is_empty() {
+                    String::new()
+                } else {
+                    format!(", table {table}")
+                }
+            ),
+        ),
+        DroppedBy::Table => (
+            "netfilter_table",
+            format!(
+                "{} table {table}{} ({family}{hook}) dropped it: a rule or the chain policy; the counters do not say which",
+                if backend.is_empty() { "netfilter" } else { backend },
+                if chain.is_empty() {
+                    String::new()
+                } else {
+                    format!(", chain {chain}")
+                }
+            ),
+        ),
     };
     let mut evidence = vec![crate::diagnosis::reason_evidence(f)];
     evidence.push(format!("method: {}", a.method));

@@ -4,12 +4,11 @@
 //! inside the packet's namespace lives in `context::netfilter`.
 //!
 //! # Methods, best first (a ladder, like the probes')
-//! 1. Kernel evidence (not implemented yet): fexit/kretprobe on
-//!    `nft_do_chain` / `ipt_do_table` (their return value is the verdict,
-//!    `pkt->xt.state` names the hook) or on `nf_hook_slow`. It needs kprobes
-//!    or fentry/fexit, which the development and CI kernels refuse (see
-//!    ../shared/notes/kernel.md), so it could not be tested here. It would
-//!    become another rung producing the same [`attribution::Attribution`].
+//! 1. Kernel evidence ([`kernel`]): the NF_DROP verdict `nf_conntrack_in`,
+//!    `nf_nat_inet_fn`, `nft_do_chain` or `ipt_do_table` returned for this
+//!    packet (fexit or kretprobe; kernels with kprobes or fentry, not the
+//!    development host), with the hook, table and chain. For a rule walker
+//!    the counters below then name the rule inside that table and hook.
 //! 2. Rule counters: the packet counters of every rule and chain policy,
 //!    read before and after the drop through the tools' machine-readable
 //!    output (`iptables-legacy-save -c`, `iptables-nft-save -c`, `nft -j list
@@ -24,6 +23,7 @@
 pub mod attribution;
 pub mod finding;
 pub mod iptables;
+pub mod kernel;
 pub mod matching;
 pub mod nft;
 
