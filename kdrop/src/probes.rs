@@ -593,6 +593,12 @@ fn attach_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
             p.attach()?;
         }
         Attach::KRetProbe { prog, func, entry } => {
+            // Before loading: a kernel without kprobes (this CI host) would
+            // verify the program only to refuse the attach, and keep it.
+            let pmu = Path::new("/sys/bus/event_source/devices/kprobe/type");
+            if !pmu.exists() {
+                anyhow::bail!("no kprobes in this kernel ({} is missing)", pmu.display());
+            }
             // The kretprobe first: a call entered between the two attaches
             // must not leave saved arguments that nothing pops.
             let p: &mut KProbe = program(ebpf, prog)?;
