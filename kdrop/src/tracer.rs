@@ -214,6 +214,9 @@ pub struct Enricher {
     pub verdicts: VerdictLog,
     /// The rung each netfilter function's verdicts come through.
     pub nf_rungs: HashMap<&'static str, String>,
+    /// Who held a clashing reply tuple (`conntrack -L`), for a second: a
+    /// burst of clashes on one tuple costs one process, not one each.
+    reply_holders: HashMap<(u32, Tuple), (Instant, Option<String>)>,
 }
 
 type FindingKey = (u64, u32, u32, u32, Ipv4Addr, Ipv4Addr, u32, Option<i32>);
@@ -254,6 +257,7 @@ impl Enricher {
             netfilter: NetfilterContext::new(),
             verdicts: VerdictLog::default(),
             nf_rungs: HashMap::new(),
+            reply_holders: HashMap::new(),
         })
     }
 
@@ -553,6 +557,23 @@ impl Enricher {
         r
     }
 
+    fn reply_holder(&mut self, ns: &netns::Netns, reply: &Tuple) -> Option<String> {
+        const FRESH: Duration = Duration::from_secs(1);
+        let key = (ns.inode, *reply);
+        if let Some((at, holder)) = self.reply_holders.get(&key) {
+            if at.elapsed() < FRESH {
+                return holder.clone();
+            }
+        }
+        if self.reply_holders.len() > FINDINGS_CACHED {
+            self.reply_holders.clear();
+        }
+        let holder = crate::context::netfilter::reply_holder(&ns.path, reply);
+        self.reply_holders
+            .insert(key, (Instant::now(), holder.clone()));
+        holder
+    }
+
     /// A drop conntrack itself made (its statistics moved): a NAT port
     /// clash at confirmation or a full table.
     fn explain_conntrack_drop(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
@@ -568,7 +589,7 @@ impl Enricher {
         // Who holds the reply tuple this entry wanted (only for a clash).
         let holder = match (&d.ct, self.registry.lookup(d.netns)) {
             (Some(ct), Some(ns)) if moved.after.insert_failed > moved.before.insert_failed => {
-                crate::context::netfilter::reply_holder(&ns.path, &ct.reply)
+                self.reply_holder(&ns, &ct.reply)
             }
             _ => None,
         };
