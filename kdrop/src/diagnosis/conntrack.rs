@@ -356,20 +356,10 @@ fn table_full(d: &CtDrop, stats: String) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{event::Tuple, netfilter::ConntrackStats};
-
-    const BITS: CtBits = CtBits {
-        seen_reply: 1 << 1,
-        src_nat: 1 << 4,
-        dst_nat: 1 << 5,
+    use crate::{
+        diagnosis::handshake::tests::{tuple, BITS},
+        netfilter::ConntrackStats,
     };
-
-    fn tuple(s: &str, d: &str) -> Tuple {
-        Tuple {
-            src: s.parse().unwrap(),
-            dst: d.parse().unwrap(),
-        }
-    }
 
     fn snat_ct() -> Ct {
         Ct {

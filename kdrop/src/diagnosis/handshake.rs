@@ -429,17 +429,17 @@ pub fn unanswered(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::context::netlink::{Addr, Link};
 
-    const BITS: CtBits = CtBits {
+    pub(crate) const BITS: CtBits = CtBits {
         seen_reply: 1 << 1,
         src_nat: 1 << 4,
         dst_nat: 1 << 5,
     };
 
-    fn tuple(s: &str, d: &str) -> Tuple {
+    pub(crate) fn tuple(s: &str, d: &str) -> Tuple {
         Tuple {
             src: s.parse().unwrap(),
             dst: d.parse().unwrap(),
