@@ -35,8 +35,18 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
         return None;
     }
     let o = offsets();
-    let (tcp, netns, ifindex) = filtered::<L>(skb, o)?;
+    let tcp = skb::parse_tcp::<L>(skb, o)?;
     let f = filter();
+    if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
+        return None;
+    }
+    if !matches_packet::<L>(f, &tcp, skb, o) {
+        return None;
+    }
+    let (netns, ifindex) = skb::netns_and_ifindex::<L>(skb, o);
+    if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
+        return None;
+    }
     let counters = COUNTERS.get_ptr_mut(COUNTERS_KEY)?;
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
@@ -102,26 +112,6 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
     entry.submit(wakeup_flags(now));
     counters.emitted += 1;
     Some(())
-}
-
-/// The packet, its netns and ifindex, if it passes the filter: flags, ports
-/// and addresses (its own or its conntrack entry's original ones), netns,
-/// interface. Shared by the drop path and the netfilter verdict programs.
-#[inline(always)]
-pub fn filtered<L: Load>(skb: u64, o: &Offsets) -> Option<(Tcp, u32, u32)> {
-    let tcp = skb::parse_tcp::<L>(skb, o)?;
-    let f = filter();
-    if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
-        return None;
-    }
-    if !matches_packet::<L>(f, &tcp, skb, o) {
-        return None;
-    }
-    let (netns, ifindex) = skb::netns_and_ifindex::<L>(skb, o);
-    if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
-        return None;
-    }
-    Some((tcp, netns, ifindex))
 }
 
 /// Least time between two records of one CPU that may wake the reader.

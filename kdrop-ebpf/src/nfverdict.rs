@@ -17,9 +17,9 @@ use kdrop_common::{
 };
 
 use crate::{
-    config::{nf_probes, offsets, COUNTERS, EVENTS, NF_ARGS},
-    drop::{filtered, wakeup_flags},
-    skb::{read, Probe},
+    config::{filter, nf_probes, offsets, COUNTERS, EVENTS, NF_ARGS},
+    drop::{flags_match, matches_packet, wakeup_flags},
+    skb::{self, read, Probe},
 };
 
 #[inline(always)]
@@ -117,7 +117,18 @@ fn try_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> Optio
     let privp = pick(fa.priv_, a0, a1, a2);
     let o = offsets();
     // Arguments saved by the entry kprobe are plain numbers: helper reads.
-    let (tcp, netns, ifindex) = filtered::<Probe>(skb, o)?;
+    let tcp = skb::parse_tcp::<Probe>(skb, o)?;
+    let f = filter();
+    if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
+        return None;
+    }
+    if !matches_packet::<Probe>(f, &tcp, skb, o) {
+        return None;
+    }
+    let (netns, ifindex) = skb::netns_and_ifindex::<Probe>(skb, o);
+    if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
+        return None;
+    }
     let counters = COUNTERS.get_ptr_mut(NF_VERDICT_COUNTERS_KEY)?;
     // SAFETY: per-CPU slot; nothing else on this CPU writes it meanwhile.
     let counters = unsafe { &mut *counters };
