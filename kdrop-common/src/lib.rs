@@ -385,10 +385,11 @@ pub struct DropEvent {
     pub fib_next: u32,
     pub fib: [FibLookup; FIB_RECENT],
     pub ct: CtInfo,
-    /// What `fib_validate_source` returned last on this CPU, within
-    /// `FIB_WINDOW_NS` of the drop (fexit/kretprobe rung): 0 or -errno.
+    /// What `fib_validate_source` returned for this packet (the last call
+    /// on this CPU, for this skb, within `FIB_WINDOW_NS` of the drop;
+    /// fexit/kretprobe rung): 0 or -errno.
     pub src_check_ret: i32,
-    /// 1 when `src_check_ret` is this packet's (fresh, same CPU).
+    /// 1 when `src_check_ret` is this packet's.
     pub src_check_seen: u32,
 }
 
@@ -397,6 +398,12 @@ pub struct DropEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SrcCheck {
     pub ts_ns: u64,
+    /// The packet it checked (`struct sk_buff *`): a drop takes only its
+    /// own packet's result, not that of another packet routed just before.
+    pub skb: u64,
+    /// kretprobe rung: the skb of the call in progress, saved by the entry
+    /// kprobe (the return context has no arguments).
+    pub entry_skb: u64,
     pub ret: i32,
     pub _pad: u32,
 }

@@ -106,7 +106,7 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
     e.fib_valid = u32::from(fib_next.is_some());
     e.fib_next = fib_next.unwrap_or(0);
     ct::read_ct::<L>(skb, o, &mut e.ct);
-    let check = srccheck::recent(now);
+    let check = srccheck::recent(now, skb);
     e.src_check_ret = check.unwrap_or(0);
     e.src_check_seen = u32::from(check.is_some());
     entry.submit(wakeup_flags(now));

@@ -106,14 +106,22 @@ pub fn net_dev_queue_raw(ctx: RawTracePointContext) -> i32 {
 /// trampolines take its 8 arguments; 6.1 takes 6 and refuses it).
 #[fexit(function = "fib_validate_source")]
 pub fn fib_validate_source_fexit(ctx: FExitContext) -> i32 {
-    srccheck::on_return(ctx.ret::<i32>().unwrap_or(0));
+    srccheck::on_return(ctx.arg(0), ctx.ret::<i32>().unwrap_or(0));
     0
 }
 
-/// The same through a kretprobe (kernels with kprobes).
+/// The kretprobe rung (kernels with kprobes): this kprobe saves the skb
+/// (first argument) for the kretprobe.
+#[kprobe]
+pub fn fib_validate_source_kprobe(ctx: ProbeContext) -> u32 {
+    srccheck::on_entry(ctx.arg::<u64>(0).unwrap_or(0));
+    0
+}
+
+/// The return code, for the skb the kprobe saved.
 #[kretprobe]
 pub fn fib_validate_source_kretprobe(ctx: RetProbeContext) -> u32 {
-    srccheck::on_return(ctx.ret::<i64>() as i32);
+    srccheck::on_kretprobe(ctx.ret::<i64>() as i32);
     0
 }
 

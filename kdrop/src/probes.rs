@@ -341,7 +341,7 @@ fn points<'a>(setup: &'a KernelSetup, fields: &'a Result<KfreeSkbArgs, String>) 
                     Attach::KRetProbe {
                         prog: "fib_validate_source_kretprobe",
                         func: "fib_validate_source",
-                        entry: None,
+                        entry: Some("fib_validate_source_kprobe"),
                     },
                     Ok(()),
                 ),

@@ -165,7 +165,7 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     assert!(status.contains(&"DST_NAT".to_string()), "{status:?}");
     assert!(!status.contains(&"SEEN_REPLY".to_string()), "{status:?}");
     let f = &e["finding"];
-    assert_eq!(f["cause"], "asymmetric_return_path");
+    assert_eq!(f["cause"], "asymmetric_return_path", "{e}");
     assert_eq!(
         f["summary"],
         "SYN 172.16.0.50:45005 -> 10.0.58.158:8005 was DNAT'd to 10.0.0.13:8005 and sent out \
@@ -301,7 +301,7 @@ fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
     assert_eq!(e["daddr"], "10.244.1.5");
     assert_eq!(e["netns_name"], h.pod_a.name.as_str());
     let f = &e["finding"];
-    assert_eq!(f["cause"], "hairpin_no_reverse_nat");
+    assert_eq!(f["cause"], "hairpin_no_reverse_nat", "{e}");
     assert_eq!(
         f["summary"],
         "hairpin: the SYN-ACK from 10.244.1.9:8002 matches the reply side of a DNAT'd \
@@ -509,7 +509,7 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
     assert_eq!(e["daddr"], LB_VIP);
     assert_eq!(e["ifname"], "eth0");
     let f = &e["finding"];
-    assert_eq!(f["cause"], "lb_loopback_without_snat");
+    assert_eq!(f["cause"], "lb_loopback_without_snat", "{e}");
     assert_eq!(
         f["summary"],
         "SYN 10.244.2.5:46004 -> 203.0.113.80:8004 left by eth0 to the load balancer, came back \
@@ -719,7 +719,7 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         .sum();
     assert!(total >= 1, "{}", String::from_utf8_lossy(&out.stdout));
     let f = &e["finding"];
-    assert_eq!(f["cause"], "conntrack_insert_failed");
+    assert_eq!(f["cause"], "conntrack_insert_failed", "{e}");
     assert_eq!(
         f["summary"],
         "NAT port clash: 10.98.1.2:41002 -> 10.98.2.2:8006, SNAT'd to 10.98.2.1:40000 -> \
@@ -844,7 +844,7 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
     assert_eq!(e["ct"]["reply"]["src"], "10.0.0.13:8005");
     assert_eq!(e["ct"]["reply"]["dst"], "10.0.0.12:45008");
     let f = &e["finding"];
-    assert_eq!(f["cause"], "unanswered");
+    assert_eq!(f["cause"], "unanswered", "{e}");
     // Once, or twice where the guest is slow (a VM under TCG) and the
     // client's 1 s retransmission came before the delete: never the three
     // the handshake tracker waits for, so this report is the entry's own.

@@ -54,7 +54,7 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     let t = topo("rpf1", 51);
     let (lab, k, e) = incident1(&t);
     let f = &e["finding"];
-    assert_eq!(f["cause"], "rp_filter_strict");
+    assert_eq!(f["cause"], "rp_filter_strict", "{e}");
     assert_eq!(
         f["summary"],
         "strict reverse-path filter on ens6: the way back to 192.0.2.51 is via ens4 \
@@ -252,7 +252,7 @@ fn incident3_local_source_martian_and_its_fix() {
     }
     assert_eq!(e["ifname"], "eth0");
     let f = &e["finding"];
-    assert_eq!(f["cause"], "martian_local_source");
+    assert_eq!(f["cause"], "martian_local_source", "{e}");
     assert_eq!(
         f["summary"],
         "martian source on eth0: 203.0.113.50 is a local address of this host (local table, on \
@@ -356,7 +356,7 @@ fn localnet_martian_and_its_fix() {
         assert_eq!(e["reason"], r);
     }
     let f = &e["finding"];
-    assert_eq!(f["cause"], "martian_localnet");
+    assert_eq!(f["cause"], "martian_localnet", "{e}");
     assert_eq!(
         f["summary"],
         "martian on s0: 127.1.1.1 is in 127.0.0.0/8 and route_localnet is off"
