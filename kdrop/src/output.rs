@@ -1,6 +1,11 @@
 //! Turning events into what people and programs read: one text line or one
 //! JSON object per event, and the summary at exit.
-use std::{collections::BTreeMap, io::Write, net::IpAddr};
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use serde::Serialize;
 
@@ -127,6 +132,46 @@ pub fn write_record(out: &mut impl Write, r: &DropRecord, json: bool) -> std::io
         }
     }
     Ok(())
+}
+
+/// Text output in a flood: a finding is printed in full once, then, while
+/// the same finding repeats within `REPEAT_WINDOW`, its headlines carry one
+/// line pointing back to it (JSON always carries the whole finding).
+#[derive(Debug, Default)]
+pub struct Repeats {
+    printed: HashMap<(&'static str, String), Instant>,
+}
+
+const REPEAT_WINDOW: Duration = Duration::from_secs(10);
+const REPEATS_KEPT: usize = 4096;
+
+impl Repeats {
+    /// Writes one record as `write_record` does, but a finding printed in
+    /// full less than `REPEAT_WINDOW` ago as one line.
+    pub fn write(
+        &mut self,
+        out: &mut impl Write,
+        r: &DropRecord,
+        json: bool,
+    ) -> std::io::Result<()> {
+        let Some(f) = r.finding.as_ref().filter(|_| !json) else {
+            return write_record(out, r, json);
+        };
+        let now = Instant::now();
+        let key = (f.cause, f.summary.clone());
+        if let Some(at) = self.printed.get(&key) {
+            if now.duration_since(*at) < REPEAT_WINDOW {
+                writeln!(out, "{}", text_line(r))?;
+                return writeln!(out, "  why: [{}] the same finding as above", f.cause);
+            }
+        }
+        if self.printed.len() >= REPEATS_KEPT {
+            self.printed
+                .retain(|_, at| now.duration_since(*at) < REPEAT_WINDOW);
+        }
+        self.printed.insert(key, now);
+        write_record(out, r, json)
+    }
 }
 
 /// Counts kept while tracing, printed at exit.
@@ -312,6 +357,42 @@ pub(crate) mod tests {
              kdrop:   NO_SOCKET    2\n\
              kdrop:   IP_RPFILTER  1\n"
         );
+    }
+
+    #[test]
+    fn a_repeated_finding_is_printed_in_full_once_in_text() {
+        let mut r = record();
+        r.finding = Some(Finding {
+            cause: "rp_filter_strict",
+            summary: "strict".into(),
+            evidence: vec!["e".into()],
+            fix: vec!["f".into()],
+        });
+        let mut other = r.clone();
+        other.finding.as_mut().unwrap().summary = "other".into();
+        let mut rep = Repeats::default();
+        let mut out = Vec::new();
+        for r in [&r, &r, &other, &r] {
+            rep.write(&mut out, r, false).unwrap();
+        }
+        let text = String::from_utf8(out).unwrap();
+        let why: Vec<_> = text.lines().filter(|l| l.starts_with("  why")).collect();
+        assert_eq!(
+            why,
+            [
+                "  why: strict [rp_filter_strict]",
+                "  why: [rp_filter_strict] the same finding as above",
+                "  why: other [rp_filter_strict]",
+                "  why: [rp_filter_strict] the same finding as above",
+            ]
+        );
+        assert_eq!(text.matches("    fix: f").count(), 2);
+        // JSON lines always carry the whole finding.
+        let mut out = Vec::new();
+        rep.write(&mut out, &r, true).unwrap();
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("\"evidence\":[\"e\"]"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 use std::{
     io::{self, Write as _},
     process::ExitCode,
+    time::Duration,
 };
 
 use anyhow::Result;
@@ -124,30 +125,44 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     let limit = args.count.unwrap_or(u64::MAX);
     let mut closed = false;
 
-    let emit = |batch: Vec<crate::event::Event>,
-                tracer: &mut Tracer,
-                summary: &mut Summary,
-                out: &mut io::BufWriter<io::StdoutLock<'_>>|
+    let mut repeats = output::Repeats::default();
+    // `last`: the trace ends, records held back are due now.
+    let mut emit = |batch: Vec<crate::event::Event>,
+                    last: bool,
+                    tracer: &mut Tracer,
+                    summary: &mut Summary,
+                    out: &mut io::BufWriter<io::StdoutLock<'_>>|
      -> bool {
-        for e in batch {
+        let records = batch
+            .iter()
+            .filter_map(|e| tracer.enricher.on_event(e))
+            .collect::<Vec<_>>();
+        for r in records.into_iter().chain(tracer.enricher.due(last)) {
             if summary.received >= limit {
                 return true;
             }
-            let Some(r) = tracer.enricher.on_event(&e) else {
-                continue;
-            };
             summary.add(&r);
-            if output::write_record(out, &r, args.json).is_err() {
+            if repeats.write(out, &r, args.json).is_err() {
                 return true;
             }
         }
         out.flush().is_err() || summary.received >= limit
     };
+    // Held records (RSTs answering a SYN-ACK) come out on time when no
+    // other event does.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         tokio::select! {
             batch = tracer.next_batch() => {
-                if emit(batch?, &mut tracer, &mut summary, &mut out) {
+                if emit(batch?, false, &mut tracer, &mut summary, &mut out) {
+                    closed = true;
+                    break;
+                }
+            }
+            _ = tick.tick() => {
+                if emit(Vec::new(), false, &mut tracer, &mut summary, &mut out) {
                     closed = true;
                     break;
                 }
@@ -156,7 +171,7 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
                 // The SYNs that created those entries are on the ring buffer
                 // already: follow them first.
                 let rest = tracer.drain();
-                let mut stop = emit(rest, &mut tracer, &mut summary, &mut out);
+                let mut stop = emit(rest, false, &mut tracer, &mut summary, &mut out);
                 for d in destroyed {
                     if stop || summary.received >= limit {
                         stop = true;
@@ -182,7 +197,7 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
     // Events already on the ring buffer when we were asked to stop still count.
     if !closed {
         let rest = tracer.drain();
-        emit(rest, &mut tracer, &mut summary, &mut out);
+        emit(rest, true, &mut tracer, &mut summary, &mut out);
     }
     let _ = out.flush();
     summary.undecodable = tracer.undecodable;

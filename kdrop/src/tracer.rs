@@ -21,7 +21,7 @@ use crate::{
     },
     diagnosis::{
         self, conntrack,
-        handshake::{self, BridgeFacts, CtBits, Dead, Flow, Tracker},
+        handshake::{self, BridgeFacts, CtBits, Dead, Flow, Reset, Tracker},
         routing, DropFacts, Finding,
     },
     event::{self, Ct, Drop, Event, Tuple},
@@ -302,6 +302,107 @@ impl Enricher {
         }
     }
 
+    /// "reset" records: RSTs answering a SYN-ACK, held `RESET_GRACE_NS`
+    /// in case the SYN-ACK's own drop (which says more) follows; all of
+    /// them with `all`, when tracing ends.
+    pub fn due(&mut self, all: bool) -> Vec<DropRecord> {
+        let now = if all {
+            u64::MAX
+        } else {
+            clock_ns(libc::CLOCK_MONOTONIC).max(0) as u64
+        };
+        let resets = self.tracker.due_resets(now);
+        resets.iter().map(|r| self.reset(r)).collect()
+    }
+
+    /// A SYN-ACK answered by a RST, as an event of kind "reset".
+    fn reset(&mut self, r: &Reset) -> DropRecord {
+        let ns = self.registry.lookup(r.rst.netns);
+        let ifname = self
+            .ifnames
+            .get(ns.as_ref(), self.own_netns, r.rst.netns, r.rst.ifindex);
+        let at = self.registry.lookup(r.syn_ack_at.netns);
+        let syn_ack_dev = self.ifnames.get(
+            at.as_ref(),
+            self.own_netns,
+            r.syn_ack_at.netns,
+            r.syn_ack_at.ifindex,
+        );
+        let name = |n: Option<&netns::Netns>, inode: u32| {
+            n.and_then(|n| n.name.clone())
+                .unwrap_or_else(|| inode.to_string())
+        };
+        let (rst_ns, syn_ack_ns) = (
+            name(ns.as_ref(), r.rst.netns),
+            name(at.as_ref(), r.syn_ack_at.netns),
+        );
+        let seen = handshake::reset_seen(r, &syn_ack_dev, &syn_ack_ns, &ifname, &rst_ns);
+        let dnat = r
+            .flow
+            .as_ref()
+            .filter(|f| f.ct.is_some_and(|c| c.status & self.ct_bits.dst_nat != 0));
+        let finding = match dnat {
+            Some(flow) => self.reply_not_un_natted(flow, &r.syn_ack, &seen),
+            None => None,
+        }
+        .unwrap_or_else(|| handshake::reset(r, &seen));
+        // The handshake as the client started it, when kdrop saw it.
+        let t = r
+            .flow
+            .as_ref()
+            .map_or(r.rst.tuple, |f| f.ct.map_or(f.orig, |c| c.orig));
+        let epoch = (i128::from(r.rst.ts_ns) + self.realtime_offset_ns).max(0) as u64;
+        DropRecord {
+            ts: rfc3339(epoch),
+            kind: "reset",
+            netns: r.rst.netns,
+            netns_name: ns.as_ref().and_then(|n| n.name.clone()),
+            ifname,
+            ifindex: r.rst.ifindex,
+            family: if t.src.is_ipv4() { "ipv4" } else { "ipv6" },
+            saddr: t.src.ip(),
+            sport: t.src.port(),
+            daddr: t.dst.ip(),
+            dport: t.dst.port(),
+            tcp_flags: event::tcp_flags(r.rst.tcp_flags),
+            reason: None,
+            location: String::new(),
+            mark: r.rst.mark,
+            route_lookups: Vec::new(),
+            ct: r
+                .flow
+                .as_ref()
+                .and_then(|f| f.ct.as_ref())
+                .map(|c| self.ct_record(c)),
+            netfilter: None,
+            finding: Some(finding),
+        }
+    }
+
+    /// The SYN-ACK of a DNAT'd handshake left un-NAT'd: the hairpin
+    /// finding, from what the client's RST shows.
+    fn reply_not_un_natted(&mut self, flow: &Flow, syn_ack: &Tuple, seen: &str) -> Option<Finding> {
+        let ns = self.registry.lookup(flow.netns)?;
+        let ctx = self.contexts.get(&ns).ok()?;
+        let status = flow
+            .ct
+            .map(|c| self.ct_names.status(c.status))
+            .unwrap_or_default();
+        let bridge = BridgeFacts {
+            br_netfilter_loaded: std::path::Path::new("/sys/module/br_netfilter").exists(),
+            call_iptables: ctx.confs.bridge_nf_call_iptables,
+        };
+        handshake::hairpin(
+            syn_ack,
+            flow,
+            &status,
+            &ctx.tables,
+            &bridge,
+            seen,
+            &Self::netns_exec(ns.name.as_ref()),
+        )
+    }
+
     /// The status bit that marks an answered entry (the uapi value when the
     /// kernel's BTF does not name it).
     pub fn seen_reply_bit(&self) -> u32 {
@@ -554,6 +655,13 @@ impl Enricher {
                     netfilter: r.netfilter.as_ref(),
                 })
             });
+        if d.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+            // This drop is the record for the SYN-ACK: not also a "reset".
+            self.tracker.syn_ack_dropped(&Tuple {
+                src: SocketAddr::new(d.saddr, d.sport),
+                dst: SocketAddr::new(d.daddr, d.dport),
+            });
+        }
         r
     }
 

@@ -327,9 +327,82 @@ fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
             h.node.name
         )
     );
-    k.stop(libc::SIGINT);
+    let done = k.stop(libc::SIGINT);
+    // The client's RST in answer is not a second report: the drop said it.
+    assert!(
+        done.events().iter().all(|e| e["kind"] != "reset"),
+        "{:?}",
+        done.stdout
+    );
     run_fix(masq);
     connect_from(&h.pod_a, "10.244.1.5:43535".parse().unwrap(), dst)
+        .expect("handshake after the fix");
+}
+
+/// Incident 2 with kdrop scoped to the node's namespace: the refused
+/// SYN-ACK dies in pod A, out of sight; the node sees the un-NAT'd SYN-ACK
+/// and then pod A's RST cross its bridge.
+#[test]
+fn incident2_seen_from_the_node_is_a_reset_of_an_un_natted_syn_ack() {
+    let h = hairpin("hairn", "0");
+    let _l = listen(&h.pod_b, "10.244.1.9:8002");
+    let k = Kdrop::start(&["--json", "--netns", &h.node.name, "--port", "8002"]);
+    let src: SocketAddr = "10.244.1.5:43538".parse().unwrap();
+    let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
+    let _syn = send_syn(&h.pod_a, src, dst);
+    let e = k.expect_event("the reset", |e| e["kind"] == "reset");
+    assert_eq!(e["tcp_flags"], "RST");
+    assert_eq!(e["netns_name"], h.node.name.as_str());
+    // The RST left the bridge towards pod B.
+    assert_eq!(e["ifname"], "veth9");
+    // The handshake as pod A started it, with the entry that DNAT'd it.
+    assert_eq!(
+        (&e["saddr"], &e["sport"], &e["daddr"], &e["dport"]),
+        (
+            &"10.244.1.5".into(),
+            &43538.into(),
+            &CLUSTER_IP.into(),
+            &8002.into()
+        )
+    );
+    assert_eq!(e["ct"]["reply"]["src"], "10.244.1.9:8002");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "hairpin_no_reverse_nat", "{e}");
+    assert_eq!(
+        f["summary"],
+        "hairpin: the SYN-ACK from 10.244.1.9:8002 matches the reply side of a DNAT'd \
+         connection (10.244.1.5:43538 -> 100.67.30.133:8002 => 10.244.1.9:8002) but arrived \
+         un-NAT'd: both ends are on bridge cni0"
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[0].starts_with(&format!(
+            "the SYN-ACK 10.244.1.9:8002 -> 10.244.1.5:43538 left veth5 in netns {}; ",
+            h.node.name
+        )) && ev[0].ends_with(&format!(
+            "10.244.1.5 answered it with a RST, which left veth9 in netns {}",
+            h.node.name
+        )),
+        "{ev:?}"
+    );
+    let fix = strs(&f["fix"]);
+    let masq = fix.last().unwrap();
+    assert_eq!(
+        masq,
+        &format!(
+            "ip netns exec {} iptables -t nat -A POSTROUTING -s 10.244.1.5 -d 10.244.1.9/32 -p tcp --dport 8002 -j MASQUERADE",
+            h.node.name
+        )
+    );
+    let done = k.stop(libc::SIGINT);
+    // One report, though the RST crossed two devices of the node.
+    assert!(
+        done.events().iter().all(|e| e["kind"] != "reset"),
+        "{:?}",
+        done.stdout
+    );
+    run_fix(masq);
+    connect_from(&h.pod_a, "10.244.1.5:43539".parse().unwrap(), dst)
         .expect("handshake after the fix");
 }
 

@@ -3,7 +3,7 @@
 //! out. Pure: recorded packets and context in, findings out.
 use std::{collections::HashMap, net::IpAddr};
 
-use kdrop_common::{TCP_ACK, TCP_SYN};
+use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
 use super::Finding;
 use crate::{
@@ -22,6 +22,10 @@ const SAME_TRANSMISSION_NS: u64 = 150_000_000;
 const FORGET_AFTER_NS: u64 = 60_000_000_000;
 /// At most this many flows are remembered (oldest dropped first).
 const MAX_FLOWS: usize = 65_536;
+/// A RST is reported this long after it left, unless the drop of the
+/// SYN-ACK it answers shows up meanwhile and tells more (that drop comes
+/// right after the RST: tcp_v4_rcv sends the RST, then frees the segment).
+pub const RESET_GRACE_NS: u64 = 100_000_000;
 
 /// The conntrack status bits diagnosis needs, named from the kernel's BTF.
 #[derive(Clone, Copy, Debug, Default)]
@@ -49,11 +53,38 @@ pub struct Flow {
     pub wire: Tuple,
 }
 
+/// A SYN-ACK seen leaving a device (the first time its tuple did).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SynAckSeen {
+    pub ts_ns: u64,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub reported: bool,
+}
+
+/// A SYN-ACK answered by a RST: the side it went to has no socket for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reset {
+    /// The SYN-ACK as it left (server -> client).
+    pub syn_ack: Tuple,
+    pub syn_ack_at: SynAckSeen,
+    /// The RST as it left (client -> server).
+    pub rst: Packet,
+    /// The handshake the SYN-ACK answers, if kdrop saw its SYN: the DNAT'd
+    /// flow whose reply side the SYN-ACK is, else the flow of the RST's
+    /// tuple.
+    pub flow: Option<Flow>,
+}
+
 #[derive(Debug, Default)]
 pub struct Tracker {
     flows: HashMap<Tuple, Flow>,
     /// Reply tuple of a DNAT'd entry → its flow.
     dnat_replies: HashMap<Tuple, Tuple>,
+    /// SYN-ACKs seen leaving, by their tuple.
+    syn_acks: HashMap<Tuple, SynAckSeen>,
+    /// RSTs answering a SYN-ACK, held for `RESET_GRACE_NS`, by SYN-ACK.
+    pending: HashMap<Tuple, Reset>,
 }
 
 /// What a dead handshake turned out to be.
@@ -71,6 +102,10 @@ impl Tracker {
     /// Feeds one packet leaving a device; returns a dead handshake when a
     /// SYN has now gone unanswered `UNANSWERED_AFTER` times (once per flow).
     pub fn on_egress(&mut self, p: &Packet, bits: &CtBits) -> Option<Dead> {
+        if p.tcp_flags & (TCP_RST | TCP_SYN) == TCP_RST {
+            self.on_rst(p);
+            return None;
+        }
         let flow = self.count(p, bits)?;
         // The same client endpoint with another destination, DNAT'd without
         // SNAT: the SYN looped back through a load balancer.
@@ -107,6 +142,20 @@ impl Tracker {
             if let Some(f) = self.flows.get_mut(&key) {
                 f.answered = true;
             }
+            if self.syn_acks.len() >= MAX_FLOWS && !self.syn_acks.contains_key(&p.tuple) {
+                // A SYN-ACK flood: keep the last second's.
+                let cutoff = p.ts_ns.saturating_sub(1_000_000_000);
+                self.syn_acks.retain(|_, s| s.ts_ns >= cutoff);
+                if self.syn_acks.len() >= MAX_FLOWS {
+                    self.syn_acks.clear();
+                }
+            }
+            self.syn_acks.entry(p.tuple).or_insert(SynAckSeen {
+                ts_ns: p.ts_ns,
+                netns: p.netns,
+                ifindex: p.ifindex,
+                reported: false,
+            });
             return None;
         }
         if !syn {
@@ -166,6 +215,59 @@ impl Tracker {
         Some(f.clone())
     }
 
+    /// A RST leaving: held when it answers a SYN-ACK seen leaving (once per
+    /// SYN-ACK, however many devices the RST crosses).
+    fn on_rst(&mut self, p: &Packet) {
+        let syn_ack = p.tuple.reversed();
+        let Some(seen) = self.syn_acks.get_mut(&syn_ack) else {
+            return;
+        };
+        if seen.reported {
+            return;
+        }
+        seen.reported = true;
+        let syn_ack_at = seen.clone();
+        let flow = self
+            .dnat_reply(&syn_ack)
+            .or_else(|| self.flows.get(&p.ct.map_or(p.tuple, |c| c.orig)))
+            .cloned();
+        self.pending.insert(
+            syn_ack,
+            Reset {
+                syn_ack,
+                syn_ack_at,
+                rst: p.clone(),
+                flow,
+            },
+        );
+    }
+
+    /// The drop of the SYN-ACK `t` was seen (and reported): a RST answering
+    /// it is not reported again.
+    pub fn syn_ack_dropped(&mut self, t: &Tuple) {
+        self.pending.remove(t);
+        if let Some(s) = self.syn_acks.get_mut(t) {
+            s.reported = true;
+        }
+    }
+
+    /// RSTs held long enough (all of them with `now_ns == u64::MAX`).
+    pub fn due_resets(&mut self, now_ns: u64) -> Vec<Reset> {
+        if self.pending.is_empty() {
+            return Vec::new();
+        }
+        let is_due = |r: &Reset| r.rst.ts_ns.saturating_add(RESET_GRACE_NS) <= now_ns;
+        let mut due: Vec<Reset> = self
+            .pending
+            .values()
+            .filter(|r| is_due(r))
+            .cloned()
+            .collect();
+        self.pending.retain(|_, r| !is_due(r));
+        due.sort_by_key(|r| r.rst.ts_ns);
+        due
+    }
+
     /// The DNAT'd flow whose reply side `t` is, if one was seen.
     pub fn dnat_reply(&self, t: &Tuple) -> Option<&Flow> {
         self.flows.get(self.dnat_replies.get(t)?)
@@ -177,6 +279,7 @@ impl Tracker {
         self.flows.retain(|_, f| f.last_ns >= cutoff);
         let flows = &self.flows;
         self.dnat_replies.retain(|_, k| flows.contains_key(k));
+        self.syn_acks.retain(|_, s| s.ts_ns >= cutoff);
     }
 
     pub fn len(&self) -> usize {
@@ -365,6 +468,56 @@ pub fn looped_back(first: &Flow, back: &Flow, status: &[String], t: &Tables, ns:
             ),
             "Kubernetes: externalTrafficPolicy: Cluster, or a kube-proxy that serves LoadBalancer IPs locally for in-cluster clients".into(),
         ],
+    }
+}
+
+/// The evidence line of a RST answering a SYN-ACK: where each left.
+pub fn reset_seen(
+    r: &Reset,
+    syn_ack_dev: &str,
+    syn_ack_ns: &str,
+    rst_dev: &str,
+    rst_ns: &str,
+) -> String {
+    let ms = r.rst.ts_ns.saturating_sub(r.syn_ack_at.ts_ns) as f64 / 1e6;
+    format!(
+        "the SYN-ACK {} -> {} left {syn_ack_dev} in netns {syn_ack_ns}; {ms:.1} ms later {} \
+         answered it with a RST, which left {rst_dev} in netns {rst_ns}",
+        r.syn_ack.src,
+        r.syn_ack.dst,
+        r.syn_ack.dst.ip()
+    )
+}
+
+/// A SYN-ACK answered by a RST, with no NAT kdrop saw to blame.
+pub fn reset(r: &Reset, seen: &str) -> Finding {
+    let (server, client) = (r.syn_ack.src, r.syn_ack.dst);
+    let syn = match &r.flow {
+        Some(f) => format!(
+            "{} (SYN {} -> {})",
+            transmissions(f).replace(", none answered", ""),
+            f.orig.src,
+            f.orig.dst
+        ),
+        None => format!("kdrop did not see a SYN {client} -> {server} leave any device it follows"),
+    };
+    Finding {
+        cause: "syn_ack_reset",
+        summary: format!(
+            "the SYN-ACK {server} -> {client} was answered by a RST: {} has no socket waiting for it",
+            client.ip()
+        ),
+        evidence: vec![
+            seen.to_string(),
+            syn,
+            format!(
+                "a SYN-ACK is refused with a RST when no socket of {} is in SYN-SENT for {server}: \
+                 its SYN went to another address (a translation the reply did not undo) or it \
+                 gave up before the SYN-ACK came",
+                client.ip()
+            ),
+        ],
+        fix: vec![],
     }
 }
 
@@ -705,5 +858,123 @@ pub(crate) mod tests {
         tr.expire(FORGET_AFTER_NS + 1);
         assert!(tr.is_empty());
         assert!(tr.dnat_reply(&dnat_ct(8).reply).is_none());
+    }
+
+    fn packet(ts: u64, ifindex: u32, t: Tuple, flags: u8) -> Packet {
+        Packet {
+            ts_ns: ts,
+            netns: 7,
+            ifindex,
+            mark: 0,
+            tuple: t,
+            tcp_flags: flags,
+            ct: None,
+        }
+    }
+
+    /// The hairpin seen from the node only: the DNAT'd SYN, the un-NAT'd
+    /// SYN-ACK and the client's RST each cross a port of the bridge.
+    #[test]
+    fn a_rst_answering_a_syn_ack_is_held_then_reported_once() {
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS);
+        let syn_ack = dnat_ct(8).reply;
+        let ms = 1_000_000;
+        assert!(tr
+            .on_egress(&packet(ms, 3, syn_ack, TCP_SYN | TCP_ACK), &BITS)
+            .is_none());
+        // The RST leaves the client's veth, then the bridge port.
+        for (ts, dev) in [(2 * ms, 4), (2 * ms + 1000, 5)] {
+            assert!(tr
+                .on_egress(&packet(ts, dev, syn_ack.reversed(), TCP_RST), &BITS)
+                .is_none());
+        }
+        assert!(tr.due_resets(2 * ms + RESET_GRACE_NS - 1).is_empty());
+        let due = tr.due_resets(2 * ms + RESET_GRACE_NS);
+        assert_eq!(due.len(), 1);
+        let r = &due[0];
+        assert_eq!(r.syn_ack, syn_ack);
+        assert_eq!((r.syn_ack_at.ts_ns, r.syn_ack_at.ifindex), (ms, 3));
+        assert_eq!(r.rst.ifindex, 4);
+        assert_eq!(r.flow.as_ref().unwrap().orig, dnat_ct(8).orig);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+        // Another RST for the same SYN-ACK later is not a second report.
+        tr.on_egress(&packet(9 * ms, 4, syn_ack.reversed(), TCP_RST), &BITS);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+    }
+
+    #[test]
+    fn the_syn_ack_drop_replaces_the_rst_answering_it() {
+        let mut tr = Tracker::default();
+        let syn_ack = tuple("10.0.0.13:80", "172.16.0.50:40000");
+        tr.on_egress(&packet(0, 3, syn_ack, TCP_SYN | TCP_ACK), &BITS);
+        tr.on_egress(&packet(10, 4, syn_ack.reversed(), TCP_RST), &BITS);
+        tr.syn_ack_dropped(&syn_ack);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+        tr.on_egress(&packet(20, 4, syn_ack.reversed(), TCP_RST), &BITS);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+    }
+
+    #[test]
+    fn rsts_that_answer_no_syn_ack_are_not_resets() {
+        let mut tr = Tracker::default();
+        let t = tuple("10.0.0.13:80", "172.16.0.50:40000");
+        // A refused SYN (closed port): RST|ACK to a SYN, no SYN-ACK before.
+        tr.on_egress(&packet(0, 3, t.reversed(), TCP_SYN), &BITS);
+        tr.on_egress(&packet(10, 4, t, TCP_RST | TCP_ACK), &BITS);
+        // A SYN-ACK of another connection, and a SYN|RST (not a reset).
+        tr.on_egress(
+            &packet(
+                20,
+                3,
+                tuple("10.0.0.13:80", "172.16.0.50:40001"),
+                TCP_SYN | TCP_ACK,
+            ),
+            &BITS,
+        );
+        tr.on_egress(
+            &packet(
+                30,
+                4,
+                tuple("172.16.0.50:40001", "10.0.0.13:80"),
+                TCP_SYN | TCP_RST,
+            ),
+            &BITS,
+        );
+        assert!(tr.due_resets(u64::MAX).is_empty());
+    }
+
+    #[test]
+    fn a_reset_without_nat_says_who_has_no_socket() {
+        let syn_ack = tuple("10.0.0.13:80", "172.16.0.50:40000");
+        let r = Reset {
+            syn_ack,
+            syn_ack_at: SynAckSeen {
+                ts_ns: 0,
+                netns: 7,
+                ifindex: 3,
+                reported: true,
+            },
+            rst: packet(1_500_000, 4, syn_ack.reversed(), TCP_RST),
+            flow: None,
+        };
+        let seen = reset_seen(&r, "veth9", "node", "veth5", "node");
+        assert_eq!(
+            seen,
+            "the SYN-ACK 10.0.0.13:80 -> 172.16.0.50:40000 left veth9 in netns node; 1.5 ms \
+             later 172.16.0.50 answered it with a RST, which left veth5 in netns node"
+        );
+        let f = reset(&r, &seen);
+        assert_eq!(f.cause, "syn_ack_reset");
+        assert_eq!(
+            f.summary,
+            "the SYN-ACK 10.0.0.13:80 -> 172.16.0.50:40000 was answered by a RST: 172.16.0.50 \
+             has no socket waiting for it"
+        );
+        assert_eq!(
+            f.evidence[1],
+            "kdrop did not see a SYN 172.16.0.50:40000 -> 10.0.0.13:80 leave any device it follows"
+        );
+        assert!(f.fix.is_empty());
     }
 }

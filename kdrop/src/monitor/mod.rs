@@ -202,10 +202,11 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
     let mut emit = |batch: Vec<crate::event::Event>,
                     tracer: &mut Tracer,
                     findings: &mut BTreeMap<String, u64>| {
-        for e in batch {
-            let Some(r) = tracer.enricher.on_event(&e) else {
-                continue;
-            };
+        let records = batch
+            .iter()
+            .filter_map(|e| tracer.enricher.on_event(e))
+            .collect::<Vec<_>>();
+        for r in records.into_iter().chain(tracer.enricher.due(false)) {
             count_finding(findings, &r);
             if writing && output::write_record(&mut out, &r, true).is_err() {
                 // The metrics are the point: keep serving them.
@@ -217,9 +218,13 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
             writing = false;
         }
     };
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             batch = tracer.next_batch() => emit(batch?, &mut tracer, &mut findings),
+            // Held records (RSTs answering a SYN-ACK) come out on time.
+            _ = tick.tick() => emit(Vec::new(), &mut tracer, &mut findings),
             Some(reply) = scrapes.recv() => {
                 let body = match snapshot(&tracer, &mut labels, &findings) {
                     Ok(s) => metrics::render(&s),
