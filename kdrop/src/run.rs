@@ -162,7 +162,9 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
                 }
             }
             _ = tick.tick() => {
-                if emit(Vec::new(), false, &mut tracer, &mut summary, &mut out) {
+                // What is on the ring first: a held RST's SYN-ACK drop may be.
+                let rest = tracer.drain();
+                if emit(rest, false, &mut tracer, &mut summary, &mut out) {
                     closed = true;
                     break;
                 }

@@ -224,7 +224,10 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
         tokio::select! {
             batch = tracer.next_batch() => emit(batch?, &mut tracer, &mut findings),
             // Held records (RSTs answering a SYN-ACK) come out on time.
-            _ = tick.tick() => emit(Vec::new(), &mut tracer, &mut findings),
+            _ = tick.tick() => {
+                let rest = tracer.drain();
+                emit(rest, &mut tracer, &mut findings)
+            }
             Some(reply) = scrapes.recv() => {
                 let body = match snapshot(&tracer, &mut labels, &findings) {
                     Ok(s) => metrics::render(&s),
