@@ -216,7 +216,10 @@ impl Tracker {
     }
 
     /// A RST leaving: held when it answers a SYN-ACK seen leaving (once per
-    /// SYN-ACK, however many devices the RST crosses).
+    /// SYN-ACK, however many devices the RST crosses). Seen leaving, not at
+    /// tcp:tcp_send_reset: on v6.1 that fires only for a full socket, and a
+    /// RST refusing a SYN-ACK has none (tcp_v4_send_reset,
+    /// https://github.com/torvalds/linux/blob/v6.1/net/ipv4/tcp_ipv4.c).
     fn on_rst(&mut self, p: &Packet) {
         let syn_ack = p.tuple.reversed();
         let Some(seen) = self.syn_acks.get_mut(&syn_ack) else {
