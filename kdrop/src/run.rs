@@ -215,6 +215,13 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
             eg.matched, eg.emitted, eg.lost
         );
     }
+    let nf = tracer.probes().verdict_counters()?;
+    if nf.matched > 0 {
+        eprintln!(
+            "kdrop: netfilter drop verdicts followed: matched {}, emitted {}, lost {}",
+            nf.matched, nf.emitted, nf.lost
+        );
+    }
     if ct_events.received > 0 || ct_events.overruns > 0 {
         eprintln!(
             "kdrop: conntrack entries that died unreplied: received {}, socket overruns {}",

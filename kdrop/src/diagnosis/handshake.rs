@@ -515,8 +515,8 @@ pub fn reset(r: &Reset, seen: &str) -> Finding {
             syn,
             format!(
                 "a SYN-ACK is refused with a RST when no socket of {} is in SYN-SENT for {server}: \
-                 its SYN went to another address (a translation the reply did not undo) or it \
-                 gave up before the SYN-ACK came",
+                 its SYN went to another address (a translation the reply did not undo), it \
+                 gave up before the SYN-ACK came, or it never had one (a half-open port scan)",
                 client.ip()
             ),
         ],
