@@ -113,6 +113,18 @@ fn ipt_do_table_verdict_confirms_the_counted_rule() {
     assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e}");
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
+    // The verdict records are accounted like drops (the SYN may have been
+    // sent again meanwhile: at least one).
+    let line = done
+        .stderr
+        .iter()
+        .find_map(|l| l.strip_prefix("kdrop: netfilter drop verdicts followed: "))
+        .unwrap_or_else(|| panic!("no verdict counters: {:?}", done.stderr));
+    let n: Vec<u64> = line
+        .split(", ")
+        .map(|f| f.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(n[0] >= 1 && n[0] == n[1] + n[2], "{line}");
 }
 
 #[test]
