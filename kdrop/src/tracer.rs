@@ -342,7 +342,7 @@ impl Enricher {
             .as_ref()
             .filter(|f| f.ct.is_some_and(|c| c.status & self.ct_bits.dst_nat != 0));
         let finding = match dnat {
-            Some(flow) => self.reply_not_un_natted(flow, &r.syn_ack, &seen),
+            Some(flow) => self.hairpin(flow, &r.syn_ack, &seen),
             None => None,
         }
         .unwrap_or_else(|| handshake::reset(r, &seen));
@@ -380,8 +380,9 @@ impl Enricher {
     }
 
     /// The SYN-ACK of a DNAT'd handshake left un-NAT'd: the hairpin
-    /// finding, from what the client's RST shows.
-    fn reply_not_un_natted(&mut self, flow: &Flow, syn_ack: &Tuple, seen: &str) -> Option<Finding> {
+    /// finding, with `kernel` (the refused SYN-ACK's drop, or the client's
+    /// RST) as its first evidence.
+    fn hairpin(&mut self, flow: &Flow, syn_ack: &Tuple, kernel: &str) -> Option<Finding> {
         let ns = self.registry.lookup(flow.netns)?;
         let ctx = self.contexts.get(&ns).ok()?;
         let status = flow
@@ -398,7 +399,7 @@ impl Enricher {
             &status,
             &ctx.tables,
             &bridge,
-            seen,
+            kernel,
             &Self::netns_exec(ns.name.as_ref()),
         )
     }
@@ -540,16 +541,6 @@ impl Enricher {
             dst: SocketAddr::new(d.daddr, d.dport),
         };
         let flow = self.tracker.dnat_reply(&syn_ack)?.clone();
-        let ns = self.registry.lookup(flow.netns)?;
-        let ctx = self.contexts.get(&ns).ok()?;
-        let status = flow
-            .ct
-            .map(|c| self.ct_names.status(c.status))
-            .unwrap_or_default();
-        let bridge = BridgeFacts {
-            br_netfilter_loaded: std::path::Path::new("/sys/module/br_netfilter").exists(),
-            call_iptables: ctx.confs.bridge_nf_call_iptables,
-        };
         let kernel = format!(
             "kernel: {} at {} in netns {}: no socket for {} -> {}, so it answers with a RST",
             match r.reason {
@@ -561,15 +552,7 @@ impl Enricher {
             syn_ack.src,
             syn_ack.dst
         );
-        handshake::hairpin(
-            &syn_ack,
-            &flow,
-            &status,
-            &ctx.tables,
-            &bridge,
-            &kernel,
-            &Self::netns_exec(ns.name.as_ref()),
-        )
+        self.hairpin(&flow, &syn_ack, &kernel)
     }
 
     pub fn enrich(&mut self, d: &Drop) -> DropRecord {

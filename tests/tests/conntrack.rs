@@ -282,6 +282,34 @@ fn hairpin(test: &str, bridge_nf_call_iptables: &str) -> Hairpin {
     h
 }
 
+/// Checks the hairpin finding's last fix (masquerade pod A's traffic to
+/// pod B), stops kdrop, checks no "reset" record is left, applies the fix
+/// and connects from pod A's port `sport`.
+fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, sport: u16) {
+    let masq = strs(&f["fix"]).pop().unwrap();
+    assert_eq!(
+        masq,
+        format!(
+            "ip netns exec {} iptables -t nat -A POSTROUTING -s 10.244.1.5 -d 10.244.1.9/32 -p tcp --dport 8002 -j MASQUERADE",
+            h.node.name
+        )
+    );
+    let done = k.stop(libc::SIGINT);
+    assert!(
+        done.events().iter().all(|e| e["kind"] != "reset"),
+        "{:?}",
+        done.stdout
+    );
+    run_fix(&masq);
+    let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
+    connect_from(
+        &h.pod_a,
+        SocketAddr::new("10.244.1.5".parse().unwrap(), sport),
+        dst,
+    )
+    .expect("handshake after the fix");
+}
+
 #[test]
 fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
     let h = hairpin("hairp", "0");
@@ -318,25 +346,8 @@ fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
         ev[3].contains("net.bridge.bridge-nf-call-iptables = "),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
-    let masq = fix.last().unwrap();
-    assert_eq!(
-        masq,
-        &format!(
-            "ip netns exec {} iptables -t nat -A POSTROUTING -s 10.244.1.5 -d 10.244.1.9/32 -p tcp --dport 8002 -j MASQUERADE",
-            h.node.name
-        )
-    );
-    let done = k.stop(libc::SIGINT);
     // The client's RST in answer is not a second report: the drop said it.
-    assert!(
-        done.events().iter().all(|e| e["kind"] != "reset"),
-        "{:?}",
-        done.stdout
-    );
-    run_fix(masq);
-    connect_from(&h.pod_a, "10.244.1.5:43535".parse().unwrap(), dst)
-        .expect("handshake after the fix");
+    no_reset_then_the_fix_works(&h, k, f, 43535);
 }
 
 /// Incident 2 with kdrop scoped to the node's namespace: the refused
@@ -385,25 +396,8 @@ fn incident2_seen_from_the_node_is_a_reset_of_an_un_natted_syn_ack() {
         )),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
-    let masq = fix.last().unwrap();
-    assert_eq!(
-        masq,
-        &format!(
-            "ip netns exec {} iptables -t nat -A POSTROUTING -s 10.244.1.5 -d 10.244.1.9/32 -p tcp --dport 8002 -j MASQUERADE",
-            h.node.name
-        )
-    );
-    let done = k.stop(libc::SIGINT);
     // One report, though the RST crossed two devices of the node.
-    assert!(
-        done.events().iter().all(|e| e["kind"] != "reset"),
-        "{:?}",
-        done.stdout
-    );
-    run_fix(masq);
-    connect_from(&h.pod_a, "10.244.1.5:43539".parse().unwrap(), dst)
-        .expect("handshake after the fix");
+    no_reset_then_the_fix_works(&h, k, f, 43539);
 }
 
 /// Pod B on another node (routed, not bridged): the reply goes back
