@@ -139,9 +139,12 @@ pub struct NfArgStack {
     pub slots: [[u64; 4]; NF_ARG_DEPTH],
 }
 
-/// A saved call older than this is one whose return the kretprobe missed
-/// (a hook function runs for microseconds): the stack is reset.
-pub const NF_ARG_STALE_NS: u64 = 10_000_000;
+/// A saved call older than this is one whose return the kretprobe missed:
+/// the stack is reset. A hook function runs for microseconds, but it can
+/// print: nf_conntrack_in warns "table full, dropping packet" before it
+/// returns NF_DROP, and printk to a serial console takes milliseconds (tens
+/// under emulation; a 10 ms bound lost that very verdict in the 6.1 VM).
+pub const NF_ARG_STALE_NS: u64 = 1_000_000_000;
 
 #[cfg(feature = "user")]
 mod pod {

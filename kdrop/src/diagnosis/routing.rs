@@ -60,7 +60,7 @@ const EINVAL: i32 = 22;
 /// return code or, for a local source, from the drop location and the
 /// namespace's addresses; with the evidence line saying how it was derived.
 /// `None` when it cannot be known: kdrop does not guess.
-pub fn derive_reason(d: &RouteDrop, t: &Tables) -> Option<(&'static str, String)> {
+pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static str, String)> {
     if d.reason.is_some_and(|r| r != "NOT_SPECIFIED") {
         return None;
     }
@@ -70,6 +70,23 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables) -> Option<(&'static str, String)
     } else {
         "no reason"
     };
+    let iif = t.link_name(d.iif);
+    let localnet =
+        c.all.route_localnet.unwrap_or(0) != 0 || c.dev(&iif).route_localnet.unwrap_or(0) != 0;
+    // ip_route_input_slow refuses a loopback destination on a device
+    // without route_localnet before any source check (v6.1:
+    // https://github.com/torvalds/linux/blob/v6.1/net/ipv4/route.c,
+    // `martian_destination`): a source check result is then another
+    // packet's, whatever it says.
+    if d.dst.is_loopback() && !localnet && d.location.starts_with("ip_rcv_finish_core") {
+        return Some((
+            "IP_LOCALNET",
+            format!(
+                "kernel: drop at {} ({named} on this kernel) while routing a packet to 127.0.0.0/8 with route_localnet off (derived from the location, the destination and the sysctl)",
+                d.location
+            ),
+        ));
+    }
     match d.src_check {
         Some(r) if r == -EXDEV => Some((
             "IP_RPFILTER",
@@ -82,17 +99,6 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables) -> Option<(&'static str, String)
             if local { "IP_LOCAL_SOURCE" } else { "IP_INVALID_SOURCE" },
             format!(
                 "kernel: drop at {} ({named} on this kernel); fib_validate_source returned -EINVAL for this packet: martian source",
-                d.location
-            ),
-        )),
-        // ip_route_input_slow refuses a loopback destination on a device
-        // without route_localnet before any source check (v6.1:
-        // https://github.com/torvalds/linux/blob/v6.1/net/ipv4/route.c,
-        // `martian_destination`).
-        None if d.dst.is_loopback() && d.location.starts_with("ip_rcv_finish_core") => Some((
-            "IP_LOCALNET",
-            format!(
-                "kernel: drop at {} ({named} on this kernel) while routing a packet to 127.0.0.0/8 (derived from the location and the destination)",
                 d.location
             ),
         )),
@@ -294,7 +300,7 @@ fn reverse_evidence(d: &RouteDrop, t: &Tables) -> Evidence {
 /// reverse-path or martian drop.
 pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
     let iif = t.link_name(d.iif);
-    let (reason, kernel) = match derive_reason(d, t) {
+    let (reason, kernel) = match derive_reason(d, t, c) {
         Some((reason, how)) => (reason, how),
         None => {
             let reason = d.reason?;
@@ -813,7 +819,19 @@ mod tests {
             d.dst = ip("127.1.1.1");
             let f = explain(&d, &incident1(), &confs(0, 0, 0)).unwrap();
             assert_eq!(f.cause, "martian_localnet");
-            assert!(f.evidence[0].contains("derived from the location and the destination"));
+            assert!(f.evidence[0].contains("derived from the location, the destination"));
+            // It never reaches the source check: a result there is another
+            // packet's (an skb at the same address a moment before).
+            for other in [0, -EXDEV, -EINVAL] {
+                d.src_check = Some(other);
+                let f = explain(&d, &incident1(), &confs(0, 0, 0)).unwrap();
+                assert_eq!(f.cause, "martian_localnet");
+            }
+            d.src_check = None;
+            // With route_localnet on it is not the reason.
+            let mut on = confs(0, 0, 0);
+            on.all.route_localnet = Some(1);
+            assert!(explain(&d, &incident1(), &on).is_none());
             // Elsewhere than in routing, a loopback destination says nothing.
             d.location = "tcp_v4_rcv+0x10";
             assert!(explain(&d, &incident1(), &confs(0, 0, 0)).is_none());
