@@ -14,7 +14,7 @@ use crate::{
         ctevents::CtEvents,
         netns::{self, NetnsRegistry},
     },
-    output::{self, Summary},
+    output::{self, DropRecord, Summary},
     probes,
     tracer::{self, Tracer},
     UserError,
@@ -133,16 +133,23 @@ pub async fn trace(args: &TraceArgs) -> Result<ExitCode> {
                     summary: &mut Summary,
                     out: &mut io::BufWriter<io::StdoutLock<'_>>|
      -> bool {
-        let records = batch
-            .iter()
-            .filter_map(|e| tracer.enricher.on_event(e))
-            .collect::<Vec<_>>();
-        for r in records.into_iter().chain(tracer.enricher.due(last)) {
+        // Stops at --count: events past it are not even explained.
+        let mut write = |r: DropRecord, summary: &mut Summary| {
+            summary.add(&r);
+            repeats.write(out, &r, args.json).is_err() || summary.received >= limit
+        };
+        for e in &batch {
             if summary.received >= limit {
                 return true;
             }
-            summary.add(&r);
-            if repeats.write(out, &r, args.json).is_err() {
+            if let Some(r) = tracer.enricher.on_event(e) {
+                if write(r, summary) {
+                    return true;
+                }
+            }
+        }
+        for r in tracer.enricher.due(last) {
+            if write(r, summary) {
                 return true;
             }
         }
