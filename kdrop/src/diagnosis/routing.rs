@@ -64,6 +64,14 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
     if d.reason.is_some_and(|r| r != "NOT_SPECIFIED") {
         return None;
     }
+    // Routing refusals are freed in ip_rcv_finish_core (v5.10 and v6.1:
+    // https://github.com/torvalds/linux/blob/v6.1/net/ipv4/ip_input.c,
+    // `drop_error`). Elsewhere a source-check result says nothing about
+    // this drop: the packet may not even have been routed (early demux),
+    // and the result be that of an earlier skb at the same address.
+    if !d.location.starts_with("ip_rcv_finish_core") {
+        return None;
+    }
     let local = t.addrs.iter().any(|a| a.addr == IpAddr::V4(d.src));
     let named = if d.reason.is_some() {
         "NOT_SPECIFIED"
@@ -78,7 +86,7 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
     // https://github.com/torvalds/linux/blob/v6.1/net/ipv4/route.c,
     // `martian_destination`): a source check result is then another
     // packet's, whatever it says.
-    if d.dst.is_loopback() && !localnet && d.location.starts_with("ip_rcv_finish_core") {
+    if d.dst.is_loopback() && !localnet {
         return Some((
             "IP_LOCALNET",
             format!(
@@ -102,7 +110,7 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
                 d.location
             ),
         )),
-        None if local && d.location.starts_with("ip_rcv_finish_core") => Some((
+        None if local => Some((
             "IP_LOCAL_SOURCE",
             format!(
                 "kernel: drop at {} ({named} on this kernel) while routing a packet whose source is one of this namespace's addresses (derived from the location; no return code on this kernel)",
@@ -841,6 +849,10 @@ mod tests {
         assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
         let mut d = drop("NOT_SPECIFIED", &[], 0);
         d.src_check = Some(0);
+        assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
+        // A return code with a drop outside routing is not this packet's.
+        let mut d = drop("IP_RPFILTER", &[], 0);
+        (d.reason, d.src_check, d.location) = (None, Some(-EXDEV), "tcp_v4_rcv+0x10");
         assert!(explain(&d, &incident1(), &confs(1, 1, 0)).is_none());
     }
 
