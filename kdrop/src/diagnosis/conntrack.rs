@@ -19,7 +19,10 @@
 //!   count above `nf_conntrack_max` and `early_drop` can evict nothing
 //!   (it only evicts entries that are not ASSURED): `drop` +1, no entry on
 //!   the packet.
-use super::{handshake::CtBits, Finding};
+use super::{
+    handshake::{ct_text, CtBits},
+    Finding,
+};
 use crate::{
     event::Ct,
     netfilter::{attribution::stats_moved, Backend, ConntrackMoved, Family, Table},
@@ -125,17 +128,6 @@ fn fill(d: &CtDrop) -> String {
     }
 }
 
-fn entry_text(ct: &Ct, status: &[String]) -> String {
-    format!(
-        "orig {} -> {}, reply {} -> {}, status [{}]",
-        ct.orig.src,
-        ct.orig.dst,
-        ct.reply.src,
-        ct.reply.dst,
-        status.join(",")
-    )
-}
-
 fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
     let ns = d.netns_exec;
     let mut evidence = vec![d.kernel.clone(), stats];
@@ -148,7 +140,7 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
             let dnat = ct.status & d.bits.dst_nat != 0;
             evidence.push(format!(
                 "the packet's conntrack entry, never confirmed: {}",
-                entry_text(ct, d.status)
+                ct_text(ct, d.status)
             ));
             evidence.push(format!(
                 "__nf_conntrack_confirm found reply tuple {} -> {} already in the table and TCP \

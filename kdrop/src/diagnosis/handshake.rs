@@ -294,7 +294,8 @@ impl Tracker {
     }
 }
 
-fn ct_text(ct: &Ct, status: &[String]) -> String {
+/// A conntrack entry as evidence: both tuples and the status bits.
+pub(crate) fn ct_text(ct: &Ct, status: &[String]) -> String {
     format!(
         "orig {} -> {}, reply {} -> {}, status [{}]",
         ct.orig.src,
