@@ -82,6 +82,31 @@ pub struct Attribution {
     pub evidence: Vec<String>,
 }
 
+impl Attribution {
+    /// Who dropped it and how kdrop knows, nothing else yet: no rule, no
+    /// counters, no evidence.
+    pub fn bare(dropped_by: DroppedBy, method: String) -> Self {
+        Self {
+            dropped_by,
+            method,
+            hook: None,
+            family: None,
+            backend: None,
+            table: None,
+            chain: None,
+            rule: None,
+            rule_number: None,
+            handle: None,
+            target: None,
+            packets_before: None,
+            packets_after: None,
+            ctstate_invalid: false,
+            conntrack: None,
+            evidence: Vec::new(),
+        }
+    }
+}
+
 /// What a counter says about one rule or policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Evidence {
@@ -589,25 +614,15 @@ fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
         ));
     }
     Attribution {
-        dropped_by: DroppedBy::Conntrack,
-        method: "conntrack statistics (/proc/net/stat/nf_conntrack)".into(),
-        hook: None,
-        family: None,
-        backend: None,
-        table: None,
-        chain: None,
-        rule: None,
-        rule_number: None,
-        handle: None,
-        target: None,
-        packets_before: None,
-        packets_after: None,
-        ctstate_invalid: false,
         conntrack: Some(ConntrackMoved {
             before: b,
             after: a,
         }),
         evidence,
+        ..Attribution::bare(
+            DroppedBy::Conntrack,
+            "conntrack statistics (/proc/net/stat/nf_conntrack)".into(),
+        )
     }
 }
 

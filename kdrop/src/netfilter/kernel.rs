@@ -65,24 +65,12 @@ fn line(v: &Verdict, rung: &str, drop_ts_ns: u64) -> String {
     )
 }
 
+/// An attribution from one verdict: its hook and family, nothing else yet.
 fn bare(dropped_by: DroppedBy, method: String, v: &Verdict) -> Attribution {
     Attribution {
-        dropped_by,
-        method,
         hook: v.hook,
         family: v.family,
-        backend: None,
-        table: None,
-        chain: None,
-        rule: None,
-        rule_number: None,
-        handle: None,
-        target: None,
-        packets_before: None,
-        packets_after: None,
-        ctstate_invalid: false,
-        conntrack: None,
-        evidence: Vec::new(),
+        ..Attribution::bare(dropped_by, method)
     }
 }
 
