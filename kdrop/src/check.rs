@@ -57,7 +57,7 @@ pub fn run() -> Result<ExitCode> {
     let mut nf_rungs = Vec::new();
     match probes::load(&setup, &Filter::zeroed(), 64, true) {
         Ok(p) => {
-            for f in &crate::nfprobe::FUNCS {
+            for f in &crate::probes::nf::FUNCS {
                 let r = p.reports.iter().find(|r| r.point == f.point);
                 nf_rungs.push((f.name, r.and_then(|r| r.chosen()).map(|c| c.to_string())));
             }

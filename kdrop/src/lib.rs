@@ -1,21 +1,26 @@
 //! kdrop: why did this TCP handshake die inside this node?
-pub mod btf;
+// The modes: thin, over the session.
 pub mod check;
 pub mod cli;
-pub mod context;
-pub mod diagnosis;
-pub mod event;
-pub mod kernel;
 pub mod lab;
 pub mod monitor;
-pub mod netfilter;
-pub mod nfprobe;
-pub mod output;
+pub mod trace;
+
+// One event loop, the filter every mode uses.
+pub mod filter;
+pub mod session;
+
+// Kernel side: load-time facts, probes, decoding what the programs send.
+pub mod event;
+pub mod kernel;
 pub mod probes;
-pub mod run;
-pub mod symbols;
-pub mod tracer;
-pub mod verdict;
+
+// The node, the reasoning, the records.
+pub mod context;
+pub mod diagnosis;
+pub mod enrich;
+pub mod model;
+pub mod output;
 
 /// An error in what the user asked for (bad flag value, unknown namespace,
 /// missing privileges or BTF): one line, exit code 2.

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         Some(Command::Check) => kdrop::check::run(),
         Some(Command::Lab(args)) => rt.block_on(kdrop::lab::run(&args)),
         Some(Command::Monitor(args)) => rt.block_on(kdrop::monitor::run(&args)),
-        None => rt.block_on(kdrop::run::trace(&cli.trace)),
+        None => rt.block_on(kdrop::trace::run(&cli.trace)),
     };
     match result {
         Ok(code) => code,

@@ -172,8 +172,9 @@ pub fn expected_cause(cause: &str) -> &str {
 /// IP_LOCAL_SOURCE came in 6.13): the reason kdrop reports where it has,
 /// `None` where the kernel names the drop otherwise (or not at all).
 pub fn kernel_reason(name: &str) -> Option<&str> {
-    let btf = kdrop::btf::Btf::from_file(std::path::Path::new("/sys/kernel/btf/vmlinux")).unwrap();
-    kdrop::kernel::Reasons::from_btf(&btf)
+    let btf = kdrop::kernel::btf::Btf::from_file(std::path::Path::new("/sys/kernel/btf/vmlinux"))
+        .unwrap();
+    kdrop::kernel::facts::Reasons::from_btf(&btf)
         .has(name)
         .then_some(name)
 }

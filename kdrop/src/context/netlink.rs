@@ -1,7 +1,6 @@
 //! A small rtnetlink client: dumps of links, addresses, routes and policy
 //! rules, and a socket subscribed to their change notifications. Parsing is
-//! pure (bytes in, structs out) so it is unit-tested and fuzzed without a
-//! kernel. Message layouts: include/uapi/linux/{netlink,rtnetlink,if_link,
+//! pure (bytes in, structs out), so it is unit-tested without a kernel. Message layouts: include/uapi/linux/{netlink,rtnetlink,if_link,
 //! if_addr,fib_rules}.h (stable UAPI).
 use std::{
     io,
@@ -10,6 +9,8 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+
+use crate::model::routing::{Addr, Link, Route, Rule, Tables};
 
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;
@@ -86,64 +87,6 @@ pub const GROUPS: u32 = {
     }
     mask
 };
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Link {
-    pub index: u32,
-    pub name: String,
-    pub master: Option<u32>,
-    /// `veth`, `bridge`, `dummy`, ... (IFLA_INFO_KIND).
-    pub kind: Option<String>,
-    pub up: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Addr {
-    pub index: u32,
-    pub addr: IpAddr,
-    pub prefix_len: u8,
-    pub label: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    pub table: u32,
-    pub family: u8,
-    pub dst: Option<IpAddr>,
-    pub dst_len: u8,
-    /// RTN_UNICAST = 1, RTN_LOCAL = 2, RTN_BROADCAST = 3, RTN_BLACKHOLE = 6,
-    /// RTN_UNREACHABLE = 7, RTN_PROHIBIT = 8, ...
-    pub kind: u8,
-    pub scope: u8,
-    pub oif: Option<u32>,
-    pub gateway: Option<IpAddr>,
-    pub prefsrc: Option<IpAddr>,
-    pub priority: u32,
-    /// Next hops of a multipath route: (oif, gateway).
-    pub nexthops: Vec<(u32, Option<IpAddr>)>,
-}
-
-pub const RTN_UNICAST: u8 = 1;
-pub const RTN_LOCAL: u8 = 2;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rule {
-    pub family: u8,
-    pub priority: u32,
-    pub table: u32,
-    /// FR_ACT_TO_TBL = 1, GOTO = 2, NOP = 3, BLACKHOLE = 6, UNREACHABLE = 7, PROHIBIT = 8.
-    pub action: u8,
-    pub src: Option<(IpAddr, u8)>,
-    pub dst: Option<(IpAddr, u8)>,
-    pub fwmark: Option<u32>,
-    pub fwmask: Option<u32>,
-    pub iifname: Option<String>,
-    pub oifname: Option<String>,
-    pub invert: bool,
-    pub goto: Option<u32>,
-}
-
-pub const FR_ACT_TO_TBL: u8 = 1;
 
 /// Iterates `(type, payload)` of the netlink messages in `buf`.
 pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
@@ -452,53 +395,35 @@ impl Socket {
     }
 }
 
-/// Everything routing-related in one namespace, dumped through netlink from
-/// the calling thread (run it inside the namespace).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tables {
-    pub links: Vec<Link>,
-    pub addrs: Vec<Addr>,
-    pub routes: Vec<Route>,
-    pub rules: Vec<Rule>,
-}
-
-impl Tables {
-    pub fn dump() -> Result<Self> {
-        let s = Socket::open(0, false)?;
-        let parse = |ty: u16, hdr: usize, family: u8| s.dump(ty, family, hdr);
-        Ok(Tables {
-            links: parse(RTM_GETLINK, 16, 0)?
-                .iter()
-                .filter_map(|p| parse_link(p))
-                .collect(),
-            addrs: parse(RTM_GETADDR, 8, AF_INET)?
-                .iter()
-                .filter_map(|p| parse_addr(p))
-                .collect(),
-            routes: parse(RTM_GETROUTE, 12, AF_INET)?
-                .iter()
-                .filter_map(|p| parse_route(p))
-                .collect(),
-            rules: parse(RTM_GETRULE, 12, AF_INET)?
-                .iter()
-                .filter_map(|p| parse_rule(p))
-                .collect(),
-        })
-    }
-
-    pub fn link(&self, index: u32) -> Option<&Link> {
-        self.links.iter().find(|l| l.index == index)
-    }
-
-    pub fn link_name(&self, index: u32) -> String {
-        self.link(index)
-            .map_or_else(|| format!("if{index}"), |l| l.name.clone())
-    }
+/// Links, IPv4 addresses, routes and rules of the calling thread's
+/// namespace (run it inside the namespace).
+pub fn dump_tables() -> Result<Tables> {
+    let s = Socket::open(0, false)?;
+    let parse = |ty: u16, hdr: usize, family: u8| s.dump(ty, family, hdr);
+    Ok(Tables {
+        links: parse(RTM_GETLINK, 16, 0)?
+            .iter()
+            .filter_map(|p| parse_link(p))
+            .collect(),
+        addrs: parse(RTM_GETADDR, 8, AF_INET)?
+            .iter()
+            .filter_map(|p| parse_addr(p))
+            .collect(),
+        routes: parse(RTM_GETROUTE, 12, AF_INET)?
+            .iter()
+            .filter_map(|p| parse_route(p))
+            .collect(),
+        rules: parse(RTM_GETRULE, 12, AF_INET)?
+            .iter()
+            .filter_map(|p| parse_rule(p))
+            .collect(),
+    })
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::model::routing::{FR_ACT_TO_TBL, RTN_UNICAST};
 
     /// Builds netlink messages the way the kernel lays them out.
     pub fn msg(ty: u16, hdr: &[u8], attrs: &[(u16, &[u8])]) -> Vec<u8> {
@@ -617,7 +542,7 @@ pub(crate) mod tests {
 
     #[test]
     fn dumps_this_namespace() {
-        let t = Tables::dump().unwrap();
+        let t = dump_tables().unwrap();
         assert!(t.links.iter().any(|l| l.index == 1 && l.name == "lo"));
         assert!(t.rules.iter().any(|r| r.priority == 0 && r.table == 255));
         assert!(t.routes.iter().any(|r| r.table == 255));

@@ -12,19 +12,11 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    netlink::{Socket, Tables, GROUPS},
+    netlink::{dump_tables, Socket, GROUPS},
     netns::{in_netns, Netns},
-    sysctl::Confs,
+    sysctl::read_confs,
 };
-
-/// Everything diagnosis needs about one namespace.
-#[derive(Debug, Default)]
-pub struct NetnsContext {
-    pub tables: Tables,
-    pub confs: Confs,
-    /// Changes whenever anything above is read again.
-    pub generation: u64,
-}
+use crate::model::routing::NetnsContext;
 
 struct Entry {
     ctx: Arc<NetnsContext>,
@@ -53,8 +45,8 @@ impl ContextCache {
             let (tables, confs, watcher) = in_netns(&ns.path, || -> Result<_> {
                 // Subscribe first: a change during the dump is then seen.
                 let watcher = Socket::open(GROUPS, true)?;
-                let tables = Tables::dump()?;
-                let confs = Confs::read(tables.links.iter().map(|l| l.name.as_str()));
+                let tables = dump_tables()?;
+                let confs = read_confs(tables.links.iter().map(|l| l.name.as_str()));
                 Ok((tables, confs, watcher))
             })??;
             self.generation += 1;
@@ -84,7 +76,7 @@ impl ContextCache {
                 .map(|l| l.name.clone())
                 .collect();
             let confs = in_netns(&ns.path, move || {
-                Confs::read(names.iter().map(String::as_str))
+                read_confs(names.iter().map(String::as_str))
             })?;
             entry.sysctls_read = Instant::now();
             if confs != entry.ctx.confs {

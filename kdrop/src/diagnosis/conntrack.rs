@@ -20,12 +20,13 @@
 //!   (it only evicts entries that are not ASSURED): `drop` +1, no entry on
 //!   the packet.
 use super::{
-    handshake::{ct_text, CtBits},
-    Finding,
+    handshake::{findings::ct_text, CtBits},
+    netfilter::describe::stats_moved,
 };
-use crate::{
-    event::Ct,
-    netfilter::{attribution::stats_moved, Backend, ConntrackMoved, Family, Table},
+use crate::model::{
+    finding::Finding,
+    netfilter::{Backend, ConntrackMoved, Family, Table},
+    packet::Ct,
 };
 
 /// A SNAT or MASQUERADE rule of the namespace, for the fix.
@@ -350,7 +351,7 @@ mod tests {
     use super::*;
     use crate::{
         diagnosis::handshake::tests::{tuple, BITS},
-        netfilter::ConntrackStats,
+        model::netfilter::ConntrackStats,
     };
 
     fn snat_ct() -> Ct {
@@ -537,7 +538,7 @@ mod tests {
 
     #[test]
     fn nat_rules_are_found_in_both_backends() {
-        let t = crate::netfilter::iptables::parse_save(
+        let t = crate::context::netfilter::iptables_save::parse_save(
             "*nat\n:POSTROUTING ACCEPT [0:0]\n[0:0] -A POSTROUTING -o r1 -j SNAT --to-source 10.0.0.1:40000\n[0:0] -A POSTROUTING -j ACCEPT\nCOMMIT\n",
             Backend::IptablesLegacy,
             Family::Ip,

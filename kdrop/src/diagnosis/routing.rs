@@ -14,13 +14,10 @@
 //!   there is no route back at all.
 use std::net::{IpAddr, Ipv4Addr};
 
-use super::Finding;
-use crate::{
-    context::{
-        netlink::{Route, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
-        sysctl::Confs,
-    },
-    event::Lookup,
+use crate::model::{
+    finding::Finding,
+    packet::Lookup,
+    routing::{Confs, Route, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
 };
 
 pub const LOOPBACK_IFINDEX: u32 = 1;
@@ -520,10 +517,7 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::{
-        netlink::{Addr, Link, RTN_UNICAST},
-        sysctl::Conf,
-    };
+    use crate::model::routing::{Addr, Conf, Link, RTN_UNICAST};
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()

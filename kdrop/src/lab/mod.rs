@@ -11,14 +11,30 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use tokio::signal::unix::{signal, SignalKind};
+use kdrop_common::MonitorConfig;
 
 use crate::{
     cli::{LabArgs, LabName},
     context::netns::in_netns,
+    filter::build_filter,
+    model::record::DropRecord,
     output, probes,
-    tracer::{build_filter, Tracer},
+    session::{Control, Ended, Options, Session, Sink},
 };
+
+/// Keeps the first drop and ends the trace.
+#[derive(Default)]
+struct FirstDrop(Option<DropRecord>);
+
+impl Sink for FirstDrop {
+    fn record(&mut self, r: DropRecord) -> Control {
+        if r.kind != "drop" {
+            return Control::Continue;
+        }
+        self.0 = Some(r);
+        Control::Stop
+    }
+}
 
 pub async fn run(args: &LabArgs) -> Result<ExitCode> {
     probes::check_privileges()?;
@@ -28,9 +44,6 @@ pub async fn run(args: &LabArgs) -> Result<ExitCode> {
 }
 
 async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
-    // Ctrl-C must still tear the lab down: the guards drop on return.
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     let prefix = format!("kdrop-lab-{}-", std::process::id());
     let topo = rp_filter::RpFilter::lab(&prefix);
     eprintln!(
@@ -56,10 +69,16 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
 
     let filter =
         build_filter(&[topo.port], &[], lab.node.inode()?, 0, false).map_err(anyhow::Error::msg)?;
-    let mut tracer = Tracer::start(&filter, 256)?;
+    // Ctrl-C must still tear the lab down: the session ends on it, and the
+    // guards drop on return.
+    let mut session = Session::start(&Options {
+        filter,
+        monitor: MonitorConfig::zeroed(),
+        ring_kib: 256,
+    })?;
     eprintln!(
         "kdrop: tracing {} in netns {}, port {}",
-        tracer.describe(),
+        session.describe(),
         lab.node.name,
         topo.port
     );
@@ -79,20 +98,15 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         });
     });
 
-    let batch = tokio::select! {
-        b = tokio::time::timeout(Duration::from_secs(5), tracer.next_batch()) => match b {
-            Ok(b) => b?,
-            Err(_) => bail!("no drop seen within 5 s: the lab did not reproduce the incident"),
-        },
-        _ = sigint.recv() => bail!("interrupted; lab torn down"),
-        _ = sigterm.recv() => bail!("terminated; lab torn down"),
-    };
-    let Some(r) = batch
-        .iter()
-        .flat_map(|e| tracer.enricher.on_event(e))
-        .find(|r| r.kind == "drop")
-    else {
-        bail!("no drop in the first batch");
+    let mut first = FirstDrop::default();
+    let ended = session
+        .run(&mut first, Some(Duration::from_secs(5)), None)
+        .await?;
+    let Some(r) = first.0 else {
+        if ended == Ended::Signal {
+            bail!("interrupted; lab torn down");
+        }
+        bail!("no drop seen within 5 s: the lab did not reproduce the incident");
     };
     let mut stdout = std::io::stdout().lock();
     output::write_record(&mut stdout, &r, json)?;
@@ -111,7 +125,7 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         }
     }
     drop(listener);
-    drop(tracer);
+    drop(session);
     drop(lab);
     eprintln!("  lab torn down: namespaces removed, programs detached");
     Ok(ExitCode::SUCCESS)

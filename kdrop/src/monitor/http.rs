@@ -10,7 +10,7 @@ use tokio::{
 };
 
 /// A scrape waiting for its body.
-pub type Scrape = oneshot::Sender<String>;
+pub use crate::session::Scrape;
 
 const MAX_REQUEST: usize = 8192;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

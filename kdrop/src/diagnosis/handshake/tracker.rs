@@ -1,0 +1,291 @@
+//! Following each handshake by its conntrack original tuple: SYNs, SYN-ACKs
+//! and RSTs leaving devices in; handshakes that died silently, or were
+//! refused with a RST, out.
+use std::collections::HashMap;
+
+use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
+
+use crate::model::packet::{Ct, Packet, Tuple};
+
+/// A SYN sent this many times without an answer is a dead handshake: the
+/// first and two retransmissions (1 s and 3 s after it, Linux defaults).
+pub const UNANSWERED_AFTER: u32 = 3;
+/// The same SYN seen leaving several devices (pod veth, bridge, port) within
+/// this long is one transmission; retransmissions are at least 200 ms
+/// apart (TCP_RTO_MIN), the first one 1 s.
+const SAME_TRANSMISSION_NS: u64 = 150_000_000;
+/// Flows idle this long are forgotten.
+pub(super) const FORGET_AFTER_NS: u64 = 60_000_000_000;
+/// At most this many flows are remembered (oldest dropped first).
+const MAX_FLOWS: usize = 65_536;
+/// A RST is reported this long after it left, unless the drop of the
+/// SYN-ACK it answers shows up meanwhile and tells more (that drop comes
+/// right after the RST: tcp_v4_rcv sends the RST, then frees the segment).
+pub const RESET_GRACE_NS: u64 = 100_000_000;
+
+/// The conntrack status bits diagnosis needs, named from the kernel's BTF.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CtBits {
+    pub seen_reply: u32,
+    pub src_nat: u32,
+    pub dst_nat: u32,
+}
+
+/// One handshake, keyed by its conntrack original tuple (what the client
+/// sent), or by the packet's tuple when untracked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub orig: Tuple,
+    pub ct: Option<Ct>,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub syns: u32,
+    pub answered: bool,
+    pub reported: bool,
+    /// Where the (last) SYN left: namespace and device.
+    pub netns: u32,
+    pub ifindex: u32,
+    /// The SYN as it left (after any DNAT).
+    pub wire: Tuple,
+}
+
+/// A SYN-ACK seen leaving a device (the first time its tuple did).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SynAckSeen {
+    pub ts_ns: u64,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub reported: bool,
+}
+
+/// A SYN-ACK answered by a RST: the side it went to has no socket for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reset {
+    /// The SYN-ACK as it left (server -> client).
+    pub syn_ack: Tuple,
+    pub syn_ack_at: SynAckSeen,
+    /// The RST as it left (client -> server).
+    pub rst: Packet,
+    /// The handshake the SYN-ACK answers, if kdrop saw its SYN: the DNAT'd
+    /// flow whose reply side the SYN-ACK is, else the flow of the RST's
+    /// tuple.
+    pub flow: Option<Flow>,
+}
+
+#[derive(Debug, Default)]
+pub struct Tracker {
+    flows: HashMap<Tuple, Flow>,
+    /// Reply tuple of a DNAT'd entry → its flow.
+    dnat_replies: HashMap<Tuple, Tuple>,
+    /// SYN-ACKs seen leaving, by their tuple.
+    syn_acks: HashMap<Tuple, SynAckSeen>,
+    /// RSTs answering a SYN-ACK, held for `RESET_GRACE_NS`, by SYN-ACK.
+    pending: HashMap<Tuple, Reset>,
+}
+
+/// What a dead handshake turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dead {
+    /// Sent `UNANSWERED_AFTER` times without an answer.
+    Unanswered(Box<Flow>),
+    /// Sent to a VIP (first flow), came back in from the load balancer with
+    /// the same client address and port, and was DNAT'd to a backend without
+    /// SNAT (second flow): the reply bypasses the load balancer.
+    LoopedBack(Box<(Flow, Flow)>),
+}
+
+impl Tracker {
+    /// Feeds one packet leaving a device; returns a dead handshake when a
+    /// SYN has now gone unanswered `UNANSWERED_AFTER` times (once per flow).
+    pub fn on_egress(&mut self, p: &Packet, bits: &CtBits) -> Option<Dead> {
+        if p.tcp_flags & (TCP_RST | TCP_SYN) == TCP_RST {
+            self.on_rst(p);
+            return None;
+        }
+        let flow = self.count(p, bits)?;
+        // The same client endpoint with another destination, DNAT'd without
+        // SNAT: the SYN looped back through a load balancer.
+        let looped = self
+            .flows
+            .values()
+            .find(|o| {
+                o.orig.src == flow.orig.src
+                    && o.orig.dst != flow.orig.dst
+                    && o.ct.is_some_and(|c| {
+                        c.status & bits.dst_nat != 0 && c.status & bits.src_nat == 0
+                    })
+            })
+            .cloned();
+        let (first, back) = match looped {
+            None => return Some(Dead::Unanswered(Box::new(flow))),
+            Some(o) if o.first_ns >= flow.first_ns => (flow, o),
+            Some(o) => (o, flow),
+        };
+        for key in [first.orig, back.orig] {
+            if let Some(f) = self.flows.get_mut(&key) {
+                f.reported = true;
+            }
+        }
+        Some(Dead::LoopedBack(Box::new((first, back))))
+    }
+
+    fn count(&mut self, p: &Packet, bits: &CtBits) -> Option<Flow> {
+        let syn = p.tcp_flags & TCP_SYN != 0;
+        let ack = p.tcp_flags & TCP_ACK != 0;
+        if syn && ack {
+            // A SYN-ACK leaving answers the flow it replies to.
+            let key = p.ct.map_or(p.tuple.reversed(), |c| c.orig);
+            if let Some(f) = self.flows.get_mut(&key) {
+                f.answered = true;
+            }
+            if self.syn_acks.len() >= MAX_FLOWS && !self.syn_acks.contains_key(&p.tuple) {
+                // A SYN-ACK flood: keep the last second's.
+                let cutoff = p.ts_ns.saturating_sub(1_000_000_000);
+                self.syn_acks.retain(|_, s| s.ts_ns >= cutoff);
+                if self.syn_acks.len() >= MAX_FLOWS {
+                    self.syn_acks.clear();
+                }
+            }
+            self.syn_acks.entry(p.tuple).or_insert(SynAckSeen {
+                ts_ns: p.ts_ns,
+                netns: p.netns,
+                ifindex: p.ifindex,
+                reported: false,
+            });
+            return None;
+        }
+        if !syn {
+            return None;
+        }
+        let key = p.ct.map_or(p.tuple, |c| c.orig);
+        if self.flows.len() >= MAX_FLOWS && !self.flows.contains_key(&key) {
+            self.expire(p.ts_ns.saturating_add(FORGET_AFTER_NS));
+        }
+        let f = self.flows.entry(key).or_insert_with(|| Flow {
+            orig: key,
+            ct: None,
+            first_ns: p.ts_ns,
+            last_ns: p.ts_ns,
+            syns: 0,
+            answered: false,
+            reported: false,
+            netns: p.netns,
+            ifindex: p.ifindex,
+            wire: p.tuple,
+        });
+        if f.syns == 0 || p.ts_ns.saturating_sub(f.last_ns) >= SAME_TRANSMISSION_NS {
+            f.syns += 1;
+        }
+        f.last_ns = p.ts_ns;
+        f.netns = p.netns;
+        f.ifindex = p.ifindex;
+        f.wire = p.tuple;
+        if let Some(ct) = p.ct {
+            f.ct = Some(ct);
+            if ct.status & bits.seen_reply != 0 {
+                f.answered = true;
+            }
+            if ct.status & bits.dst_nat != 0 {
+                self.dnat_replies.insert(ct.reply, key);
+            }
+        }
+        if f.syns >= UNANSWERED_AFTER && !f.answered && !f.reported {
+            f.reported = true;
+            return Some(f.clone());
+        }
+        None
+    }
+
+    /// A conntrack entry died without a reply (ctnetlink destroy event): the
+    /// flow kdrop followed with that original tuple, once, unless it was
+    /// answered or already reported (the Tracker's own "unanswered" stands).
+    pub fn on_destroyed(&mut self, ct: &Ct) -> Option<Flow> {
+        let f = self.flows.get_mut(&ct.orig)?;
+        if f.answered || f.reported {
+            return None;
+        }
+        f.reported = true;
+        if f.ct.is_none() {
+            f.ct = Some(*ct);
+        }
+        Some(f.clone())
+    }
+
+    /// A RST leaving: held when it answers a SYN-ACK seen leaving (once per
+    /// SYN-ACK, however many devices the RST crosses). Seen leaving, not at
+    /// tcp:tcp_send_reset: on v6.1 that fires only for a full socket, and a
+    /// RST refusing a SYN-ACK has none (tcp_v4_send_reset,
+    /// https://github.com/torvalds/linux/blob/v6.1/net/ipv4/tcp_ipv4.c).
+    fn on_rst(&mut self, p: &Packet) {
+        let syn_ack = p.tuple.reversed();
+        let Some(seen) = self.syn_acks.get_mut(&syn_ack) else {
+            return;
+        };
+        if seen.reported {
+            return;
+        }
+        seen.reported = true;
+        let syn_ack_at = seen.clone();
+        let flow = self
+            .dnat_reply(&syn_ack)
+            .or_else(|| self.flows.get(&p.ct.map_or(p.tuple, |c| c.orig)))
+            .cloned();
+        self.pending.insert(
+            syn_ack,
+            Reset {
+                syn_ack,
+                syn_ack_at,
+                rst: p.clone(),
+                flow,
+            },
+        );
+    }
+
+    /// The drop of the SYN-ACK `t` was seen (and reported): a RST answering
+    /// it is not reported again.
+    pub fn syn_ack_dropped(&mut self, t: &Tuple) {
+        self.pending.remove(t);
+        if let Some(s) = self.syn_acks.get_mut(t) {
+            s.reported = true;
+        }
+    }
+
+    /// RSTs held long enough (all of them with `now_ns == u64::MAX`).
+    pub fn due_resets(&mut self, now_ns: u64) -> Vec<Reset> {
+        if self.pending.is_empty() {
+            return Vec::new();
+        }
+        let is_due = |r: &Reset| r.rst.ts_ns.saturating_add(RESET_GRACE_NS) <= now_ns;
+        let mut due: Vec<Reset> = self
+            .pending
+            .values()
+            .filter(|r| is_due(r))
+            .cloned()
+            .collect();
+        self.pending.retain(|_, r| !is_due(r));
+        due.sort_by_key(|r| r.rst.ts_ns);
+        due
+    }
+
+    /// The DNAT'd flow whose reply side `t` is, if one was seen.
+    pub fn dnat_reply(&self, t: &Tuple) -> Option<&Flow> {
+        self.flows.get(self.dnat_replies.get(t)?)
+    }
+
+    /// Forgets flows idle since before `now_ns - FORGET_AFTER_NS`.
+    pub fn expire(&mut self, now_ns: u64) {
+        let cutoff = now_ns.saturating_sub(FORGET_AFTER_NS);
+        self.flows.retain(|_, f| f.last_ns >= cutoff);
+        let flows = &self.flows;
+        self.dnat_replies.retain(|_, k| flows.contains_key(k));
+        self.syn_acks.retain(|_, s| s.ts_ns >= cutoff);
+    }
+
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+}

@@ -1,0 +1,15 @@
+//! Pure logic: events and snapshots of the node in, findings out. No I/O,
+//! no clock: everything here runs from recorded events in tests.
+//!
+//! - `reason`: a finding from the kernel's drop reason alone;
+//! - `routing`: reverse-path and martian drops with the routing tables;
+//! - `conntrack`: conntrack's own drops (NAT port clash, full table);
+//! - `handshake`: handshakes followed through NAT that died silently;
+//! - `netfilter`: which rule, policy or conntrack drop it was.
+pub mod conntrack;
+pub mod handshake;
+pub mod netfilter;
+pub mod reason;
+pub mod routing;
+
+pub use self::reason::{explain, netfilter_location, reason_evidence, DropFacts};

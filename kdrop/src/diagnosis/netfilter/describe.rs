@@ -1,0 +1,178 @@
+//! The chosen candidate (or conntrack's moved statistics) as an
+//! [`Attribution`]: who dropped the packet, by which method, with the
+//! evidence in words.
+use super::{
+    attribution::{invalid_state, path_tier, Candidate, Kind, COUNTER_TIERS},
+    matching::Tri,
+};
+use crate::model::netfilter::{
+    Attribution, Backend, ConntrackMoved, ConntrackStats, DroppedBy, Hook, Match, Snapshot,
+};
+
+pub fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
+    let mut evidence = vec![format!(
+        "conntrack statistics of the namespace moved while no rule or policy counter for this packet did: {}",
+        stats_moved(&b, &a)
+    )];
+    if let (Some(count), Some(max)) = (a.count, a.max) {
+        evidence.push(format!(
+            "conntrack table: {count} entries of nf_conntrack_max {max}"
+        ));
+    }
+    Attribution {
+        conntrack: Some(ConntrackMoved {
+            before: b,
+            after: a,
+        }),
+        evidence,
+        ..Attribution::bare(
+            DroppedBy::Conntrack,
+            "conntrack statistics (/proc/net/stat/nf_conntrack)".into(),
+        )
+    }
+}
+
+/// `insert_failed 0 -> 1, drop 0 -> 1 (early_drop 0, chaintoolong 0)`:
+/// the counters that moved first, the others as they stand.
+pub fn stats_moved(b: &ConntrackStats, a: &ConntrackStats) -> String {
+    let all = [
+        ("insert_failed", b.insert_failed, a.insert_failed),
+        ("drop", b.drop, a.drop),
+        ("early_drop", b.early_drop, a.early_drop),
+        ("chaintoolong", b.chaintoolong, a.chaintoolong),
+        ("invalid", b.invalid, a.invalid),
+        ("clash_resolve", b.clash_resolve, a.clash_resolve),
+    ];
+    let moved: Vec<String> = all
+        .iter()
+        .filter(|(_, b, a)| a != b)
+        .map(|(n, b, a)| format!("{n} {b} -> {a}"))
+        .collect();
+    let still: Vec<String> = all
+        .iter()
+        .filter(|(_, b, a)| a == b)
+        .map(|(n, _, a)| format!("{n} {a}"))
+        .collect();
+    if still.is_empty() {
+        moved.join(", ")
+    } else {
+        format!("{} ({})", moved.join(", "), still.join(", "))
+    }
+}
+
+pub(super) fn describe(
+    c: &Candidate,
+    hooks: &[Hook],
+    unrelated: usize,
+    first_sight: bool,
+    after: &Snapshot,
+) -> Attribution {
+    let t = c.table;
+    let counters = path_tier(c) <= COUNTER_TIERS;
+    let method = if counters {
+        format!("rule counters ({})", t.source)
+    } else {
+        format!("ruleset evaluation ({})", t.source)
+    };
+    let (before, after_n) = c.evidence.counts();
+    let place = format!("{} {}/{}", t.family.name(), t.name, c.chain.name);
+    let mut evidence = Vec::new();
+    let moved = match (before, after_n) {
+        (Some(b), Some(a)) => {
+            format!("went {b} -> {a} packets between the snapshots around the drop")
+        }
+        (None, Some(a)) => {
+            format!("stands at {a} packets (first look at this namespace: no snapshot from before)")
+        }
+        _ => "has no counter".into(),
+    };
+    let (rule, rule_number, handle, target, ctstate_invalid) = match c.kind {
+        Kind::Rule(i) => {
+            let r = &c.chain.rules[i];
+            evidence.push(format!("rule counter {moved}"));
+            let unknown: Vec<&str> = r
+                .matches
+                .iter()
+                .filter_map(|m| match m {
+                    Match::Unknown(s) => Some(s.as_str()),
+                    _ => None,
+                })
+                .collect();
+            match c.matches {
+                Tri::Yes => evidence.push("the rule's matches fit this packet".into()),
+                _ if !unknown.is_empty() => evidence.push(format!(
+                    "the rule's other matches fit this packet; not evaluated: {}",
+                    unknown.join(", ")
+                )),
+                _ => evidence.push("the rule's matches may fit this packet".into()),
+            }
+            (
+                Some(r.text.clone()),
+                Some(i + 1),
+                r.handle,
+                Some(r.target.clone()),
+                invalid_state(r),
+            )
+        }
+        Kind::Policy => {
+            let policy = if t.backend == Backend::Nftables {
+                "drop"
+            } else {
+                "DROP"
+            };
+            evidence.push(format!("policy counter {moved}"));
+            evidence.push(format!(
+                "no rule of {place} ({} hook) accepted or dropped it before the policy",
+                c.hook
+            ));
+            (None, None, None, Some(policy.to_string()), false)
+        }
+    };
+    if !c.sure {
+        evidence.push(
+            "an earlier rule that kdrop could not fully evaluate may have decided first".into(),
+        );
+    }
+    if c.off_path {
+        evidence.push(format!(
+            "outside the hooks this packet's addresses imply ({})",
+            hooks
+                .iter()
+                .map(|h| h.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if unrelated > 0 {
+        evidence.push(format!(
+            "{unrelated} other rule counters moved meanwhile; their matches exclude this packet"
+        ));
+    }
+    if first_sight && !counters {
+        evidence.push(
+            "first look at this namespace: later drops are compared with this snapshot".into(),
+        );
+    }
+    evidence.extend(after.problems.iter().cloned());
+    Attribution {
+        dropped_by: match c.kind {
+            Kind::Rule(_) => DroppedBy::Rule,
+            Kind::Policy => DroppedBy::Policy,
+        },
+        method,
+        hook: Some(c.hook),
+        family: Some(t.family),
+        backend: Some(t.backend),
+        table: Some(t.name.clone()),
+        chain: Some(c.chain.name.clone()),
+        rule,
+        rule_number,
+        handle,
+        target,
+        packets_before: before,
+        packets_after: after_n,
+        ctstate_invalid,
+        conntrack: None,
+        evidence,
+    }
+}

@@ -1,0 +1,269 @@
+//! Rung 1 of the attribution ladder: the kernel's own verdict. A netfilter
+//! function that returned NF_DROP for the packet (recorded by fexit or
+//! kretprobe, see event::verdict) says who dropped it: conntrack itself
+//! (`nf_conntrack_in`), the NAT step (`nf_nat_inet_fn`), or a rule walker
+//! (`nft_do_chain` / `ipt_do_table`) with its table, chain and hook. For a
+//! rule walker the counters then name the rule within that table and hook.
+use crate::model::{
+    netfilter::{Attribution, Backend, DroppedBy, Family, Hook},
+    packet::{NfFn, NfVerdict},
+};
+
+/// Where the kernel says a rule walker dropped the packet: counters are
+/// searched there only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub table: Option<String>,
+    pub hook: Option<Hook>,
+}
+
+fn walker(verdicts: &[NfVerdict]) -> Option<&NfVerdict> {
+    verdicts
+        .iter()
+        .find(|v| matches!(v.func, NfFn::NftDoChain | NfFn::IptDoTable))
+}
+
+fn find(verdicts: &[NfVerdict], f: NfFn) -> Option<&NfVerdict> {
+    verdicts.iter().find(|v| v.func == f)
+}
+
+/// The scope a counter search should keep to, from the rule walker's verdict.
+pub fn scope(verdicts: &[NfVerdict]) -> Option<Scope> {
+    let w = walker(verdicts)?;
+    Some(Scope {
+        table: w.table.clone(),
+        hook: w.hook,
+    })
+}
+
+/// `kernel: ipt_do_table returned NF_DROP for this packet (table filter,
+/// hook INPUT, via kretprobe; 12 µs before the free, same CPU)`.
+fn line(v: &NfVerdict, rung: &str, drop_ts_ns: u64) -> String {
+    let mut at = Vec::new();
+    if let Some(t) = &v.table {
+        at.push(format!("table {t}"));
+    }
+    if let Some(c) = &v.chain {
+        at.push(format!("chain {c}"));
+    }
+    if let Some(h) = v.hook {
+        at.push(format!("hook {h}"));
+    }
+    at.push(format!("via {rung}"));
+    let errno = v.raw >> 16;
+    let err = if errno != 0 {
+        format!(" (errno {errno})")
+    } else {
+        String::new()
+    };
+    format!(
+        "kernel: {} returned NF_DROP{err} for this packet ({}; {} µs before the free, same CPU)",
+        v.func.name(),
+        at.join(", "),
+        drop_ts_ns.saturating_sub(v.ts_ns) / 1000
+    )
+}
+
+/// An attribution from one verdict: its hook and family, nothing else yet.
+fn bare(dropped_by: DroppedBy, method: String, v: &NfVerdict) -> Attribution {
+    Attribution {
+        hook: v.hook,
+        family: v.family,
+        ..Attribution::bare(dropped_by, method)
+    }
+}
+
+/// The attribution from the kernel's verdicts for this drop, with what the
+/// counters found (`counted`, searched within `scope(verdicts)`). `rung`
+/// names the rung a function's verdict came through.
+pub fn combine(
+    verdicts: &[NfVerdict],
+    drop_ts_ns: u64,
+    rung: &dyn Fn(NfFn) -> String,
+    counted: Option<Attribution>,
+) -> Option<Attribution> {
+    let method = |v: &NfVerdict| format!("kernel verdict ({} on {})", rung(v.func), v.func.name());
+    let evidence = |v: &NfVerdict| line(v, &rung(v.func), drop_ts_ns);
+    if let Some(v) = find(verdicts, NfFn::ConntrackIn) {
+        let mut a = bare(DroppedBy::Conntrack, method(v), v);
+        a.evidence.push(evidence(v));
+        a.evidence.push(
+            "conntrack refuses a packet when it cannot create its entry: the table is full \
+             (nf_conntrack_max) or memory ran out"
+                .into(),
+        );
+        if let Some(c) = counted.filter(|c| c.dropped_by == DroppedBy::Conntrack) {
+            a.evidence.extend(c.evidence);
+        }
+        return Some(a);
+    }
+    let nat = find(verdicts, NfFn::Nat);
+    let Some(w) = walker(verdicts) else {
+        // The NAT step dropped it by itself (no rule walker inside it did).
+        let Some(v) = nat else {
+            return counted;
+        };
+        let mut a = bare(DroppedBy::Nat, method(v), v);
+        a.evidence.push(evidence(v));
+        a.evidence.push(
+            "the NAT step could not map this packet: e.g. MASQUERADE out of an interface \
+             without an address of the packet's family, or a binding it could not set up"
+                .into(),
+        );
+        return Some(a);
+    };
+    // A rule walker inside the NAT step (a nat chain) returned the drop:
+    // the walker's verdict explains the NAT step's.
+    let nat_line = nat.map(|v| {
+        format!(
+            "{}: the NAT step passed on the verdict of the nat chain",
+            evidence(v)
+        )
+    });
+    let agrees = |c: &Attribution| {
+        w.hook.is_none_or(|h| c.hook == Some(h))
+            && w.table.as_ref().is_none_or(|t| c.table.as_ref() == Some(t))
+            && c.dropped_by != DroppedBy::Conntrack
+    };
+    match counted {
+        Some(mut c) if agrees(&c) => {
+            c.method = format!("{} + {}", method(w), c.method);
+            c.evidence.insert(0, evidence(w));
+            c.evidence.extend(nat_line);
+            Some(c)
+        }
+        other => {
+            let mut a = bare(DroppedBy::Table, method(w), w);
+            a.table = w.table.clone();
+            a.chain = w.chain.clone();
+            // nft_do_chain runs nftables and iptables-nft rules alike.
+            a.backend = (w.func == NfFn::IptDoTable).then_some(Backend::IptablesLegacy);
+            if a.family.is_none() {
+                a.family = Some(if w.saddr.is_ipv4() {
+                    Family::Ip
+                } else {
+                    Family::Ip6
+                });
+            }
+            a.evidence.push(evidence(w));
+            a.evidence.push(match other {
+                Some(c) => format!(
+                    "the rule counters point elsewhere ({}), which the kernel's verdict rules out",
+                    c.method
+                ),
+                None => "no rule or policy counter of that table and hook names the rule".into(),
+            });
+            a.evidence.extend(nat_line);
+            Some(a)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(func: NfFn, table: Option<&str>, hook: Option<Hook>) -> NfVerdict {
+        NfVerdict {
+            ts_ns: 1_000_000,
+            cpu: 0,
+            func,
+            raw: 0,
+            netns: 1,
+            saddr: "10.0.0.1".parse().unwrap(),
+            daddr: "10.0.0.2".parse().unwrap(),
+            sport: 40000,
+            dport: 80,
+            hook,
+            family: Some(Family::Ip),
+            table: table.map(String::from),
+            chain: None,
+        }
+    }
+
+    fn rung(_: NfFn) -> String {
+        "kretprobe".into()
+    }
+
+    fn counted(table: &str, hook: Hook) -> Attribution {
+        Attribution {
+            dropped_by: DroppedBy::Rule,
+            method: "rule counters (iptables-legacy-save -c)".into(),
+            hook: Some(hook),
+            family: Some(Family::Ip),
+            backend: Some(Backend::IptablesLegacy),
+            table: Some(table.into()),
+            chain: Some("INPUT".into()),
+            rule: Some("-A INPUT -p tcp -m tcp --dport 80 -j DROP".into()),
+            rule_number: Some(1),
+            handle: None,
+            target: Some("DROP".into()),
+            packets_before: Some(0),
+            packets_after: Some(1),
+            ctstate_invalid: false,
+            conntrack: None,
+            evidence: vec!["rule counter went 0 -> 1".into()],
+        }
+    }
+
+    #[test]
+    fn walker_confirms_the_counted_rule() {
+        let vs = [v(NfFn::IptDoTable, Some("filter"), Some(Hook::Input))];
+        assert_eq!(
+            scope(&vs),
+            Some(Scope {
+                table: Some("filter".into()),
+                hook: Some(Hook::Input)
+            })
+        );
+        let a = combine(&vs, 1_012_000, &rung, Some(counted("filter", Hook::Input))).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Rule);
+        assert_eq!(
+            a.method,
+            "kernel verdict (kretprobe on ipt_do_table) + rule counters (iptables-legacy-save -c)"
+        );
+        assert_eq!(
+            a.evidence[0],
+            "kernel: ipt_do_table returned NF_DROP for this packet (table filter, hook INPUT, via kretprobe; 12 µs before the free, same CPU)"
+        );
+        assert_eq!(a.rule_number, Some(1));
+    }
+
+    #[test]
+    fn walker_alone_names_table_and_hook() {
+        let vs = [v(NfFn::NftDoChain, Some("kdt"), Some(Hook::Forward))];
+        // Counters that point at another hook are overruled.
+        let a = combine(&vs, 1_000_000, &rung, Some(counted("filter", Hook::Input))).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Table);
+        assert_eq!(a.table.as_deref(), Some("kdt"));
+        assert_eq!(a.hook, Some(Hook::Forward));
+        assert_eq!(a.backend, None);
+        assert!(a.evidence[1].contains("rules out"), "{:?}", a.evidence);
+        let a = combine(&vs, 1_000_000, &rung, None).unwrap();
+        assert!(a.evidence[1].starts_with("no rule"), "{:?}", a.evidence);
+    }
+
+    #[test]
+    fn conntrack_and_nat_come_first() {
+        let ct = v(NfFn::ConntrackIn, None, Some(Hook::Prerouting));
+        let w = v(NfFn::IptDoTable, Some("nat"), Some(Hook::Postrouting));
+        let a = combine(std::slice::from_ref(&ct), 1_000_000, &rung, None).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Conntrack);
+        assert_eq!(a.method, "kernel verdict (kretprobe on nf_conntrack_in)");
+        let nat = v(NfFn::Nat, None, Some(Hook::Postrouting));
+        // A drop rule in a nat chain: the chain's verdict, the NAT step's after it.
+        let a = combine(&[w.clone(), nat.clone()], 1_000_000, &rung, None).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Table);
+        assert_eq!(a.table.as_deref(), Some("nat"));
+        assert_eq!(a.backend, Some(Backend::IptablesLegacy));
+        assert_eq!(a.evidence.len(), 3);
+        assert!(a.evidence[2].contains("nf_nat_inet_fn"), "{:?}", a.evidence);
+        // The NAT step alone.
+        let a = combine(&[nat], 1_000_000, &rung, None).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Nat);
+        assert_eq!(a.evidence.len(), 2);
+        assert_eq!(combine(&[], 0, &rung, None), None);
+        let c = counted("filter", Hook::Input);
+        assert_eq!(combine(&[], 0, &rung, Some(c.clone())), Some(c));
+    }
+}

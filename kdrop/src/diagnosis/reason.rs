@@ -1,0 +1,263 @@
+//! A finding from the kernel's drop reason alone, for drops no richer
+//! cause explains (the reverse-path lookup, the rule that dropped...).
+use crate::model::{finding::Finding, netfilter::Attribution};
+
+/// What diagnosis needs to know about a drop.
+#[derive(Clone, Debug)]
+pub struct DropFacts<'a> {
+    pub reason: Option<&'a str>,
+    pub ifname: &'a str,
+    pub netns: Option<&'a str>,
+    pub src: String,
+    pub dst: String,
+    pub location: Option<&'a str>,
+    /// The rule, chain policy or conntrack drop behind a NETFILTER_DROP.
+    pub netfilter: Option<&'a Attribution>,
+}
+
+/// A finding from the kernel's drop reason alone. Richer causes (the route
+/// the reverse-path lookup took, the rule that dropped) build on this.
+pub fn explain(f: &DropFacts) -> Option<Finding> {
+    let reason = match f.reason {
+        Some(r) => r,
+        // No reason (before 5.17), but not a guess: the location
+        // (nf_hook_slow frees only on NF_DROP) or the kernel's own NF_DROP
+        // verdict for the packet (an attribution exists) says it.
+        None if f.netfilter.is_some() || f.location.is_some_and(netfilter_location) => {
+            "NETFILTER_DROP"
+        }
+        None => return Some(no_reason(f)),
+    };
+    let ns = f
+        .netns
+        .map(|n| format!("ip netns exec {n} "))
+        .unwrap_or_default();
+    let iface = f.ifname;
+    let (cause, summary, fix): (&str, String, Vec<String>) = match reason {
+        "IP_RPFILTER" => (
+            "rp_filter",
+            format!(
+                "reverse-path filter on {iface}: the way back to {} is not via {iface}",
+                host(&f.src)
+            ),
+            vec![
+                format!("{ns}ip route get {} from {}", host(&f.src), host(&f.dst)),
+                format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"),
+            ],
+        ),
+        "NO_SOCKET" => (
+            "no_socket",
+            format!(
+                "nothing listens on {} (or the packet matches no connection)",
+                f.dst
+            ),
+            vec![format!("{ns}ss -ltn")],
+        ),
+        "NETFILTER_DROP" if f.netfilter.is_some() => {
+            return f
+                .netfilter
+                .map(|a| super::netfilter::finding::explain(a, f));
+        }
+        "NETFILTER_DROP" => (
+            "netfilter",
+            format!("a netfilter rule or chain policy dropped it on {iface}"),
+            vec![
+                format!("{ns}iptables-save -c"),
+                format!("{ns}nft list ruleset"),
+            ],
+        ),
+        "IP_LOCAL_SOURCE" => (
+            "martian_local_source",
+            format!(
+                "martian: source {} is a local address of this host, arriving on {iface}",
+                host(&f.src)
+            ),
+            vec![format!(
+                "{ns}ip route get {} from {}",
+                host(&f.src),
+                host(&f.dst)
+            )],
+        ),
+        "IP_INVALID_SOURCE" => (
+            "martian_source",
+            format!(
+                "martian: source {} is not a valid source address",
+                host(&f.src)
+            ),
+            vec![],
+        ),
+        "IP_LOCALNET" => (
+            "martian_localnet",
+            format!("127.0.0.0/8 address on {iface} without route_localnet"),
+            vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
+        ),
+        "OTHERHOST" => (
+            "otherhost",
+            format!("frame on {iface} was addressed to another host's MAC"),
+            vec![],
+        ),
+        "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
+            "no_route",
+            format!("no route for {}", host(&f.dst)),
+            vec![format!("{ns}ip route get {}", host(&f.dst))],
+        ),
+        "NEIGH_FAILED" => (
+            "neighbour_failed",
+            format!("neighbour resolution failed on {iface}"),
+            vec![format!("{ns}ip neigh show dev {iface}")],
+        ),
+        "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
+            "listen_overflow",
+            format!(
+                "the listener on {} is overloaded (accept or SYN queue)",
+                f.dst
+            ),
+            vec![format!(
+                "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
+            )],
+        ),
+        "XFRM_POLICY" => ("xfrm_policy", "an IPsec policy refused it".into(), vec![]),
+        _ => return None,
+    };
+    Some(Finding {
+        cause,
+        summary,
+        evidence: vec![reason_evidence(f)],
+        fix,
+    })
+}
+
+/// Where the drop reason comes from: `kernel drop reason X at LOC`, or on a
+/// kernel without reasons the location that implies it.
+pub fn reason_evidence(f: &DropFacts) -> String {
+    let at = f.location.map(|l| format!(" at {l}")).unwrap_or_default();
+    match f.reason {
+        Some(r) => format!("kernel drop reason {r}{at}"),
+        None if f.location.is_some_and(netfilter_location) => format!(
+            "freed{at}: no drop reason on this kernel (5.17+ has them), but nf_hook_slow \
+             frees a packet only on a netfilter NF_DROP verdict"
+        ),
+        None => format!(
+            "freed{at}: no drop reason on this kernel (5.17+ has them), after the NF_DROP \
+             verdict below"
+        ),
+    }
+}
+
+/// Was the packet freed in `nf_hook_slow`? On kernels without drop reasons
+/// that names netfilter as certainly as NETFILTER_DROP: it frees a packet
+/// only on an NF_DROP verdict (5.10:
+/// https://github.com/torvalds/linux/blob/v5.10/net/netfilter/core.c, `case
+/// NF_DROP: kfree_skb(skb)` in `nf_hook_slow`).
+pub fn netfilter_location(location: &str) -> bool {
+    location.split('+').next() == Some("nf_hook_slow")
+}
+
+/// A kernel whose `kfree_skb` carries no reason (before 5.17, e.g. Debian
+/// 11's 5.10): say so, with where the packet was freed, rather than guess a
+/// cause from the location.
+fn no_reason(f: &DropFacts) -> Finding {
+    let mut evidence = vec!["this kernel's kfree_skb carries no drop reason (5.17+ does)".into()];
+    if let Some(loc) = f.location {
+        evidence.push(format!("freed at {loc}"));
+    }
+    Finding {
+        cause: "no_reason",
+        summary: format!(
+            "dropped on {}; this kernel does not say why, kdrop does not guess",
+            f.ifname
+        ),
+        evidence,
+        fix: vec![],
+    }
+}
+
+/// `10.0.0.1:80` → `10.0.0.1`; `[2001:db8::1]:80` → `2001:db8::1`.
+fn host(endpoint: &str) -> &str {
+    let h = endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(reason: &str) -> DropFacts<'_> {
+        DropFacts {
+            reason: Some(reason),
+            ifname: "eth1",
+            netns: Some("node"),
+            src: "198.51.100.7:40000".into(),
+            dst: "10.0.2.20:8080".into(),
+            location: Some("ip_rcv_finish_core+0x1a3"),
+            netfilter: None,
+        }
+    }
+
+    #[test]
+    fn rp_filter() {
+        let f = explain(&facts("IP_RPFILTER")).unwrap();
+        assert_eq!(f.cause, "rp_filter");
+        assert_eq!(
+            f.summary,
+            "reverse-path filter on eth1: the way back to 198.51.100.7 is not via eth1"
+        );
+        assert_eq!(
+            f.evidence,
+            ["kernel drop reason IP_RPFILTER at ip_rcv_finish_core+0x1a3"]
+        );
+        assert_eq!(
+            f.fix[0],
+            "ip netns exec node ip route get 198.51.100.7 from 10.0.2.20"
+        );
+    }
+
+    #[test]
+    fn no_socket_and_netfilter() {
+        assert_eq!(explain(&facts("NO_SOCKET")).unwrap().cause, "no_socket");
+        assert_eq!(
+            explain(&facts("NETFILTER_DROP")).unwrap().cause,
+            "netfilter"
+        );
+        assert!(explain(&facts("TCP_CSUM")).is_none());
+    }
+
+    #[test]
+    fn no_reason_says_so() {
+        let mut f = facts("IP_RPFILTER");
+        f.reason = None;
+        let got = explain(&f).unwrap();
+        assert_eq!(got.cause, "no_reason");
+        assert_eq!(
+            got.summary,
+            "dropped on eth1; this kernel does not say why, kdrop does not guess"
+        );
+        assert_eq!(got.evidence[1], "freed at ip_rcv_finish_core+0x1a3");
+        assert!(got.fix.is_empty());
+    }
+
+    #[test]
+    fn no_reason_but_nf_hook_slow_is_netfilter() {
+        let mut f = facts("IP_RPFILTER");
+        f.reason = None;
+        f.location = Some("nf_hook_slow+0x93");
+        let got = explain(&f).unwrap();
+        assert_eq!(got.cause, "netfilter");
+        assert_eq!(
+            got.evidence,
+            [
+                "freed at nf_hook_slow+0x93: no drop reason on this kernel (5.17+ has them), \
+              but nf_hook_slow frees a packet only on a netfilter NF_DROP verdict"
+            ]
+        );
+        // Only that function: nf_hook_slow_list or a prefix is not it.
+        assert!(!netfilter_location("nf_hook_slow_list+0x10"));
+        assert!(netfilter_location("nf_hook_slow"));
+    }
+
+    #[test]
+    fn host_part() {
+        assert_eq!(host("10.0.0.1:80"), "10.0.0.1");
+        assert_eq!(host("[2001:db8::1]:80"), "2001:db8::1");
+    }
+}

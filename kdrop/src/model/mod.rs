@@ -1,0 +1,11 @@
+//! Plain data shared by every part of kdrop: what the kernel reported,
+//! what the node looks like, what kdrop concluded. No I/O, no logic beyond
+//! what the data says about itself; `context` fills it, `diagnosis` reads
+//! it, `output` renders it.
+pub mod finding;
+pub mod netfilter;
+pub mod packet;
+pub mod record;
+pub mod routing;
+pub mod stats;
+pub mod time;

@@ -1,0 +1,21 @@
+//! The accounting of a run: the kernel's per-source counters (matched =
+//! emitted + lost + sampled out + capped, on every CPU) and userspace's own.
+use std::time::Duration;
+
+use kdrop_common::Counters;
+
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Drops (`skb:kfree_skb`).
+    pub drops: Counters,
+    /// Handshake packets leaving devices.
+    pub egress: Counters,
+    /// Netfilter drop verdicts.
+    pub verdicts: Counters,
+    /// Ring buffer records that did not decode.
+    pub undecodable: u64,
+    /// ctnetlink destroy events read, and socket overruns (events lost).
+    pub ct_received: u64,
+    pub ct_overruns: u64,
+    pub elapsed: Duration,
+}

@@ -1,0 +1,58 @@
+//! Names for the kernel's aggregation keys, fixed when first seen so that
+//! every series stays a monotonic counter.
+use std::collections::HashMap;
+
+use anyhow::Result;
+use kdrop_common::AggKey;
+
+use crate::{
+    context::{pods::Pods, Live, Node},
+    kernel::facts::Reasons,
+    output::metrics::{DropLabels, SeriesCap},
+};
+
+pub struct Labels {
+    keys: HashMap<AggKey, DropLabels>,
+    cap: SeriesCap,
+    pods: Pods,
+    node: Live,
+    reasons: Reasons,
+}
+
+impl Labels {
+    pub fn new(max_series: usize, reasons: Reasons) -> Result<Self> {
+        Ok(Self {
+            keys: HashMap::new(),
+            cap: SeriesCap::new(max_series),
+            pods: Pods::default(),
+            node: Live::new()?,
+            reasons,
+        })
+    }
+
+    pub fn of(&mut self, k: &AggKey) -> DropLabels {
+        if let Some(l) = self.keys.get(k) {
+            return l.clone();
+        }
+        let labels = if k.overflow != 0 {
+            DropLabels::overflow()
+        } else {
+            DropLabels {
+                reason: self
+                    .reasons
+                    .name(k.reason)
+                    .unwrap_or_else(|| "unknown".into()),
+                netns: self
+                    .node
+                    .netns(k.netns)
+                    .map_or_else(|| k.netns.to_string(), |n| n.display()),
+                pod: self.pods.label(k.netns),
+                ifname: self.node.ifname(k.netns, k.ifindex),
+                port: k.port.to_string(),
+            }
+        };
+        let placed = self.cap.place(labels);
+        self.keys.insert(*k, placed.clone());
+        placed
+    }
+}

@@ -1,0 +1,314 @@
+//! The probe points and their ladders: for each point, the rungs best
+//! first (fexit, kretprobe, tp_btf, raw_tp, tracepoint) and what each
+//! needs from the kernel.
+use std::fmt;
+
+use anyhow::Result;
+use kdrop_common::KfreeSkbArgs;
+
+use super::{
+    nf::{self, NfSetup},
+    setup::KernelSetup,
+};
+
+use crate::UserError;
+
+/// `KDROP_RUNG=tp_btf|raw_tp|tracepoint` restricts the drop path to one rung
+/// (to test each rung on a kernel that offers several).
+pub fn forced_rung() -> Result<Option<Rung>> {
+    let Some(v) = std::env::var_os("KDROP_RUNG") else {
+        return Ok(None);
+    };
+    let v = v.to_string_lossy();
+    [Rung::TpBtf, Rung::RawTp, Rung::Tracepoint]
+        .into_iter()
+        .find(|r| r.to_string() == v)
+        .map(Some)
+        .ok_or_else(|| {
+            UserError(format!(
+                "KDROP_RUNG={v}: not a rung (tp_btf, raw_tp, tracepoint)"
+            ))
+            .into()
+        })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rung {
+    TpBtf,
+    RawTp,
+    Tracepoint,
+    FExit,
+    KRetProbe,
+}
+
+impl fmt::Display for Rung {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Rung::TpBtf => "tp_btf",
+            Rung::RawTp => "raw_tp",
+            Rung::Tracepoint => "tracepoint",
+            Rung::FExit => "fexit",
+            Rung::KRetProbe => "kretprobe",
+        })
+    }
+}
+
+/// What happened on one rung.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    Attached,
+    Refused(String),
+    NotTried,
+}
+
+/// One probe point and its ladder, best rung first.
+#[derive(Clone, Debug)]
+pub struct ProbeReport {
+    pub point: &'static str,
+    pub what: &'static str,
+    pub rungs: Vec<(Rung, Outcome)>,
+}
+
+impl ProbeReport {
+    pub fn chosen(&self) -> Option<Rung> {
+        self.rungs
+            .iter()
+            .find(|(_, o)| matches!(o, Outcome::Attached))
+            .map(|(r, _)| *r)
+    }
+}
+
+/// How a rung attaches its program.
+pub enum Attach {
+    TpBtf {
+        prog: &'static str,
+        tp: &'static str,
+    },
+    RawTp {
+        prog: &'static str,
+        tp: &'static str,
+    },
+    Tracepoint {
+        prog: &'static str,
+        category: &'static str,
+        name: &'static str,
+    },
+    FExit {
+        prog: &'static str,
+        func: &'static str,
+    },
+    /// `entry`: a kprobe saving the arguments for the kretprobe.
+    KRetProbe {
+        prog: &'static str,
+        func: &'static str,
+        entry: Option<&'static str>,
+    },
+}
+
+impl Attach {
+    pub fn rung(&self) -> Rung {
+        match self {
+            Attach::TpBtf { .. } => Rung::TpBtf,
+            Attach::RawTp { .. } => Rung::RawTp,
+            Attach::Tracepoint { .. } => Rung::Tracepoint,
+            Attach::FExit { .. } => Rung::FExit,
+            Attach::KRetProbe { .. } => Rung::KRetProbe,
+        }
+    }
+}
+
+/// A probe point: its rungs best first, each with what it needs from the
+/// kernel (`Err` says why that rung cannot even be tried).
+pub struct Point<'a> {
+    pub name: &'static str,
+    pub what: &'static str,
+    /// kdrop cannot work without it; other points degrade.
+    pub required: bool,
+    /// Evidence for live tracing only: `kdrop monitor` does not attach it.
+    pub trace_only: bool,
+    pub rungs: Vec<(Attach, Result<(), &'a str>)>,
+}
+
+pub fn points<'a>(
+    setup: &'a KernelSetup,
+    fields: &'a Result<KfreeSkbArgs, String>,
+) -> Vec<Point<'a>> {
+    let args = setup
+        .kfree_skb_args
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    let fields = fields.as_ref().map(|_| ()).map_err(String::as_str);
+    let fib = setup
+        .fib_lookup_args
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    let fvs = setup
+        .fib_validate_source
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    let egress = setup
+        .net_dev_queue
+        .as_ref()
+        .map(|_| ())
+        .map_err(String::as_str);
+    vec![
+        Point {
+            name: "skb:kfree_skb",
+            what: "drop path",
+            required: true,
+            trace_only: false,
+            rungs: vec![
+                (
+                    Attach::TpBtf {
+                        prog: "kfree_skb_btf",
+                        tp: "kfree_skb",
+                    },
+                    args,
+                ),
+                (
+                    Attach::RawTp {
+                        prog: "kfree_skb_raw",
+                        tp: "kfree_skb",
+                    },
+                    args,
+                ),
+                (
+                    Attach::Tracepoint {
+                        prog: "kfree_skb_tp",
+                        category: "skb",
+                        name: "kfree_skb",
+                    },
+                    fields,
+                ),
+            ],
+        },
+        Point {
+            name: "fib:fib_table_lookup",
+            what: "route lookups (reverse-path evidence)",
+            required: false,
+            trace_only: false,
+            rungs: vec![
+                (
+                    Attach::TpBtf {
+                        prog: "fib_table_lookup_btf",
+                        tp: "fib_table_lookup",
+                    },
+                    fib,
+                ),
+                (
+                    Attach::RawTp {
+                        prog: "fib_table_lookup_raw",
+                        tp: "fib_table_lookup",
+                    },
+                    fib,
+                ),
+                // The classic record carries computed fields, not the
+                // pointers the program reads.
+                (
+                    Attach::Tracepoint {
+                        prog: "",
+                        category: "fib",
+                        name: "fib_table_lookup",
+                    },
+                    Err("not implemented: its record has no flowi4/nexthop pointers"),
+                ),
+            ],
+        },
+        Point {
+            name: "fib_validate_source (return)",
+            what: "source validation result (reason on kernels without one)",
+            required: false,
+            trace_only: false,
+            rungs: vec![
+                (
+                    Attach::FExit {
+                        prog: "fib_validate_source_fexit",
+                        func: "fib_validate_source",
+                    },
+                    fvs,
+                ),
+                (
+                    Attach::KRetProbe {
+                        prog: "fib_validate_source_kretprobe",
+                        func: "fib_validate_source",
+                        entry: Some("fib_validate_source_kprobe"),
+                    },
+                    Ok(()),
+                ),
+            ],
+        },
+        Point {
+            name: "net:net_dev_queue",
+            what: "handshake packets leaving devices (unanswered SYNs, NAT)",
+            required: false,
+            trace_only: false,
+            rungs: vec![
+                (
+                    Attach::TpBtf {
+                        prog: "net_dev_queue_btf",
+                        tp: "net_dev_queue",
+                    },
+                    egress,
+                ),
+                (
+                    Attach::RawTp {
+                        prog: "net_dev_queue_raw",
+                        tp: "net_dev_queue",
+                    },
+                    egress,
+                ),
+            ],
+        },
+    ]
+    .into_iter()
+    .chain(nf_points(&setup.nf))
+    .collect()
+}
+
+/// Netfilter verdicts: fexit, else kretprobe (with a kprobe for the
+/// arguments), per function.
+fn nf_points(nf: &NfSetup) -> Vec<Point<'_>> {
+    nf::FUNCS
+        .iter()
+        .zip(&nf.funcs)
+        .map(|(f, facts)| {
+            let facts = facts.as_ref().map_err(String::as_str);
+            let fexit = facts.and_then(|f| f.fexit.as_ref().map(|_| ()).map_err(String::as_str));
+            Point {
+                name: f.point,
+                what: f.what,
+                required: false,
+                trace_only: true,
+                rungs: vec![
+                    (
+                        Attach::FExit {
+                            prog: f.fexit,
+                            func: f.name,
+                        },
+                        fexit,
+                    ),
+                    (
+                        Attach::KRetProbe {
+                            prog: f.kretprobe,
+                            func: f.name,
+                            entry: Some(f.kprobe),
+                        },
+                        facts.map(|_| ()),
+                    ),
+                ],
+            }
+        })
+        .collect()
+}
+
+pub const DROP_PATH: &str = "skb:kfree_skb";
+pub fn outcome_text(o: &Outcome) -> String {
+    match o {
+        Outcome::Attached => "attached".into(),
+        Outcome::Refused(why) => format!("refused: {why}"),
+        Outcome::NotTried => "not tried (a better rung attached)".into(),
+    }
+}
