@@ -11,6 +11,7 @@ pub mod netfilter;
 pub mod netlink;
 pub mod netns;
 pub mod pods;
+pub mod route_query;
 pub mod routing;
 pub mod sysctl;
 

@@ -16,7 +16,7 @@ const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_DUMP: u16 = 0x300;
 
 pub const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
@@ -106,7 +106,7 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     })
 }
 
-fn align(n: usize) -> usize {
+pub fn align(n: usize) -> usize {
     (n + 3) & !3
 }
 
@@ -129,16 +129,16 @@ pub fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     })
 }
 
-fn u32_of(v: &[u8]) -> Option<u32> {
+pub fn u32_of(v: &[u8]) -> Option<u32> {
     Some(u32::from_ne_bytes(v.get(..4)?.try_into().ok()?))
 }
 
-fn str_of(v: &[u8]) -> String {
+pub fn str_of(v: &[u8]) -> String {
     let end = v.iter().position(|&c| c == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
 }
 
-fn ip_of(family: u8, v: &[u8]) -> Option<IpAddr> {
+pub fn ip_of(family: u8, v: &[u8]) -> Option<IpAddr> {
     match family {
         AF_INET => Some(IpAddr::V4(Ipv4Addr::from(
             <[u8; 4]>::try_from(v.get(..4)?).ok()?,
@@ -148,6 +148,14 @@ fn ip_of(family: u8, v: &[u8]) -> Option<IpAddr> {
         ))),
         _ => None,
     }
+}
+
+/// Appends one attribute (header, value, padding) to a request body.
+pub fn put_attr(buf: &mut Vec<u8>, ty: u16, value: &[u8]) {
+    buf.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+    buf.extend_from_slice(&ty.to_ne_bytes());
+    buf.extend_from_slice(value);
+    buf.resize(align(buf.len()), 0);
 }
 
 pub fn parse_link(p: &[u8]) -> Option<Link> {
@@ -292,12 +300,17 @@ pub struct Socket {
 impl Socket {
     /// `groups`: notification groups to join (0 for a plain request socket).
     pub fn open(groups: u32, nonblocking: bool) -> Result<Self> {
+        Self::open_protocol(libc::NETLINK_ROUTE, groups, nonblocking)
+    }
+
+    /// A socket of another netlink family (e.g. NETLINK_SOCK_DIAG).
+    pub fn open_protocol(protocol: i32, groups: u32, nonblocking: bool) -> Result<Self> {
         let mut ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
         if nonblocking {
             ty |= libc::SOCK_NONBLOCK;
         }
         // SAFETY: plain socket(2); the fd is owned right away.
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_ROUTE) };
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, ty, protocol) };
         if fd < 0 {
             return Err(io::Error::last_os_error()).context("netlink socket");
         }
@@ -321,18 +334,38 @@ impl Socket {
 
     /// Sends a dump request of `ty` with a zeroed `hdr_len`-byte family header.
     pub fn dump(&self, ty: u16, family: u8, hdr_len: usize) -> Result<Vec<Vec<u8>>> {
-        let mut req = vec![0u8; NLMSG_HDRLEN + hdr_len];
-        let len = req.len() as u32;
+        let mut hdr = vec![0u8; hdr_len];
+        if let Some(f) = hdr.first_mut() {
+            *f = family;
+        }
+        self.request(ty, NLM_F_DUMP, &hdr)?
+            .map_err(io::Error::from_raw_os_error)
+            .context("netlink dump")
+    }
+
+    /// Sends one request (`body`: family header and attributes; NLM_F_REQUEST
+    /// is added) and collects the payloads of the answer: every message up
+    /// to NLMSG_DONE for a dump, the one reply otherwise. A refusal by the
+    /// kernel is `Ok(Err(errno))`, for callers to whom the errno is the answer.
+    pub fn request(
+        &self,
+        ty: u16,
+        flags: u16,
+        body: &[u8],
+    ) -> Result<std::result::Result<Vec<Vec<u8>>, i32>> {
+        let mut req = vec![0u8; NLMSG_HDRLEN];
+        let len = (NLMSG_HDRLEN + body.len()) as u32;
         req[0..4].copy_from_slice(&len.to_ne_bytes());
         req[4..6].copy_from_slice(&ty.to_ne_bytes());
-        req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        req[6..8].copy_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
         req[8..12].copy_from_slice(&1u32.to_ne_bytes());
-        req[NLMSG_HDRLEN] = family;
+        req.extend_from_slice(body);
         // SAFETY: req is a valid buffer.
         let rc = unsafe { libc::send(self.fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
         if rc < 0 {
             return Err(io::Error::last_os_error()).context("netlink send");
         }
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         // The payloads of every message up to NLMSG_DONE, which can share a
         // datagram with the last of them.
         let mut all = Vec::new();
@@ -344,18 +377,25 @@ impl Socket {
             }
             for (t, payload) in messages(&buf[..n]) {
                 match t {
-                    NLMSG_DONE => return Ok(all),
+                    NLMSG_DONE => return Ok(Ok(all)),
                     NLMSG_ERROR => {
                         let errno = payload
                             .get(..4)
                             .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
                             .unwrap_or(0);
                         if errno != 0 {
-                            return Err(io::Error::from_raw_os_error(-errno))
-                                .context("netlink dump");
+                            return Ok(Err(-errno));
+                        }
+                        if !dump {
+                            return Ok(Ok(all));
                         }
                     }
-                    _ => all.push(payload.to_vec()),
+                    _ => {
+                        all.push(payload.to_vec());
+                        if !dump {
+                            return Ok(Ok(all));
+                        }
+                    }
                 }
             }
         }

@@ -1,0 +1,309 @@
+//! Route queries (context::route_query) against the kernel's own answers:
+//! the reverse-path lookup fib_validate_source makes for a real SYN in
+//! incident 1's namespaces, seen through the `fib:fib_table_lookup`
+//! tracepoint by bpftrace (an independent observer), and `ip route get`.
+use std::{
+    io::{BufRead as _, BufReader},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    process::{Child, Command, Stdio},
+    sync::mpsc::{self, Receiver},
+    time::{Duration, Instant},
+};
+
+use integration_tests::{bound, ns_name, send_syn, Ns};
+use kdrop::{
+    context::{
+        netns::{ifname, in_netns},
+        route_query::{self, reverse_lookup_v4, RouteLookup, RouteQuery, RouteType},
+    },
+    lab::rp_filter::RpFilter,
+};
+
+/// bpftrace printing every IPv4 FIB table lookup; killed on drop.
+struct FibTrace {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+/// One `fib:fib_table_lookup` record.
+#[derive(Debug, Clone, PartialEq)]
+struct Lookup {
+    table: u32,
+    err: i32,
+    iif: i32,
+    oif: i32,
+    src: String,
+    dst: String,
+    dev: String,
+}
+
+impl FibTrace {
+    /// Starts bpftrace (tracefs mounted in a private mount namespace) and
+    /// waits until it reports a lookup the test makes in `ns`: then it is
+    /// attached.
+    fn start(ns: &Ns, marker: Ipv4Addr) -> Self {
+        let prog = r#"tracepoint:fib:fib_table_lookup { printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), args->name); }"#;
+        let mut child = Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(format!(
+                "mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; exec bpftrace -e '{prog}'"
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("running bpftrace (apt-get install bpftrace)");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let t = FibTrace { child, lines };
+        let deadline = Instant::now() + bound(Duration::from_secs(30));
+        let m = marker.to_string();
+        loop {
+            ns.ip(&["route", "get", &m]).unwrap();
+            if t.wait_for(Duration::from_millis(200), |l| l.dst == m)
+                .is_some()
+            {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "bpftrace did not attach");
+        }
+    }
+
+    /// The first lookup `want` accepts within `timeout`.
+    fn wait_for(&self, timeout: Duration, want: impl Fn(&Lookup) -> bool) -> Option<Lookup> {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let line = self.lines.recv_timeout(left).ok()?;
+            if let Some(l) = parse(&line) {
+                if want(&l) {
+                    return Some(l);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Drop for FibTrace {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn parse(line: &str) -> Option<Lookup> {
+    let f: Vec<&str> = line.strip_prefix("L ")?.split(' ').collect();
+    Some(Lookup {
+        table: f.first()?.parse().ok()?,
+        err: f.get(1)?.parse().ok()?,
+        iif: f.get(2)?.parse().ok()?,
+        oif: f.get(3)?.parse().ok()?,
+        src: f.get(4)?.to_string(),
+        dst: f.get(5)?.to_string(),
+        dev: f.get(6).unwrap_or(&"").to_string(),
+    })
+}
+
+fn topo(test: &str, net: u8) -> RpFilter {
+    RpFilter {
+        prefix: ns_name(&format!("{test}-")),
+        client_ip: Ipv4Addr::new(198, 18, net, 7),
+        pod_ip: Ipv4Addr::new(10, net, 7, 9),
+        port: 5432,
+        node_primary: Ipv4Addr::new(10, net, 6, 5),
+        node_secondary: Ipv4Addr::new(10, net, 7, 5),
+        primary_if: "ens4".into(),
+        secondary_if: "ens6".into(),
+    }
+}
+
+/// The device and table our reverse query answers, inside `ns`.
+fn our_reverse(ns: &Ns, t: &RpFilter, mark: u32, src_valid_mark: bool) -> (String, u32) {
+    let (client, pod) = (t.client_ip, t.pod_ip);
+    in_netns(&ns.path(), move || {
+        let (q, r) = reverse_lookup_v4(client, pod, mark, src_valid_mark, 0, None).unwrap();
+        assert_eq!(q.src, Some(IpAddr::V4(pod)), "the pod address is local");
+        let RouteLookup::Found(a) = r else {
+            panic!("no route: {r:?}")
+        };
+        assert_eq!(a.kind, RouteType::Unicast);
+        (ifname(a.oif.unwrap()).unwrap(), a.table)
+    })
+    .unwrap()
+}
+
+/// `ip route get` in `ns`, as text.
+fn ip_route_get(ns: &Ns, args: &[&str]) -> String {
+    let mut all = vec!["-n", &ns.name, "route", "get"];
+    all.extend_from_slice(args);
+    let out = Command::new("ip").args(&all).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn word_after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let mut w = text.split_whitespace();
+    w.find(|x| *x == key)?;
+    w.next()
+}
+
+#[test]
+fn reverse_query_matches_the_kernels_rp_filter_lookup() {
+    let t = topo("rq1", 61);
+    let lab = t.build().unwrap();
+    let trace = FibTrace::start(&lab.node, Ipv4Addr::new(198, 18, 61, 250));
+    let (client, pod) = (t.client_ip.to_string(), t.pod_ip.to_string());
+    // The reverse lookup: iif lo, from the pod address to the client.
+    let reverse = |l: &Lookup| l.dst == client && l.src == pod && l.iif == 1 && l.err == 0;
+
+    // Mark 0x80 (CONNMARK) with src_valid_mark=1: rule 1024 sends the
+    // lookup to main, out of ens4, and the SYN (in on ens6) is dropped.
+    let _syn = send_syn(
+        &lab.client,
+        SocketAddr::from((t.client_ip, 40100)),
+        SocketAddr::from((t.pod_ip, t.port)),
+    );
+    let kernel = trace
+        .wait_for(bound(Duration::from_secs(10)), reverse)
+        .expect("the kernel's reverse lookup");
+    assert_eq!(kernel.oif, 0, "{kernel:?}");
+    let (dev, table) = our_reverse(&lab.node, &t, 0x80, true);
+    assert_eq!((dev.as_str(), table), (kernel.dev.as_str(), kernel.table));
+    assert_eq!(dev, "ens4");
+    let ip = ip_route_get(
+        &lab.node,
+        &["fibmatch", &client, "from", &pod, "mark", "0x80"],
+    );
+    assert_eq!(word_after(&ip, "dev"), Some("ens4"), "{ip}");
+
+    // src_valid_mark=0: the kernel looks up with mark 0, rule 1536 (from
+    // the pod) picks table 2, out of ens6: the SYN passes.
+    lab.node
+        .sysctl("net/ipv4/conf/all/src_valid_mark", "0")
+        .unwrap();
+    let _syn = send_syn(
+        &lab.client,
+        SocketAddr::from((t.client_ip, 40101)),
+        SocketAddr::from((t.pod_ip, t.port)),
+    );
+    let kernel = trace
+        .wait_for(bound(Duration::from_secs(10)), |l| {
+            reverse(l) && l.dev == "ens6"
+        })
+        .expect("the kernel's reverse lookup without the mark");
+    let (dev, table) = our_reverse(&lab.node, &t, 0x80, false);
+    assert_eq!((dev.as_str(), table), (kernel.dev.as_str(), kernel.table));
+    assert_eq!(table, 2);
+}
+
+/// A namespace with a veth for route tests without traffic.
+fn lone_ns(test: &str) -> Ns {
+    let ns = Ns::new(&ns_name(test)).unwrap();
+    ns.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"])
+        .unwrap();
+    for d in ["v0", "v1"] {
+        ns.ip(&["link", "set", d, "up"]).unwrap();
+    }
+    ns.ip(&["addr", "add", "10.62.0.1/24", "dev", "v0"])
+        .unwrap();
+    ns.ip(&["addr", "add", "fd00:62::1/64", "dev", "v0", "nodad"])
+        .unwrap();
+    ns
+}
+
+fn ask(ns: &Ns, q: RouteQuery) -> RouteLookup {
+    route_query::query_in(&ns.path(), &q).unwrap()
+}
+
+#[test]
+fn errors_and_route_types_are_the_kernels() {
+    let ns = lone_ns("rq2");
+    for (kind, prefix) in [
+        ("unreachable", "10.63.1.0/24"),
+        ("prohibit", "10.63.2.0/24"),
+        ("blackhole", "10.63.3.0/24"),
+    ] {
+        ns.ip(&["route", "add", kind, prefix]).unwrap();
+    }
+    // No route at all, then each reject type: the errno ip prints.
+    for (dst, errno, text) in [
+        ("10.99.0.1", libc::ENETUNREACH, "Network is unreachable"),
+        ("10.63.1.1", libc::EHOSTUNREACH, "No route to host"),
+        ("10.63.2.1", libc::EACCES, "Permission denied"),
+        ("10.63.3.1", libc::EINVAL, "Invalid argument"),
+    ] {
+        let ip = ip_route_get(&ns, &[dst]);
+        assert!(ip.contains(text), "ip route get {dst}: {ip}");
+        let r = ask(&ns, RouteQuery::get(dst.parse().unwrap()));
+        let RouteLookup::Failed { errno: e, .. } = r else {
+            panic!("{dst}: {r:?}")
+        };
+        assert_eq!(e, errno, "{dst}");
+    }
+    // FIB match names the entry: prefix and table as `ip route get fibmatch`.
+    ns.ip(&[
+        "route",
+        "add",
+        "10.64.0.0/16",
+        "via",
+        "10.62.0.9",
+        "table",
+        "7",
+    ])
+    .unwrap();
+    ns.ip(&["rule", "add", "to", "10.64.0.0/16", "lookup", "7"])
+        .unwrap();
+    let ip = ip_route_get(&ns, &["fibmatch", "10.64.3.4"]);
+    assert!(
+        ip.starts_with("10.64.0.0/16 via 10.62.0.9 dev v0 table 7"),
+        "{ip}"
+    );
+    let mut q = RouteQuery::get("10.64.3.4".parse().unwrap());
+    q.fib_match = true;
+    let RouteLookup::Found(a) = ask(&ns, q) else {
+        panic!()
+    };
+    assert_eq!(
+        (a.dst, a.dst_len, a.table, a.gateway),
+        (
+            Some("10.64.0.0".parse().unwrap()),
+            16,
+            7,
+            Some("10.62.0.9".parse().unwrap())
+        )
+    );
+    let v0 = in_netns(&ns.path(), || kdrop::context::netns::ifindex("v0")).unwrap();
+    assert_eq!(a.oif, v0);
+    // IPv6: a route through a gateway, as `ip -6 route get fibmatch`.
+    ns.ip(&["-6", "route", "add", "fd00:65::/48", "via", "fd00:62::9"])
+        .unwrap();
+    let ip = ip_route_get(&ns, &["fibmatch", "fd00:65::1"]);
+    assert!(ip.starts_with("fd00:65::/48 via fd00:62::9 dev v0"), "{ip}");
+    let mut q = RouteQuery::get("fd00:65::1".parse().unwrap());
+    q.fib_match = true;
+    let RouteLookup::Found(a) = ask(&ns, q) else {
+        panic!()
+    };
+    assert_eq!(
+        (a.dst, a.dst_len, a.table, a.gateway, a.oif),
+        (
+            Some("fd00:65::".parse().unwrap()),
+            48,
+            254,
+            Some("fd00:62::9".parse().unwrap()),
+            v0
+        )
+    );
+    let r = ask(&ns, RouteQuery::get("fd00:99::1".parse().unwrap()));
+    assert!(
+        matches!(r, RouteLookup::Failed { errno, .. } if errno == libc::ENETUNREACH),
+        "{r:?}: {}",
+        ip_route_get(&ns, &["fd00:99::1"])
+    );
+}
