@@ -6,11 +6,13 @@
 //! [`Node`] is what enrichment asks of the node. [`Live`] reads this
 //! machine; a recorded incident can answer the same questions.
 pub mod ctevents;
+pub mod listeners;
 pub mod live;
 pub mod netfilter;
 pub mod netlink;
 pub mod netns;
 pub mod pods;
+pub mod procs;
 pub mod route_query;
 pub mod routing;
 pub mod sysctl;
