@@ -8,6 +8,7 @@
 pub mod ctevents;
 pub mod listeners;
 pub mod live;
+pub mod neighbours;
 pub mod netfilter;
 pub mod netlink;
 pub mod netns;
