@@ -161,6 +161,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("nft", "nftables"),
     ("conntrack", "conntrack"),
     ("bpftool", "bpftool"),
+    // The route query test's independent oracle: the kernel's own
+    // fib:fib_table_lookup tracepoint, read through bpftrace.
+    ("bpftrace", "bpftrace"),
     ("setpriv", "util-linux"),
     // The monitor tests: a real Prometheus server and promtool, and setcap
     // for the capability test.

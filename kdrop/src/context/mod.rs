@@ -5,6 +5,7 @@
 //!
 //! [`Node`] is what enrichment asks of the node. [`Live`] reads this
 //! machine; a recorded incident can answer the same questions.
+pub mod bpf_progs;
 pub mod ctevents;
 pub mod listeners;
 pub mod live;
@@ -17,6 +18,7 @@ pub mod procs;
 pub mod route_query;
 pub mod routing;
 pub mod sysctl;
+pub mod tc_filters;
 
 use std::sync::Arc;
 
