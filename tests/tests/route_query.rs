@@ -1,7 +1,8 @@
 //! Route queries (context::route_query) against the kernel's own answers:
 //! the reverse-path lookup fib_validate_source makes for a real SYN in
-//! incident 1's namespaces, seen through the `fib:fib_table_lookup`
-//! tracepoint by bpftrace (an independent observer), and `ip route get`.
+//! incident 1's namespaces, and the one ip6t_rpfilter makes for an IPv6
+//! SYN, seen through the `fib:fib_table_lookup` / `fib6:fib6_table_lookup`
+//! tracepoints by bpftrace (an independent observer), and `ip route get`.
 use std::{
     io::{BufRead as _, BufReader},
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -10,9 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{bound, ns_name, send_syn, Ns};
+use integration_tests::{bound, ns_name, send_syn, veth, Ns};
 use kdrop::{
     context::{
+        netns::ifindex as ifindex_of,
         netns::{ifname, in_netns},
         route_query::{self, reverse_lookup_v4, RouteLookup, RouteQuery, RouteType},
     },
@@ -41,8 +43,15 @@ impl FibTrace {
     /// Starts bpftrace (tracefs mounted in a private mount namespace) and
     /// waits until it reports a lookup the test makes in `ns`: then it is
     /// attached.
-    fn start(ns: &Ns, marker: Ipv4Addr) -> Self {
-        let prog = r#"tracepoint:fib:fib_table_lookup { printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), args->name); }"#;
+    fn start(ns: &Ns, marker: IpAddr) -> Self {
+        let tp = if marker.is_ipv4() {
+            "fib:fib_table_lookup"
+        } else {
+            "fib6:fib6_table_lookup"
+        };
+        let prog = format!(
+            r#"tracepoint:{tp} {{ printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), args->name); }}"#
+        );
         let mut child = Command::new("unshare")
             .args(["-m", "sh", "-c"])
             .arg(format!(
@@ -66,7 +75,7 @@ impl FibTrace {
         let deadline = Instant::now() + bound(Duration::from_secs(30));
         let m = marker.to_string();
         loop {
-            ns.ip(&["route", "get", &m]).unwrap();
+            ns.ip(&["route", "get", &m]).unwrap_or_default();
             if t.wait_for(Duration::from_millis(200), |l| l.dst == m)
                 .is_some()
             {
@@ -157,7 +166,7 @@ fn word_after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 fn reverse_query_matches_the_kernels_rp_filter_lookup() {
     let t = topo("rq1", 61);
     let lab = t.build().unwrap();
-    let trace = FibTrace::start(&lab.node, Ipv4Addr::new(198, 18, 61, 250));
+    let trace = FibTrace::start(&lab.node, Ipv4Addr::new(198, 18, 61, 250).into());
     let (client, pod) = (t.client_ip.to_string(), t.pod_ip.to_string());
     // The reverse lookup: iif lo, from the pod address to the client.
     let reverse = |l: &Lookup| l.dst == client && l.src == pod && l.iif == 1 && l.err == 0;
@@ -306,4 +315,178 @@ fn errors_and_route_types_are_the_kernels() {
         "{r:?}: {}",
         ip_route_get(&ns, &["fd00:99::1"])
     );
+}
+
+/// ip6tables `-m rpfilter --invert -j DROP` on a node whose way back to the
+/// client is another interface: the kernel's reverse lookup (seen by the
+/// fib6 tracepoint) and our query agree, before and after a policy route
+/// that sends the way back out of the input interface.
+#[test]
+fn v6_reverse_query_matches_ip6t_rpfilter_lookup() {
+    let node = Ns::new(&ns_name("rq3-node")).unwrap();
+    let client = Ns::new(&ns_name("rq3-client")).unwrap();
+    let up = Ns::new(&ns_name("rq3-up")).unwrap();
+    veth(
+        &node,
+        "ens4",
+        "02:00:00:00:c3:01",
+        &up,
+        "gw",
+        "02:00:00:00:c3:11",
+    )
+    .unwrap();
+    veth(
+        &node,
+        "ens6",
+        "02:00:00:00:c3:02",
+        &client,
+        "c0",
+        "02:00:00:00:c3:12",
+    )
+    .unwrap();
+    let (pod, cli) = ("fd00:63:b::9", "2001:db8:63::7");
+    for (ns, args) in [
+        (
+            &node,
+            vec![
+                "-6",
+                "addr",
+                "add",
+                "fd00:63:a::5/64",
+                "dev",
+                "ens4",
+                "nodad",
+            ],
+        ),
+        (
+            &node,
+            vec![
+                "-6",
+                "addr",
+                "add",
+                &format!("{pod}/128"),
+                "dev",
+                "ens6",
+                "nodad",
+            ],
+        ),
+        (
+            &node,
+            vec![
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "fd00:63:a::1",
+                "dev",
+                "ens4",
+            ],
+        ),
+        (
+            &client,
+            vec![
+                "-6",
+                "addr",
+                "add",
+                &format!("{cli}/128"),
+                "dev",
+                "c0",
+                "nodad",
+            ],
+        ),
+        (
+            &client,
+            vec!["-6", "route", "add", pod, "dev", "c0", "src", cli],
+        ),
+        (
+            &client,
+            vec![
+                "-6",
+                "neigh",
+                "replace",
+                pod,
+                "lladdr",
+                "02:00:00:00:c3:02",
+                "dev",
+                "c0",
+                "nud",
+                "permanent",
+            ],
+        ),
+    ] {
+        ns.ip(&args).unwrap();
+    }
+    node.exec(
+        "ip6tables",
+        &[
+            "-t",
+            "raw",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-m",
+            "rpfilter",
+            "--invert",
+            "-j",
+            "DROP",
+        ],
+    )
+    .unwrap();
+    let trace = FibTrace::start(&node, "2001:db8:63::250".parse().unwrap());
+    let ens6 = in_netns(&node.path(), || ifindex_of("ens6"))
+        .unwrap()
+        .unwrap();
+    let reverse = |l: &Lookup| l.dst == cli && l.src == pod && l.iif == 1 && l.oif == ens6 as i32;
+    let ours = || {
+        let q = RouteQuery::reverse_path_v6(
+            cli.parse().unwrap(),
+            pod.parse().unwrap(),
+            ens6,
+            None,
+            false,
+        );
+        let RouteLookup::Found(a) = route_query::query_in(&node.path(), &q).unwrap() else {
+            panic!("no route back")
+        };
+        let dev = in_netns(&node.path(), move || ifname(a.oif.unwrap()))
+            .unwrap()
+            .unwrap();
+        (dev, a.table)
+    };
+    let dst: SocketAddr = format!("[{pod}]:5432").parse().unwrap();
+    let _syn = send_syn(&client, format!("[{cli}]:40200").parse().unwrap(), dst);
+    let kernel = trace
+        .wait_for(bound(Duration::from_secs(10)), |l| reverse(l) && l.err == 0)
+        .expect("the kernel's rpfilter lookup");
+    let (dev, table) = ours();
+    assert_eq!((dev.as_str(), table), (kernel.dev.as_str(), kernel.table));
+    assert_eq!(dev, "ens4");
+
+    // A way back through ens6 for the pod's replies: the check now passes.
+    node.ip(&[
+        "-6",
+        "route",
+        "add",
+        "2001:db8:63::/64",
+        "dev",
+        "ens6",
+        "table",
+        "2",
+    ])
+    .unwrap();
+    node.ip(&[
+        "-6", "rule", "add", "from", pod, "lookup", "2", "priority", "100",
+    ])
+    .unwrap();
+    let _syn = send_syn(&client, format!("[{cli}]:40201").parse().unwrap(), dst);
+    let kernel = trace
+        .wait_for(bound(Duration::from_secs(10)), |l| {
+            reverse(l) && l.dev == "ens6"
+        })
+        .expect("the kernel's rpfilter lookup through table 2");
+    let (dev, table) = ours();
+    assert_eq!((dev.as_str(), table), (kernel.dev.as_str(), kernel.table));
+    assert_eq!(table, 2);
 }
