@@ -16,6 +16,16 @@ pub fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Time the calling thread has spent runnable but waiting for a CPU
+/// (/proc/thread-self/schedstat, second field; zero where the kernel keeps
+/// no scheduler statistics).
+pub fn thread_wait() -> Duration {
+    fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
 fn netns_inode(path: &Path) -> io::Result<u64> {
     Ok(fs::metadata(path)?.ino())
 }

@@ -11,6 +11,7 @@
 //! no-tracer baseline between any two, and each variant is compared to the
 //! baselines right before and after it: the machine is shared, so absolute
 //! rates drift, ratios measured close together much less.
+mod companion;
 mod health;
 mod interrupt;
 mod measure;
@@ -168,6 +169,7 @@ pub fn run(o: &Opts) -> Result<()> {
     // This process's threads (readers of the tools' output) stay off the
     // workload's CPU too; the flood and client threads pin themselves to it.
     keep_off_cpu(o.cpu);
+    let _companion = companion::Companion::start();
     let others = others_on_kfree_skb();
     if !others.is_empty() {
         eprintln!(
@@ -364,13 +366,22 @@ fn log(workload: &str, round: usize, v: &Variant, s: &Sample) {
                 .collect::<String>()
         })
         .unwrap_or_default();
+    let share = if s.on_cpu > 0.0 {
+        format!(
+            "  on CPU {:.0} %, client waited {:.0} %",
+            100.0 * s.on_cpu,
+            100.0 * s.client_waited
+        )
+    } else {
+        String::new()
+    };
     let retrans = if s.retrans > 0 {
         format!("  {} retransmitted", s.retrans)
     } else {
         String::new()
     };
     eprintln!(
-        "xtask: bench: {workload} round {} ({}) {:>10.0} per lead CPU second, {:>10.0} per second{retrans}{counters}",
+        "xtask: bench: {workload} round {} ({}) {:>10.0} per lead CPU second, {:>10.0} per second{share}{retrans}{counters}",
         round + 1,
         v.key,
         s.rate_cpu,

@@ -75,6 +75,10 @@ pub struct Done {
     /// namespace to its socket runs in the sender's).
     pub client_cpu: Duration,
     pub server_cpu: Duration,
+    /// How long each thread was runnable but waited for its CPU: what
+    /// else on the machine took from the wall-clock figure.
+    pub client_wait: Duration,
+    pub server_wait: Duration,
 }
 
 /// One side of a workload.
@@ -181,7 +185,7 @@ pub fn run<W: Workload>(e: &Ends, w: W, window: u64) -> io::Result<Done> {
     let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
     let server = {
         let (sh, w, e) = (sh.clone(), w.clone(), e.clone());
-        thread::spawn(move || -> io::Result<Duration> {
+        thread::spawn(move || -> io::Result<(Duration, Duration)> {
             let sock = match ns::enter(&e.server_ns, e.server_cpu).and_then(|()| w.listen(e.server))
             {
                 Ok(s) => s,
@@ -191,12 +195,12 @@ pub fn run<W: Workload>(e: &Ends, w: W, window: u64) -> io::Result<Done> {
                 }
             };
             let _ = ready_tx.send(Ok(()));
-            let cpu0 = ns::thread_cpu();
+            let (cpu0, wait0) = (ns::thread_cpu(), ns::thread_wait());
             let r = w.serve(sock, &sh);
             if r.is_err() {
                 sh.abort.store(true, Ordering::Relaxed);
             }
-            r.map(|()| ns::thread_cpu() - cpu0)
+            r.map(|()| (ns::thread_cpu() - cpu0, ns::thread_wait() - wait0))
         })
     };
     match ready_rx.recv() {
@@ -212,14 +216,15 @@ pub fn run<W: Workload>(e: &Ends, w: W, window: u64) -> io::Result<Done> {
     }
     let client = {
         let (sh, w, e) = (sh.clone(), w.clone(), e.clone());
-        thread::spawn(move || -> io::Result<Duration> {
+        thread::spawn(move || -> io::Result<(Duration, Duration)> {
             let r = ns::enter(&e.client_ns, e.client_cpu).and_then(|()| {
-                let cpu0 = ns::thread_cpu();
+                let (cpu0, wait0) = (ns::thread_cpu(), ns::thread_wait());
                 let now = sh.since_t0();
                 sh.started_ns.store(now, Ordering::Relaxed);
                 let secs = e.duration.as_nanos().min(u128::from(u64::MAX / 2)) as u64;
                 sh.deadline_ns.store(now + secs, Ordering::Relaxed);
-                w.drive(e.server, &sh).map(|()| ns::thread_cpu() - cpu0)
+                w.drive(e.server, &sh)
+                    .map(|()| (ns::thread_cpu() - cpu0, ns::thread_wait() - wait0))
             });
             if r.is_err() {
                 sh.abort.store(true, Ordering::Relaxed);
@@ -230,7 +235,7 @@ pub fn run<W: Workload>(e: &Ends, w: W, window: u64) -> io::Result<Done> {
     };
     let client_cpu = join(client, "client");
     let server_cpu = join(server, "server");
-    let (client_cpu, server_cpu) = match (client_cpu, server_cpu) {
+    let ((client_cpu, client_wait), (server_cpu, server_wait)) = match (client_cpu, server_cpu) {
         (Ok(c), Ok(s)) => (c, s),
         (Err(e), _) => return Err(io::Error::new(e.kind(), format!("client: {e}"))),
         (_, Err(e)) => return Err(io::Error::new(e.kind(), format!("server: {e}"))),
@@ -243,10 +248,12 @@ pub fn run<W: Workload>(e: &Ends, w: W, window: u64) -> io::Result<Done> {
         elapsed: Duration::from_nanos(last - started),
         client_cpu,
         server_cpu,
+        client_wait,
+        server_wait,
     })
 }
 
-fn join(h: thread::JoinHandle<io::Result<Duration>>, who: &str) -> io::Result<Duration> {
+fn join<T>(h: thread::JoinHandle<io::Result<T>>, who: &str) -> io::Result<T> {
     h.join()
         .map_err(|_| io::Error::other(format!("{who} thread panicked")))?
 }

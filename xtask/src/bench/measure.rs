@@ -91,6 +91,11 @@ pub struct Sample {
     pub units: f64,
     /// TCP segments retransmitted in the workload's namespaces.
     pub retrans: u64,
+    /// Of the run's wall time: how much the workload's threads ran (both
+    /// on one CPU: at most 1) and how long the client waited, runnable, for
+    /// the CPU (others' work, or its own server's).
+    pub on_cpu: f64,
+    pub client_waited: f64,
     /// Share of the workload CPUs' softirq work that ksoftirqd did, out of
     /// the lead threads' CPU time plus it.
     pub softirqd: f64,
@@ -133,6 +138,7 @@ pub fn measure(v: &Variant, load: Load, o: &Opts) -> Result<Sample> {
             Sample {
                 rate_cpu: dropped as f64 / sent.cpu.as_secs_f64().max(1e-9),
                 rate: dropped as f64 / secs,
+                on_cpu: sent.cpu.as_secs_f64() / secs.max(1e-9),
                 units: dropped as f64,
                 secs,
                 stopped,
@@ -179,6 +185,8 @@ pub fn measure(v: &Variant, load: Load, o: &Opts) -> Result<Sample> {
                 stopped,
                 retrans: after.moved(&before, health::RETRANS),
                 softirqd: sirq / (lead + sirq).max(1e-9),
+                on_cpu: (done.client_cpu + done.server_cpu).as_secs_f64() / secs.max(1e-9),
+                client_waited: done.client_wait.as_secs_f64() / secs.max(1e-9),
                 ..blank()
             }
         }
@@ -205,5 +213,7 @@ fn blank() -> Sample {
         units: 0.0,
         retrans: 0,
         softirqd: 0.0,
+        on_cpu: 0.0,
+        client_waited: 0.0,
     }
 }

@@ -78,6 +78,12 @@ pub fn table(o: &Opts, machine: &str, others: &[String], r: &Results) -> String 
             r.took
         ));
     }
+    let all: Vec<Sample> = r.samples.values().flatten().cloned().collect();
+    if let Some((lo, med, hi)) = col(&all, &|x| Some(100.0 * x.on_cpu)) {
+        s.push_str(&format!(
+            "the workload's threads ran {lo:.0}/{med:.0}/{hi:.0} % of the wall time (min/median/max over runs)\n"
+        ));
+    }
     if !others.is_empty() {
         s.push_str(&format!(
             "note: attached to skb:kfree_skb by someone else during the run: {}\n",
