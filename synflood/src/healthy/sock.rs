@@ -186,6 +186,18 @@ pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
     }
 }
 
+/// Takes up to `len` bytes off a TCP socket without copying them
+/// (MSG_TRUNC: tcp_recvmsg frees them); as [`read`] otherwise.
+pub fn discard(fd: &OwnedFd, len: usize) -> io::Result<Option<usize>> {
+    // SAFETY: with MSG_TRUNC TCP writes nothing to the buffer.
+    let rc = unsafe { libc::recv(fd.as_raw_fd(), std::ptr::null_mut(), len, libc::MSG_TRUNC) };
+    match check(rc as libc::c_int, "recv") {
+        Ok(n) => Ok(Some(n as usize)),
+        Err(e) if would_block(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Writes all of `buf` (a send timeout is a failure).
 pub fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {

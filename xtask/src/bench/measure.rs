@@ -46,7 +46,7 @@ pub const H2: Kind = Kind {
 };
 pub const H3: Kind = Kind {
     key: "h3",
-    title: "h3: one TCP bulk stream (64 KiB writes) through the router",
+    title: "h3: one TCP bulk stream (64 KiB writes, the server discards) through the router",
     unit: "MB",
     lead: "MB per client+server CPU s",
     wall: "MB/s (wall)",

@@ -16,8 +16,10 @@ use synflood::healthy::{self, Done, Ends};
 
 use super::topo::sh;
 
-/// The server's port for every workload (UDP for h1, TCP for h2 and h3).
-pub const PORT: u16 = 8080;
+/// The server's port for every workload (UDP for h1, TCP for h2 and h3):
+/// not 8080, which the integration tests and labs other people run on this
+/// machine use (kdrop variants without --netns would count their drops).
+pub const PORT: u16 = 18080;
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 252, 1, 1);
 const ROUTER_IN: Ipv4Addr = Ipv4Addr::new(10, 252, 1, 2);
 const ROUTER_OUT: Ipv4Addr = Ipv4Addr::new(10, 252, 2, 1);
