@@ -197,7 +197,7 @@ pub fn run(o: &Opts) -> Result<()> {
     }
     if !sel.healthy.is_empty() {
         let points = if sel.variants.iter().any(|k| k == "bt-points") {
-            kdrop_points(&kdrop)?
+            kdrop_points(&kdrop, o.cpu)?
         } else {
             Err("not asked for".into())
         };
@@ -214,7 +214,7 @@ pub fn run(o: &Opts) -> Result<()> {
 
 /// kdrop's points, read from its readiness line, as a bpftrace program
 /// counting on the same points; or why there is none.
-fn kdrop_points(kdrop: &std::path::Path) -> Result<Result<String, String>> {
+fn kdrop_points(kdrop: &std::path::Path, cpu: usize) -> Result<Result<String, String>> {
     let v = Variant {
         key: "points",
         label: "kdrop, to read its points".into(),
@@ -225,7 +225,7 @@ fn kdrop_points(kdrop: &std::path::Path) -> Result<Result<String, String>> {
             topo::OTHER_PORT.to_string(),
         ],
     };
-    let t = Running::start(&v, 0).context("starting kdrop to read the points it attaches")?;
+    let t = Running::start(&v, cpu).context("starting kdrop to read the points it attaches")?;
     let line = t.ready_line.clone();
     let st = t.stop()?;
     for a in &st.accounts {

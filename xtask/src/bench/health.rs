@@ -54,9 +54,13 @@ const DROPS: &[&str] = &[
     "TcpExt.TCPAbortOnTimeout",
     "TcpExt.TCPAbortFailed",
 ];
-/// Reported, not failed on: a retransmission follows a loss, but also a
-/// tail-loss probe when a thread was descheduled for a while.
+/// A drop that no counter above sees (a netfilter verdict, say) shows in
+/// TCP as a retransmission. So does a tail-loss probe sent while the
+/// receiver waited for the CPU, which the receiver then answers with a
+/// DSACK (it had the segment): retransmissions beyond the DSACKed ones are
+/// losses.
 pub const RETRANS: &str = "Tcp.RetransSegs";
+const DSACKED: &str = "TcpExt.TCPDSACKRecvSegs";
 
 /// Counters of one moment, keyed `namespace/Group.Name` (and
 /// `namespace/dev.IFACE.rx_drop` and the like for /proc/net/dev).
@@ -81,8 +85,12 @@ impl Counters {
         Ok(Counters(all))
     }
 
-    /// The drop counters that moved since `before`, as `ns/name +N`.
+    /// The drop counters that moved since `before`, as `ns/name +N`, and
+    /// retransmissions no DSACK showed spurious.
     pub fn drops_since(&self, before: &Counters) -> Vec<String> {
+        let (retrans, dsacked) = (self.moved(before, RETRANS), self.moved(before, DSACKED));
+        let lost = (retrans > dsacked)
+            .then(|| format!("{RETRANS} +{retrans} of which {DSACKED} +{dsacked}: segments lost"));
         self.0
             .iter()
             .filter(|(k, _)| {
@@ -93,6 +101,7 @@ impl Counters {
                 let d = v.saturating_sub(before.0.get(k).copied().unwrap_or(0));
                 (d > 0).then(|| format!("{k} +{d}"))
             })
+            .chain(lost)
             .collect()
     }
 
@@ -235,7 +244,17 @@ mod tests {
             .into_iter()
             .collect(),
         );
-        assert_eq!(after.drops_since(&before), vec!["n/Ip.InDiscards +2"]);
+        assert_eq!(
+            after.drops_since(&before),
+            vec![
+                "n/Ip.InDiscards +2",
+                "Tcp.RetransSegs +3 of which TcpExt.TCPDSACKRecvSegs +0: segments lost"
+            ]
+        );
         assert_eq!(after.moved(&before, RETRANS), 3);
+        // Retransmissions the receiver DSACKed were not losses.
+        let mut spurious = after.clone();
+        spurious.0.insert("n/TcpExt.TCPDSACKRecvSegs".into(), 3);
+        assert_eq!(spurious.drops_since(&before), vec!["n/Ip.InDiscards +2"]);
     }
 }

@@ -233,8 +233,9 @@ fn health(k: &Kind, rows: &[(&Variant, &Vec<Sample>)]) -> String {
         })
         .collect();
     let mut s = format!(
-        "\nhealth: {} runs, none with a drop counter moving or a unit lost (checked every run, baselines included); \
-         {retrans} TCP segments retransmitted in all; ksoftirqd did at most {:.1} % of a run's softirq work\n\
+        "\nhealth: {} runs, none with a drop counter moving, a unit lost or a retransmission left without a DSACK \
+         (checked every run, baselines included); {retrans} TCP segments retransmitted in all, each DSACKed (spurious); \
+         ksoftirqd did at most {:.1} % of a run's softirq work\n\
          kdrop's drop path matched {kdrop_drops} packets in all its runs here\n",
         all.len(),
         100.0 * sirq,

@@ -256,13 +256,19 @@ impl Running {
                 }
                 let drops = s
                     .accounts
-                    .first()
+                    .iter()
+                    .find(|a| a.label == "drops")
                     .with_context(|| format!("no kdrop summary in {lines:?}"))?;
                 let c = |k: &str| drops.get(k);
                 // Records handed to userspace: the drops it printed (or
                 // emitted, for the monitor) and every record the other
                 // probes emitted (handshake packets followed, ...).
-                let others: u64 = s.accounts[1..].iter().map(|a| a.get("emitted")).sum();
+                let others: u64 = s
+                    .accounts
+                    .iter()
+                    .filter(|a| a.label != "drops")
+                    .map(|a| a.get("emitted"))
+                    .sum();
                 let own = drops.values.get("events").copied().unwrap_or(c("emitted"));
                 s.to_user = Some(own + others);
                 s.seen = Some(c("matched"));
