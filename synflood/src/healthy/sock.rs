@@ -187,7 +187,9 @@ pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
 }
 
 /// Takes up to `len` bytes off a TCP socket without copying them
-/// (MSG_TRUNC: tcp_recvmsg frees them); as [`read`] otherwise.
+/// (MSG_TRUNC: `tcp_recvmsg_locked` skips the copy and frees them,
+/// https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp.c); as
+/// [`read`] otherwise.
 pub fn discard(fd: &OwnedFd, len: usize) -> io::Result<Option<usize>> {
     // SAFETY: with MSG_TRUNC TCP writes nothing to the buffer.
     let rc = unsafe { libc::recv(fd.as_raw_fd(), std::ptr::null_mut(), len, libc::MSG_TRUNC) };

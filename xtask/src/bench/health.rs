@@ -162,6 +162,9 @@ fn parse_snmp(text: &str) -> Vec<(String, u64)> {
 }
 
 /// /proc/net/dev: receive and transmit errors and drops per interface.
+/// rx drop includes the per-CPU backlog's overflow: `enqueue_to_backlog`
+/// counts it on the receiving device
+/// (https://github.com/torvalds/linux/blob/v6.18/net/core/dev.c).
 fn parse_dev(text: &str) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     for line in text.lines().skip(2) {

@@ -199,7 +199,9 @@ impl Routed {
             sysctl(ns, &["net.ipv4.tcp_no_metrics_save=1"])?;
         }
         // The churning client closes first and keeps TIME_WAIT: reuse it
-        // (1 s after its last timestamp) across 64k source ports.
+        // (1 s after its last timestamp, `tcp_twsk_unique`,
+        // https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_ipv4.c)
+        // across 64k source ports.
         sysctl(
             c,
             &[
