@@ -9,18 +9,21 @@
 //! Safety rails: it stops at `count` packets or after `duration`, whichever
 //! comes first, and refuses to run in the initial network namespace: frames
 //! only ever leave through an interface of a namespace the caller created.
+pub mod healthy;
+mod ns;
 mod packet;
 
 use std::{
     fs, io,
     net::Ipv4Addr,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    os::unix::fs::MetadataExt as _,
     path::Path,
     time::{Duration, Instant},
 };
 
 pub use packet::{syn_frame, FRAME_LEN};
+
+use ns::{in_own_namespace, pin_to, thread_cpu};
 
 /// Frames per `sendmmsg` call.
 const BATCH: usize = 64;
@@ -68,42 +71,6 @@ impl Sent {
     pub fn pps_cpu(&self) -> f64 {
         self.packets as f64 / self.cpu.as_secs_f64().max(1e-9)
     }
-}
-
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn netns_inode(path: &Path) -> io::Result<u64> {
-    Ok(fs::metadata(path)?.ino())
-}
-
-/// The initial namespace's inode number where the kernel fixes it
-/// (`PROC_NET_INIT_INO` in include/linux/proc_ns.h; this 6.18 kernel does),
-/// otherwise PID 1's when we may look at it (a sandbox may hide PID 1).
-const PROC_NET_INIT_INO: u64 = 0xEFFF_FFF9;
-
-/// Is the calling thread in a namespace created with `ip netns add` (named
-/// under /run/netns) that is not the initial one?
-fn in_own_namespace() -> io::Result<bool> {
-    let here = netns_inode(Path::new("/proc/thread-self/ns/net"))?;
-    let init = netns_inode(Path::new("/proc/1/ns/net")).ok();
-    if here == PROC_NET_INIT_INO || Some(here) == init {
-        return Ok(false);
-    }
-    let named = fs::read_dir("/run/netns")
-        .map(|d| {
-            d.flatten()
-                .any(|e| netns_inode(&e.path()).is_ok_and(|i| i == here))
-        })
-        .unwrap_or(false);
-    Ok(named)
 }
 
 impl Flood {
@@ -186,19 +153,6 @@ impl Flood {
         .join()
         .map_err(|_| io::Error::other("flood thread panicked"))?
     }
-}
-
-fn pin_to(cpu: usize) -> io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays within it for
-    // cpu < CPU_SETSIZE, checked by the kernel's answer otherwise.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// An AF_PACKET socket bound to `ifname` that receives nothing (protocol 0)

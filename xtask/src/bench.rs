@@ -1,24 +1,41 @@
-//! `cargo xtask bench`: what kdrop costs a node under a SYN flood, side by
-//! side with what a user would run instead, in one run.
+//! `cargo xtask bench`: what kdrop costs a node, side by side with what a
+//! user would run instead, in one run: under a SYN flood the node drops,
+//! and on healthy traffic (small forwarded packets, TCP connection churn,
+//! a bulk stream) that nothing drops.
 //!
-//! A bounded flood (synflood) goes from a client namespace through a veth to
-//! a node namespace whose iptables rule drops every SYN. Each round runs
-//! every variant once, in an order that rotates between rounds, with a
+//! The flood (synflood) goes from a client namespace through a veth to a
+//! node namespace whose iptables rule drops every SYN. The healthy
+//! workloads (synflood::healthy) go from a client namespace through a
+//! router namespace to a server namespace. Each round runs every variant of
+//! a workload once, in an order that rotates between rounds, with a
 //! no-tracer baseline between any two, and each variant is compared to the
 //! baselines right before and after it: the machine is shared, so absolute
 //! rates drift, ratios measured close together much less.
+mod companion;
+mod health;
 mod interrupt;
+mod measure;
+mod parse;
+mod points;
 mod prog_stats;
+mod report;
+mod routed;
+mod targets;
 mod tools;
 mod topo;
+mod variants;
 
-use std::{collections::BTreeMap, process::Command};
+use std::{collections::BTreeMap, process::Command, time::Instant};
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 
 use self::{
-    tools::{Running, Stopped, Tool, Variant},
+    measure::{measure, Load, Sample, Unhealthy},
+    report::Results,
+    routed::{Routed, Work},
+    tools::Running,
     topo::Topo,
+    variants::{Tool, Variant},
 };
 
 #[derive(Debug, clap::Args)]
@@ -26,31 +43,112 @@ pub struct Opts {
     /// Rounds; each runs every variant once.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Length of each flood, seconds.
+    /// Length of each run (flood or healthy workload), seconds.
     #[arg(long, default_value_t = 2.0)]
     secs: f64,
-    /// Most packets in one flood (it also stops after --secs).
+    /// Most units in one run (flood packets, datagrams, connections,
+    /// 64 KiB writes); each also stops after --secs.
     #[arg(long, default_value_t = 50_000_000)]
     count: u64,
-    /// Only these variants, e.g. `b,c,e2` (the baseline `a` always runs).
+    /// Workloads and flood variants: `h1`, `h2`, `h3` (healthy workloads,
+    /// each with every healthy variant), `flood` (every flood variant) or
+    /// flood variants such as `b,c,e2` (the baseline `a` always runs).
+    /// Default: the flood and h1, h2, h3.
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
-    /// CPU to pin the flood to (its softirq, where the drops happen, runs
-    /// there too); the tracers' own processes run on the other CPUs, as
-    /// they would on a node with more than two.
+    /// Only these variants of the healthy workloads, e.g. `mon,kd-none`
+    /// (the baseline `base` always runs): kd-none, kd-match, mon,
+    /// bt-kfree, bt-points, tcpdump.
+    #[arg(long, value_delimiter = ',')]
+    variants: Option<Vec<String>>,
+    /// CPU to pin the flood and the healthy clients to (the softirq that
+    /// carries their packets runs there too); the healthy servers run on
+    /// the next CPU, the tracers' own processes off this one, as they
+    /// would on a node with more than two.
     #[arg(long, default_value_t = 0)]
     cpu: usize,
     /// Also measure the nanoseconds each tool's BPF programs take per call
-    /// (kernel run-time statistics, on only while the bench runs). The
-    /// statistics' own clock reads are in the figure and slow every program
-    /// down: compare the figures with each other, and take throughput from
-    /// a run without this flag.
+    /// and how often each runs per unit of work (kernel run-time
+    /// statistics, on only while the bench runs). The statistics' own
+    /// clock reads are in the figure and slow every program down: compare
+    /// the figures with each other, and take throughput from a run
+    /// without this flag.
     #[arg(long)]
     prog_stats: bool,
     /// Run the full torture tests instead (a 60 s flood, 100 start/stop
     /// cycles, ...): tests/tests/torture.rs with KDROP_TORTURE=full.
     #[arg(long)]
     torture: bool,
+}
+
+const FLOOD_KEYS: &[&str] = &["a", "b", "c", "d", "e1", "e2", "f", "g"];
+const HEALTHY: &[(&str, Work)] = &[("h1", Work::Udp), ("h2", Work::Churn), ("h3", Work::Stream)];
+const HEALTHY_KEYS: &[&str] = &[
+    "base",
+    "kd-none",
+    "kd-match",
+    "mon",
+    "bt-kfree",
+    "bt-points",
+    "tcpdump",
+];
+
+/// What `--only` and `--variants` asked for.
+struct Selection {
+    /// Flood variants (the baseline included), empty for no flood.
+    flood: Vec<String>,
+    healthy: Vec<Work>,
+    variants: Vec<String>,
+}
+
+fn select(o: &Opts) -> Result<Selection> {
+    let all_flood = || FLOOD_KEYS.iter().map(|k| k.to_string()).collect();
+    let mut sel = Selection {
+        flood: Vec::new(),
+        healthy: Vec::new(),
+        variants: HEALTHY_KEYS.iter().map(|k| k.to_string()).collect(),
+    };
+    match &o.only {
+        None => {
+            sel.flood = all_flood();
+            sel.healthy = HEALTHY.iter().map(|(_, w)| *w).collect();
+        }
+        Some(only) => {
+            for k in only.iter().map(|k| k.trim()) {
+                if k == "flood" {
+                    sel.flood = all_flood();
+                } else if let Some((_, w)) = HEALTHY.iter().find(|(h, _)| *h == k) {
+                    if !sel.healthy.contains(w) {
+                        sel.healthy.push(*w);
+                    }
+                } else if FLOOD_KEYS.contains(&k) {
+                    if !sel.flood.iter().any(|f| f == k) {
+                        sel.flood.push(k.to_string());
+                    }
+                } else {
+                    bail!(
+                        "--only {k}: not a workload (flood, h1, h2, h3) or flood variant ({})",
+                        FLOOD_KEYS.join(", ")
+                    );
+                }
+            }
+        }
+    }
+    if let Some(vs) = &o.variants {
+        for k in vs.iter().map(|k| k.trim()) {
+            if !HEALTHY_KEYS.contains(&k) {
+                bail!(
+                    "--variants {k}: not a healthy variant ({})",
+                    HEALTHY_KEYS.join(", ")
+                );
+            }
+        }
+        sel.variants = vs.iter().map(|k| k.trim().to_string()).collect();
+    }
+    if o.rounds == 0 || o.secs.is_nan() || o.secs <= 0.0 {
+        bail!("--rounds and --secs must be positive");
+    }
+    Ok(sel)
 }
 
 /// Debian packages for the tools compared, by binary.
@@ -60,35 +158,18 @@ const TOOLS: &[(&str, &str)] = &[
     ("dropwatch", "dropwatch"),
 ];
 
-/// One variant in one round.
-#[derive(Clone, Debug)]
-struct Sample {
-    /// Packets the node dropped (its iptables counter) per second of the
-    /// flooding thread's CPU time, which includes the receive and drop path
-    /// (softirq in its context): what a CPU given to the flood alone would
-    /// drop. Other work on the shared machine hardly moves it.
-    pps_cpu: f64,
-    /// The same per second of wall time: what this machine did, with
-    /// whatever else ran on the flood's CPU meanwhile.
-    pps: f64,
-    /// Each over the baselines right before and after.
-    ratio_cpu: f64,
-    ratio: f64,
-    ready_ms: Option<f64>,
-    stopped: Option<Stopped>,
-    secs: f64,
-}
-
 pub fn run(o: &Opts) -> Result<()> {
     if o.torture {
         return torture();
     }
+    let sel = select(o)?;
     crate::build()?;
     let missing = install_tools();
     let machine = machine();
     // This process's threads (readers of the tools' output) stay off the
-    // flood's CPU too; the flood thread pins itself to it.
+    // workload's CPU too; the flood and client threads pin themselves to it.
     keep_off_cpu(o.cpu);
+    let _companion = companion::Companion::start();
     let others = others_on_kfree_skb();
     if !others.is_empty() {
         eprintln!(
@@ -102,101 +183,220 @@ pub fn run(o: &Opts) -> Result<()> {
         None
     };
     let kdrop = crate::kdrop_bin();
-    // Ctrl-C ends the bench between two floods (each is bounded), through
+    // Ctrl-C ends the bench between two runs (each is bounded), through
     // the guards that remove its namespaces.
     interrupt::catch();
-    let topo = Topo::new()?;
-    let mut variants = tools::variants(&topo, &kdrop);
-    if let Some(only) = &o.only {
-        variants.retain(|v| v.tool.is_none() || only.iter().any(|k| k == v.key));
+    // Each table is printed as soon as it is there: a later failure keeps it.
+    if !sel.flood.is_empty() {
+        let topo = Topo::new()?;
+        let mut vs = variants::flood(&topo, &kdrop);
+        vs.retain(|v| v.tool.is_none() || sel.flood.iter().any(|k| k == v.key));
+        let r = rounds(o, Load::Flood(&topo), vs, &missing)?;
+        drop(topo);
+        print!("{}", report::table(o, &machine, &others, &r));
     }
-    let mut na: BTreeMap<&str, String> = BTreeMap::new();
-    for v in &variants {
+    if !sel.healthy.is_empty() {
+        let points = if sel.variants.iter().any(|k| k == "bt-points") {
+            kdrop_points(&kdrop, o.cpu)?
+        } else {
+            Err("not asked for".into())
+        };
+        let routed = Routed::new()?;
+        for work in &sel.healthy {
+            let mut vs = variants::healthy(&kdrop, &routed.router, &points);
+            vs.retain(|v| v.tool.is_none() || sel.variants.iter().any(|k| k == v.key));
+            let r = rounds(o, Load::Healthy(&routed, *work), vs, &missing)?;
+            print!("{}", report::table(o, &machine, &others, &r));
+        }
+    }
+    Ok(())
+}
+
+/// kdrop's points, read from its readiness line, as a bpftrace program
+/// counting on the same points; or why there is none.
+fn kdrop_points(kdrop: &std::path::Path, cpu: usize) -> Result<Result<String, String>> {
+    let v = Variant {
+        key: "points",
+        label: "kdrop, to read its points".into(),
+        tool: Some(Tool::Kdrop),
+        argv: vec![
+            kdrop.display().to_string(),
+            "--port".into(),
+            topo::OTHER_PORT.to_string(),
+        ],
+    };
+    let t = Running::start(&v, cpu).context("starting kdrop to read the points it attaches")?;
+    let line = t.ready_line.clone();
+    let st = t.stop()?;
+    for a in &st.accounts {
+        a.check().map_err(anyhow::Error::msg)?;
+    }
+    let points = points::parse(&line);
+    eprintln!(
+        "xtask: bench: kdrop attaches {} ({line:?})",
+        points
+            .iter()
+            .map(|p| format!("{} via {}", p.name, p.rung))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(points::bpftrace(&points).map_err(|e| format!("{e:#}")))
+}
+
+/// Every round of one workload: A B1 A B2 A ..., each variant compared to
+/// the mean of the baselines right before and after it. The order rotates
+/// between rounds so no variant always follows the same one.
+fn rounds<'v>(
+    o: &Opts,
+    load: Load,
+    variants: Vec<Variant>,
+    missing: &BTreeMap<String, String>,
+) -> Result<Results<'v>> {
+    let t0 = Instant::now();
+    let kind = load.kind();
+    let mut r = Results {
+        kind,
+        variants,
+        samples: BTreeMap::new(),
+        na: BTreeMap::new(),
+        failed: BTreeMap::new(),
+        load: Vec::new(),
+        took: 0.0,
+    };
+    let keys: Vec<(&'static str, Option<Tool>)> =
+        r.variants.iter().map(|v| (v.key, v.tool)).collect();
+    for v in &r.variants {
         if let Some(t) = v.tool {
             if let Some(why) = missing.get(&bin_of(t)) {
-                na.insert(v.key, why.clone());
+                r.na.insert(v.key, why.clone());
+            } else if let Some(why) = v.argv.first().and_then(|a| a.strip_prefix("n/a: ")) {
+                r.na.insert(v.key, why.to_string());
             }
         }
     }
     eprintln!(
-        "xtask: bench: {} rounds of {} s floods, variants {}",
+        "xtask: bench: {}: {} rounds of {} s runs, variants {}",
+        kind.key,
         o.rounds,
         o.secs,
-        variants.iter().map(|v| v.key).collect::<Vec<_>>().join(",")
+        keys.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(",")
     );
-    let mut samples: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
-    let mut failed: BTreeMap<&str, usize> = BTreeMap::new();
-    let baseline = variants
+    let baseline = r
+        .variants
         .iter()
         .find(|v| v.tool.is_none())
         .cloned()
         .context("no baseline variant")?;
+    let one = |v: &Variant, round: usize, r: &mut Results<'v>| -> Result<Sample> {
+        interrupt::check()?;
+        let s = measure(v, load, o)?;
+        log(kind.key, round, v, &s);
+        r.load.extend(loadavg());
+        Ok(s)
+    };
+    if let Load::Healthy(..) = load {
+        // Unmeasured: the first stream in fresh namespaces ran at half the
+        // rate per CPU second of every later one (page and socket memory
+        // not yet warm), which would skew the first ratios.
+        interrupt::check()?;
+        measure(&baseline, load, o).context("warm-up run")?;
+    }
     for round in 0..o.rounds {
-        // A B1 A B2 A ...: each variant is compared to the mean of the
-        // baselines right before and after it. The order rotates between
-        // rounds so no variant always follows the same one.
-        let mut order: Vec<&Variant> = variants
+        let mut order: Vec<Variant> = r
+            .variants
             .iter()
-            .filter(|v| v.tool.is_some() && !na.contains_key(&v.key))
+            .filter(|v| v.tool.is_some() && !r.na.contains_key(&v.key))
+            .cloned()
             .collect();
         let k = round % order.len().max(1);
         order.rotate_left(k);
-        interrupt::check()?;
-        let mut prev = measure(&baseline, &topo, o)?;
-        log(round, &baseline, &prev);
-        samples.entry(baseline.key).or_default().push(prev.clone());
+        let mut prev = one(&baseline, round, &mut r)?;
+        r.samples
+            .entry(baseline.key)
+            .or_default()
+            .push(prev.clone());
         for v in order {
-            interrupt::check()?;
-            let mut s = match measure(v, &topo, o) {
+            let mut s = match one(&v, round, &mut r) {
                 Ok(s) => s,
+                // The workload was not healthy, or kdrop failed or its
+                // accounts did not add up: the bench ends.
+                Err(e) if e.is::<Unhealthy>() || v.tool == Some(Tool::Kdrop) => {
+                    return Err(e.context(format!("{} variant ({})", kind.key, v.key)))
+                }
                 Err(e) if round == 0 => {
                     eprintln!("xtask: bench: ({}) n/a: {e:#}", v.key);
-                    na.insert(v.key, format!("{e:#}"));
+                    r.na.insert(v.key, format!("{e:#}"));
                     continue;
                 }
                 // Another tool failing later (the machine is shared: someone
-                // may hold what it needs) costs that round's sample, not the
-                // bench. A kdrop failure, an accounting mismatch included,
-                // ends it.
-                Err(e) if v.tool != Some(Tool::Kdrop) => {
+                // may hold what it needs) costs that round's sample.
+                Err(e) => {
                     eprintln!("xtask: bench: ({}) failed this round: {e:#}", v.key);
-                    *failed.entry(v.key).or_default() += 1;
+                    *r.failed.entry(v.key).or_default() += 1;
                     continue;
                 }
-                Err(e) => return Err(e.context(format!("variant ({})", v.key))),
             };
-            log(round, v, &s);
-            let next = measure(&baseline, &topo, o)?;
-            log(round, &baseline, &next);
-            s.ratio = s.pps / ((prev.pps + next.pps) / 2.0);
-            s.ratio_cpu = s.pps_cpu / ((prev.pps_cpu + next.pps_cpu) / 2.0);
-            samples.entry(v.key).or_default().push(s);
-            samples.entry(baseline.key).or_default().push(next.clone());
+            let next = one(&baseline, round, &mut r)?;
+            s.ratio = s.rate / ((prev.rate + next.rate) / 2.0);
+            s.ratio_cpu = s.rate_cpu / ((prev.rate_cpu + next.rate_cpu) / 2.0);
+            r.samples.entry(v.key).or_default().push(s);
+            r.samples
+                .entry(baseline.key)
+                .or_default()
+                .push(next.clone());
             prev = next;
         }
     }
-    drop(topo);
-    print!(
-        "{}",
-        table(o, &machine, &others, &variants, &samples, &na, &failed)
-    );
-    Ok(())
+    r.took = t0.elapsed().as_secs_f64();
+    Ok(r)
 }
 
-fn log(round: usize, v: &Variant, s: &Sample) {
+fn log(workload: &str, round: usize, v: &Variant, s: &Sample) {
     let counters = s
         .stopped
         .as_ref()
-        .and_then(|st| st.kdrop)
-        .map(|[m, e, l, so]| format!("  matched {m} emitted {e} lost {l} sampled out {so}"))
+        .map(|st| {
+            st.accounts
+                .iter()
+                .map(|a| {
+                    let kv: Vec<String> =
+                        a.values.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                    format!("  [{}: {}]", a.label, kv.join(", "))
+                })
+                .collect::<String>()
+        })
         .unwrap_or_default();
+    let share = if s.on_cpu > 0.0 {
+        format!(
+            "  on CPU {:.0} %, client waited {:.0} %",
+            100.0 * s.on_cpu,
+            100.0 * s.client_waited
+        )
+    } else {
+        String::new()
+    };
+    let retrans = if s.retrans > 0 {
+        format!("  {} retransmitted", s.retrans)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "xtask: bench: round {} ({}) {:>9.0} pps per flood CPU second, {:>9.0} pps{counters}",
+        "xtask: bench: {workload} round {} ({}) {:>10.0} per lead CPU second, {:>10.0} per second{share}{retrans}{counters}",
         round + 1,
         v.key,
-        s.pps_cpu,
-        s.pps
+        s.rate_cpu,
+        s.rate
     );
+}
+
+/// The 1-minute load average.
+fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Online CPUs (not this process's affinity, which the bench narrows).
@@ -282,70 +482,6 @@ fn install_tools() -> BTreeMap<String, String> {
     out
 }
 
-fn measure(v: &Variant, topo: &Topo, o: &Opts) -> Result<Sample> {
-    let tracer = match v.tool {
-        Some(_) => Some(Running::start(v, o.cpu)?),
-        None => None,
-    };
-    let before = topo.dropped()?;
-    let sent = topo.flood(o.secs, o.count, Some(o.cpu))?;
-    let dropped = topo.dropped()? - before;
-    let secs = sent.elapsed.as_secs_f64();
-    let ready_ms = tracer.as_ref().map(|t| t.ready.as_secs_f64() * 1e3);
-    let stopped = tracer.map(Running::stop).transpose()?;
-    if let Some([m, e, l, s]) = stopped.as_ref().and_then(|s| s.kdrop) {
-        // The kernel's own accounting, and (when it matches every drop)
-        // against the independent count.
-        anyhow::ensure!(
-            m == e + l + s,
-            "({}) matched {m} != emitted {e} + lost {l} + sampled out {s}",
-            v.key
-        );
-        if v.key != "b" {
-            anyhow::ensure!(
-                m == dropped,
-                "({}) kdrop matched {m}, the node's DROP rule counted {dropped}",
-                v.key
-            );
-        }
-    }
-    Ok(Sample {
-        pps_cpu: dropped as f64 / sent.cpu.as_secs_f64().max(1e-9),
-        pps: dropped as f64 / secs,
-        ratio_cpu: 1.0,
-        ratio: 1.0,
-        ready_ms,
-        stopped,
-        secs,
-    })
-}
-
-/// (min, median, max).
-fn spread(mut xs: Vec<f64>) -> Option<(f64, f64, f64)> {
-    if xs.is_empty() {
-        return None;
-    }
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    let med = if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    };
-    Some((xs[0], med, xs[n - 1]))
-}
-
-fn fmt3(s: Option<(f64, f64, f64)>, f: impl Fn(f64) -> String) -> String {
-    match s {
-        Some((a, b, c)) => format!("{}/{}/{}", f(a), f(b), f(c)),
-        None => "-".into(),
-    }
-}
-
-fn kilo(x: f64) -> String {
-    format!("{:.0}k", x / 1e3)
-}
-
 fn machine() -> String {
     let cpus = online_cpus();
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
@@ -360,99 +496,6 @@ fn machine() -> String {
     format!("{cpus} CPUs, {mem_gib:.1} GiB, Linux {}", kernel.trim())
 }
 
-fn table(
-    o: &Opts,
-    machine: &str,
-    others: &[String],
-    variants: &[Variant],
-    samples: &BTreeMap<&str, Vec<Sample>>,
-    na: &BTreeMap<&str, String>,
-    failed: &BTreeMap<&str, usize>,
-) -> String {
-    let mut s = format!(
-        "\nkdrop bench: {} rounds x {} s SYN flood through a veth, the node drops with iptables; {machine}\n\
-         min/median/max over rounds; ratios are to the mean of the no-tracer runs right before and after\n",
-        o.rounds, o.secs,
-    );
-    if !others.is_empty() {
-        s.push_str(&format!(
-            "note: attached to skb:kfree_skb by someone else during the run: {}\n",
-            others.join("; ")
-        ));
-    }
-    s.push_str(&format!(
-        "\n{:<52} {:>24} {:>17} {:>20} {:>17}\n",
-        "throughput", "pps per flood CPU s", "ratio", "pps (wall)", "ratio (wall)"
-    ));
-    let rows: Vec<(&Variant, &Vec<Sample>)> = variants
-        .iter()
-        .filter_map(|v| Some((v, samples.get(v.key)?)))
-        .collect();
-    let col = |xs: &[Sample], f: &dyn Fn(&Sample) -> Option<f64>| {
-        spread(xs.iter().filter_map(f).collect())
-    };
-    let name = |v: &Variant| format!("({}) {}", v.key, v.label);
-    for (v, xs) in &rows {
-        s.push_str(&format!(
-            "{:<52} {:>24} {:>17} {:>20} {:>17}\n",
-            name(v),
-            fmt3(col(xs, &|x| Some(x.pps_cpu)), kilo),
-            fmt3(col(xs, &|x| Some(x.ratio_cpu)), |x| format!("{x:.2}")),
-            fmt3(col(xs, &|x| Some(x.pps)), kilo),
-            fmt3(col(xs, &|x| Some(x.ratio)), |x| format!("{x:.2}")),
-        ));
-    }
-    for (key, n) in failed {
-        s.push_str(&format!(
-            "({key}) failed to run in {n} round(s): fewer samples above\n"
-        ));
-    }
-    for (key, why) in na {
-        if let Some(v) = variants.iter().find(|v| v.key == *key) {
-            s.push_str(&format!("{:<52} n/a: {why}\n", name(v)));
-        }
-    }
-    s.push_str(&format!(
-        "\n{:<52} {:>20} {:>16} {:>16} {:>15} {:>16}\n",
-        "the tool itself",
-        "events/s to user",
-        "CPU % of a core",
-        "peak RSS MiB",
-        "ready ms",
-        "BPF ns per call"
-    ));
-    for (v, xs) in rows.iter().filter(|(v, _)| v.tool.is_some()) {
-        let st = |f: &dyn Fn(&Stopped, f64) -> Option<f64>| {
-            col(xs, &|x| x.stopped.as_ref().and_then(|st| f(st, x.secs)))
-        };
-        s.push_str(&format!(
-            "{:<52} {:>20} {:>16} {:>16} {:>15} {:>16}\n",
-            name(v),
-            fmt3(st(&|st, secs| st.to_user.map(|n| n as f64 / secs)), kilo),
-            fmt3(
-                st(&|st, secs| Some(100.0 * st.cpu_flood / secs)),
-                |x| format!("{x:.0}")
-            ),
-            fmt3(
-                st(&|st, _| Some(st.maxrss_kib as f64 / 1024.0)),
-                |x| format!("{x:.1}")
-            ),
-            fmt3(col(xs, &|x| x.ready_ms), |x| format!("{x:.0}")),
-            fmt3(st(&|st, _| st.prog_ns), |x| format!("{x:.0}")),
-        ));
-    }
-    s.push('\n');
-    for (v, _) in rows.iter().filter(|(v, _)| v.tool == Some(Tool::Bpftrace)) {
-        let prog = if v.key == "e1" {
-            tools::BPFTRACE_COUNT
-        } else {
-            tools::BPFTRACE_PRINT
-        };
-        s.push_str(&format!("({}) bpftrace -e '{prog}'\n", v.key));
-    }
-    s
-}
-
 /// The torture tests in their full form.
 fn torture() -> Result<()> {
     crate::build()?;
@@ -462,4 +505,46 @@ fn torture() -> Result<()> {
         .env("KDROP_BIN", crate::kdrop_bin())
         .env("KDROP_TORTURE", "full");
     crate::run(&mut cmd).context("torture tests")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(only: Option<&str>, variants: Option<&str>) -> Opts {
+        let list = |s: &str| s.split(',').map(str::to_string).collect();
+        Opts {
+            rounds: 5,
+            secs: 2.0,
+            count: 1,
+            only: only.map(list),
+            variants: variants.map(list),
+            cpu: 0,
+            prog_stats: false,
+            torture: false,
+        }
+    }
+
+    #[test]
+    fn selections() {
+        let all = select(&opts(None, None)).unwrap();
+        assert_eq!(all.flood.len(), FLOOD_KEYS.len());
+        assert_eq!(all.healthy, [Work::Udp, Work::Churn, Work::Stream]);
+        assert_eq!(all.variants.len(), HEALTHY_KEYS.len());
+        // The flood letters alone: no healthy workload.
+        let f = select(&opts(Some("b,c"), None)).unwrap();
+        assert_eq!(f.flood, ["b", "c"]);
+        assert!(f.healthy.is_empty());
+        let h = select(&opts(Some("h2,h1,h2"), Some("mon,kd-none"))).unwrap();
+        assert!(h.flood.is_empty());
+        assert_eq!(h.healthy, [Work::Churn, Work::Udp]);
+        assert_eq!(h.variants, ["mon", "kd-none"]);
+        assert_eq!(
+            select(&opts(Some("flood,h3"), None)).unwrap().flood.len(),
+            8
+        );
+        for bad in [opts(Some("h4"), None), opts(None, Some("b"))] {
+            assert!(select(&bad).is_err());
+        }
+    }
 }

@@ -63,9 +63,10 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Build, then measure kdrop's overhead under a SYN flood next to
+    /// Build, then measure kdrop's overhead under a SYN flood and on
+    /// healthy traffic (forwarded UDP, TCP churn, a TCP stream) next to
     /// bpftrace, tcpdump and dropwatch, in namespaces it creates; prints a
-    /// table of ratios to the no-tracer baseline.
+    /// table of ratios to the no-tracer baseline per workload.
     Bench(bench::Opts),
     /// Fuzz the event decoder and the BTF parser (cargo-fuzz, installed if
     /// missing), each for a bounded time.

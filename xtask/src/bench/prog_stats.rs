@@ -3,7 +3,10 @@
 //! Enabled with the BPF_ENABLE_STATS command, whose effect lasts only while
 //! its fd is open: the kernel turns the statistics off again when the bench
 //! ends, even if it crashes (unlike the kernel.bpf_stats_enabled sysctl).
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::{
+    collections::BTreeMap,
+    os::fd::{FromRawFd as _, OwnedFd},
+};
 
 use anyhow::{bail, Result};
 
@@ -62,4 +65,82 @@ pub fn ns_per_call(pid: u32) -> Option<f64> {
         }
     }
     (calls > 0).then(|| ns as f64 / calls as f64)
+}
+
+/// Run count and run time (ns) of each BPF program `pid` holds, by
+/// program id (from /proc/<pid>/fdinfo; both stay 0 while the statistics
+/// are off).
+pub fn snapshot(pid: u32) -> BTreeMap<u32, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if field("link_id:").is_some() {
+            continue;
+        }
+        if let (Some(id), Some(c), Some(t)) =
+            (field("prog_id:"), field("run_cnt:"), field("run_time_ns:"))
+        {
+            out.insert(id as u32, (c, t));
+        }
+    }
+    out
+}
+
+/// What one program did between two snapshots.
+#[derive(Clone, Debug)]
+pub struct ProgRuns {
+    pub name: String,
+    pub runs: u64,
+    pub ns: u64,
+}
+
+/// Programs that ran between `before` and `after`, named as bpftool names
+/// them (the kernel keeps the first 15 bytes of the name).
+pub fn ran(before: &BTreeMap<u32, (u64, u64)>, after: &BTreeMap<u32, (u64, u64)>) -> Vec<ProgRuns> {
+    let names = names();
+    let mut out: Vec<ProgRuns> = after
+        .iter()
+        .map(|(id, (c, t))| {
+            let (c0, t0) = before.get(id).copied().unwrap_or((0, 0));
+            ProgRuns {
+                name: names
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("prog {id}")),
+                runs: c.saturating_sub(c0),
+                ns: t.saturating_sub(t0),
+            }
+        })
+        .filter(|p| p.runs > 0)
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+fn names() -> BTreeMap<u32, String> {
+    let Ok(out) = super::topo::sh("bpftool", &["-j", "prog", "show"]) else {
+        return BTreeMap::new();
+    };
+    let Ok(serde_json::Value::Array(progs)) = serde_json::from_str(&out) else {
+        return BTreeMap::new();
+    };
+    progs
+        .iter()
+        .filter_map(|p| {
+            Some((
+                u32::try_from(p.get("id")?.as_u64()?).ok()?,
+                p.get("name")?.as_str()?.to_string(),
+            ))
+        })
+        .collect()
 }

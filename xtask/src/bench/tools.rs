@@ -1,10 +1,10 @@
-//! The tracers compared: kdrop in three settings and what a user would run
-//! instead (bpftrace, tcpdump, dropwatch), each started, waited on until it
-//! says it is ready, and stopped with SIGINT, with its CPU time and peak RSS.
+//! A compared tool (see variants.rs) running: started, waited on until it
+//! says it is ready, and stopped with SIGINT, with its CPU time, peak RSS,
+//! BPF program runs and what it reported.
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     os::unix::process::CommandExt as _,
-    path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc::{self, Receiver, RecvTimeoutError},
     time::{Duration, Instant},
@@ -12,129 +12,15 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::topo::{Topo, NODE_IF, OTHER_PORT, PORT};
+use super::{
+    parse::{self, Account},
+    prog_stats::{self, ProgRuns},
+    variants::{Tool, Variant},
+};
 
 /// How long a tool may take to become ready (bpftrace compiles first).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tool {
-    Kdrop,
-    Bpftrace,
-    Tcpdump,
-    Dropwatch,
-}
-
-#[derive(Clone, Debug)]
-pub struct Variant {
-    pub key: &'static str,
-    pub label: String,
-    /// `None` for the no-tracer baseline.
-    pub tool: Option<Tool>,
-    pub argv: Vec<String>,
-}
-
-/// The bpftrace one-liners: drops counted by reason in the kernel, and one
-/// line per drop (where and why), the closest to what kdrop prints. BEGIN
-/// runs once every probe is attached: the readiness line.
-pub const BPFTRACE_COUNT: &str =
-    "BEGIN { printf(\"ready\\n\") } tracepoint:skb:kfree_skb { @[args->reason] = count(); }";
-pub const BPFTRACE_PRINT: &str = "BEGIN { printf(\"ready\\n\") } \
-     tracepoint:skb:kfree_skb { printf(\"%s %d\\n\", ksym(args->location), args->reason); }";
-
-fn bpftrace(key: &'static str, label: &str, prog: &str) -> Variant {
-    Variant {
-        key,
-        label: label.to_string(),
-        tool: Some(Tool::Bpftrace),
-        // The tracepoint's format file lives in tracefs, which this machine
-        // does not mount: mount it in a private mount namespace, not on the
-        // host. unshare and sh exec, so the pid is bpftrace's.
-        argv: vec![
-            "unshare".into(),
-            "-m".into(),
-            "--propagation".into(),
-            "private".into(),
-            "sh".into(),
-            "-c".into(),
-            // Already mounted (by someone on the host) is fine too.
-            format!(
-                "mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; exec bpftrace -e '{prog}'"
-            ),
-        ],
-    }
-}
-
-pub fn variants(topo: &Topo, kdrop: &Path) -> Vec<Variant> {
-    let kdrop_argv = |extra: &[&str]| {
-        let mut v = vec![
-            kdrop.display().to_string(),
-            "--json".into(),
-            "--netns".into(),
-            topo.node.clone(),
-        ];
-        v.extend(extra.iter().map(|s| s.to_string()));
-        v
-    };
-    let port = PORT.to_string();
-    let other = OTHER_PORT.to_string();
-    let s = |x: &str| x.to_string();
-    vec![
-        Variant {
-            key: "a",
-            label: s("no tracer"),
-            tool: None,
-            argv: vec![],
-        },
-        Variant {
-            key: "b",
-            label: format!("kdrop, filter matches nothing (--port {other})"),
-            tool: Some(Tool::Kdrop),
-            argv: kdrop_argv(&["--port", &other]),
-        },
-        Variant {
-            key: "c",
-            label: format!("kdrop, every drop (--port {port})"),
-            tool: Some(Tool::Kdrop),
-            argv: kdrop_argv(&["--port", &port]),
-        },
-        Variant {
-            key: "d",
-            label: s("kdrop, every drop, --sample 100"),
-            tool: Some(Tool::Kdrop),
-            argv: kdrop_argv(&["--port", &port, "--sample", "100"]),
-        },
-        bpftrace(
-            "e1",
-            "bpftrace, kfree_skb count by reason (in kernel)",
-            BPFTRACE_COUNT,
-        ),
-        bpftrace("e2", "bpftrace, kfree_skb printf per drop", BPFTRACE_PRINT),
-        Variant {
-            key: "f",
-            label: s("tcpdump, SYN filter, on the node's eth0"),
-            tool: Some(Tool::Tcpdump),
-            argv: vec![
-                s("ip"),
-                s("netns"),
-                s("exec"),
-                topo.node.clone(),
-                s("tcpdump"),
-                s("-n"),
-                s("-i"),
-                s(NODE_IF),
-                s("tcp[tcpflags] & tcp-syn != 0"),
-            ],
-        },
-        Variant {
-            key: "g",
-            label: s("dropwatch -l kas"),
-            tool: Some(Tool::Dropwatch),
-            argv: vec![s("dropwatch"), s("-l"), s("kas")],
-        },
-    ]
-}
 
 /// A line and whether it came from stdout.
 type Line = (bool, String);
@@ -157,7 +43,10 @@ pub struct Running {
     seen: Vec<Line>,
     /// From spawn to the readiness line.
     pub ready: Duration,
+    /// The readiness line itself.
+    pub ready_line: String,
     cpu_at_ready: f64,
+    progs_at_ready: BTreeMap<u32, (u64, u64)>,
 }
 
 /// What a stopped tool reported.
@@ -170,10 +59,19 @@ pub struct Stopped {
     pub to_user: Option<u64>,
     /// Events it saw in the kernel (kdrop `matched`, bpftrace's count sum).
     pub seen: Option<u64>,
-    /// kdrop's counters: matched, emitted, lost, sampled out.
+    /// kdrop's counters of its drop path: matched, emitted, lost, sampled
+    /// out (and, for the monitor, capped folded into sampled out).
     pub kdrop: Option<[u64; 4]>,
+    /// bpftrace's counts by map key (a drop reason, a probe).
+    pub counts: Vec<(String, u64)>,
+    /// Every account kdrop gave (the drop path, handshake packets
+    /// followed, ...), each to be checked.
+    pub accounts: Vec<Account>,
     /// Nanoseconds per call of its BPF programs (with --prog-stats).
     pub prog_ns: Option<f64>,
+    /// Its BPF programs that ran between ready and stop (runs counted only
+    /// with --prog-stats).
+    pub progs: Vec<ProgRuns>,
 }
 
 fn clk_tck() -> f64 {
@@ -187,7 +85,7 @@ fn clk_tck() -> f64 {
 }
 
 /// utime + stime of a live process, seconds.
-fn cpu_of(pid: u32) -> f64 {
+pub fn cpu_of(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The command name may hold spaces: fields count from after its ')'.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
@@ -204,6 +102,8 @@ impl Running {
     pub fn start(v: &Variant, avoid: usize) -> Result<Self> {
         let tool = v.tool.context("the baseline runs no tool")?;
         let (ready_on_stdout, marker, stdout_piped) = match tool {
+            // The monitor prints its events on stdout: kept from the pipe
+            // and from this process.
             Tool::Kdrop => (false, "kdrop: tracing", false),
             Tool::Bpftrace => (true, "ready", true),
             Tool::Tcpdump => (false, "listening on", false),
@@ -254,7 +154,9 @@ impl Running {
             rx,
             seen: Vec::new(),
             ready: Duration::ZERO,
+            ready_line: String::new(),
             cpu_at_ready: 0.0,
+            progs_at_ready: BTreeMap::new(),
         };
         let deadline = t0 + READY_TIMEOUT;
         loop {
@@ -262,10 +164,14 @@ impl Running {
             match r.rx.recv_timeout(left) {
                 Ok((out, line)) => {
                     let ready = out == ready_on_stdout && line.contains(marker);
-                    r.seen.push((out, line));
                     if ready {
                         r.ready = t0.elapsed();
+                        r.ready_line = line.clone();
                         r.cpu_at_ready = cpu_of(r.child.id());
+                        r.progs_at_ready = prog_stats::snapshot(r.child.id());
+                    }
+                    r.seen.push((out, line));
+                    if ready {
                         return Ok(r);
                     }
                 }
@@ -313,7 +219,15 @@ impl Running {
     pub fn stop(mut self) -> Result<Stopped> {
         let pid = self.child.id();
         let cpu_flood = cpu_of(pid) - self.cpu_at_ready;
-        let prog_ns = super::prog_stats::ns_per_call(pid);
+        let prog_ns = prog_stats::ns_per_call(pid);
+        let progs = prog_stats::ran(&self.progs_at_ready, &prog_stats::snapshot(pid));
+        // The monitor's accounts are on its metrics page (its exit line
+        // holds the drop path's only).
+        let metrics = match self.tool {
+            Tool::Kdrop => parse::metrics_url(&self.ready_line).map(|u| scrape(&u)),
+            _ => None,
+        }
+        .transpose()?;
         // SAFETY: kill(2) on our own, not yet reaped child.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
         let ru = self.wait(STOP_TIMEOUT)?;
@@ -330,26 +244,51 @@ impl Running {
         let mut s = Stopped {
             cpu_flood,
             prog_ns,
+            progs,
             maxrss_kib: ru.ru_maxrss as u64,
             ..Default::default()
         };
         match self.tool {
             Tool::Kdrop => {
-                let c = kdrop_summary(&lines)
+                s.accounts = parse::accounts(&lines);
+                if let Some(page) = &metrics {
+                    s.accounts.extend(parse::metric_accounts(page));
+                }
+                let drops = s
+                    .accounts
+                    .iter()
+                    .find(|a| a.label == "drops")
                     .with_context(|| format!("no kdrop summary in {lines:?}"))?;
-                s.to_user = Some(c[0]);
-                s.seen = Some(c[1]);
-                s.kdrop = Some([c[1], c[2], c[3], c[4]]);
+                let c = |k: &str| drops.get(k);
+                // Records handed to userspace: the drops it printed (or
+                // emitted, for the monitor) and every record the other
+                // probes emitted (handshake packets followed, ...).
+                let others: u64 = s
+                    .accounts
+                    .iter()
+                    .filter(|a| a.label != "drops")
+                    .map(|a| a.get("emitted"))
+                    .sum();
+                let own = drops.values.get("events").copied().unwrap_or(c("emitted"));
+                s.to_user = Some(own + others);
+                s.seen = Some(c("matched"));
+                s.kdrop = Some([
+                    c("matched"),
+                    c("emitted"),
+                    c("lost"),
+                    c("sampled out") + c("capped"),
+                ]);
             }
             Tool::Bpftrace => {
-                s.seen = Some(bpftrace_total(&lines));
+                s.counts = parse::bpftrace_counts(&lines);
+                s.seen = Some(parse::bpftrace_total(&lines));
                 s.to_user = Some(printed);
             }
             Tool::Tcpdump => {
-                s.to_user = tcpdump_stat(&lines, "packets captured");
-                s.seen = tcpdump_stat(&lines, "packets received by filter");
+                s.to_user = parse::tcpdump_stat(&lines, "packets captured");
+                s.seen = parse::tcpdump_stat(&lines, "packets received by filter");
             }
-            Tool::Dropwatch => s.seen = Some(dropwatch_total(&lines)),
+            Tool::Dropwatch => s.seen = Some(parse::dropwatch_total(&lines)),
         }
         Ok(s)
     }
@@ -364,99 +303,22 @@ impl Drop for Running {
     }
 }
 
-/// `kdrop: N events in Xs (matched M, emitted E, lost L[, sampled out S])`
-/// as [N, M, E, L, S].
-pub fn kdrop_summary(lines: &[String]) -> Option<[u64; 5]> {
-    let line = lines
-        .iter()
-        .find(|l| l.contains(" events in ") && l.contains("(matched "))?;
-    let nums: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit() && c != '.')
-        .filter(|s| !s.is_empty() && !s.contains('.'))
-        .filter_map(|s| s.parse().ok())
-        .collect();
-    match nums[..] {
-        [n, m, e, l] => Some([n, m, e, l, 0]),
-        [n, m, e, l, s] => Some([n, m, e, l, s]),
-        _ => None,
-    }
-}
-
-/// Sum of bpftrace's `@[reason]: count` lines.
-pub fn bpftrace_total(lines: &[String]) -> u64 {
-    lines
-        .iter()
-        .filter(|l| l.starts_with("@["))
-        .filter_map(|l| l.rsplit_once(':'))
-        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
-        .sum()
-}
-
-/// `614963 packets captured` -> 614963.
-pub fn tcpdump_stat(lines: &[String], what: &str) -> Option<u64> {
-    lines
-        .iter()
-        .find(|l| l.trim_end().ends_with(what))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-}
-
-/// Sum of dropwatch's `N drops at LOCATION` lines.
-pub fn dropwatch_total(lines: &[String]) -> u64 {
-    lines
-        .iter()
-        .filter(|l| l.contains(" drops at "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter_map(|n| n.parse::<u64>().ok())
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn v(lines: &[&str]) -> Vec<String> {
-        lines.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn parses_reports() {
-        assert_eq!(
-            kdrop_summary(&v(&[
-                "kdrop: tracing x",
-                "kdrop: 7 events in 2.1s (matched 9, emitted 7, lost 2)"
-            ])),
-            Some([7, 9, 7, 2, 0])
-        );
-        assert_eq!(
-            kdrop_summary(&v(&[
-                "kdrop: 3 events in 10.0s (matched 300, emitted 3, lost 0, sampled out 297)"
-            ])),
-            Some([3, 300, 3, 0, 297])
-        );
-        assert_eq!(kdrop_summary(&v(&["kdrop: tracing"])), None);
-        assert_eq!(
-            bpftrace_total(&v(&[
-                "Attaching 2 probes...",
-                "",
-                "@[12]: 820288",
-                "@[2]: 3"
-            ])),
-            820291
-        );
-        let td = v(&[
-            "614963 packets captured",
-            "616064 packets received by filter",
-            "0 packets dropped by kernel",
-        ]);
-        assert_eq!(tcpdump_stat(&td, "packets captured"), Some(614963));
-        assert_eq!(
-            tcpdump_stat(&td, "packets received by filter"),
-            Some(616064)
-        );
-        assert_eq!(
-            dropwatch_total(&v(&["12 drops at ip_rcv+0x1a (0xffff)", "3 drops at x"])),
-            15
-        );
-    }
+/// GET of a metrics page on this host (the monitor's, on loopback).
+fn scrape(url: &str) -> Result<String> {
+    let addr = url
+        .strip_prefix("http://")
+        .and_then(|r| r.split_once('/'))
+        .map(|(a, _)| a)
+        .with_context(|| format!("not a metrics address: {url}"))?;
+    let mut s =
+        std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(STOP_TIMEOUT))?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)
+        .with_context(|| format!("reading {url}"))?;
+    Ok(body)
 }

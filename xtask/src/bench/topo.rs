@@ -170,7 +170,7 @@ impl Topo {
 
 /// Namespaces of earlier benches that were killed (SIGKILL gives no chance
 /// to clean up): `kdb<pid>-...` whose pid is gone.
-fn remove_stale() {
+pub fn remove_stale() {
     let Ok(dir) = std::fs::read_dir("/run/netns") else {
         return;
     };
