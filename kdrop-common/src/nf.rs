@@ -4,7 +4,7 @@
 //! correlated with the drop in userspace (same CPU, same packet, just
 //! before the free: `nf_hook_slow` frees the skb right after the hook
 //! function returned NF_DROP).
-use crate::{EventHeader, ABSENT};
+use crate::{EventHeader, PacketId, ABSENT};
 
 /// `EventHeader.kind` of a netfilter verdict record.
 pub const EVENT_NF_VERDICT: u32 = 3;
@@ -32,25 +32,16 @@ pub const NF_NAME_LEN: usize = 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NfVerdictEvent {
     pub header: EventHeader,
+    pub pkt: PacketId,
     /// The raw return value (verdict in the low byte, errno above it).
     pub verdict: u32,
-    pub netns: u32,
-    pub ifindex: u32,
-    pub mark: u32,
-    pub saddr: [u8; 16],
-    pub daddr: [u8; 16],
-    /// Host order.
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u8,
-    pub tcp_flags: u8,
     /// `NF_FN_*`.
     pub func: u8,
     /// `nf_hook_state.hook` (`enum nf_inet_hooks`), `NF_UNKNOWN` if unread.
     pub hook: u8,
     /// `nf_hook_state.pf` (NFPROTO_*), `NF_UNKNOWN` if unread.
     pub pf: u8,
-    pub _pad: [u8; 7],
+    pub _pad: u8,
     /// NUL-terminated; empty when the function has none or it is unread.
     pub table: [u8; NF_NAME_LEN],
     pub chain: [u8; NF_NAME_LEN],
@@ -163,10 +154,7 @@ mod tests {
     #[test]
     fn layouts_have_no_hidden_padding() {
         use core::mem::size_of;
-        assert_eq!(
-            size_of::<NfVerdictEvent>(),
-            16 + 16 + 32 + 4 + 4 + 8 + 2 * NF_NAME_LEN
-        );
+        assert_eq!(size_of::<NfVerdictEvent>(), 16 + 56 + 8 + 2 * NF_NAME_LEN);
         assert_eq!(size_of::<NfFnArgs>(), 16);
         assert_eq!(size_of::<NfProbes>(), 16 * NF_FNS + 8 * 4);
         assert_eq!(size_of::<NfArgStack>(), 8 + 32 * NF_ARG_DEPTH);

@@ -2,12 +2,13 @@
 //! land in .rodata, so the verifier sees them as constants).
 use aya_ebpf::{
     macros::map,
-    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use kdrop_common::{
     nf::{NfArgStack, NfProbes, NF_FNS},
-    AggKey, Counters, CtTuple, FibLookupArgs, FibRecent, Filter, KfreeSkbArgs, LimiterState,
-    MonitorConfig, Offsets, AGGREGATE_MAX_ENTRIES, COUNTERS_KEYS, LIMITERS,
+    AggKey, Counters, CtTuple, Endpoint, Evidence, FibLookupArgs, FibRecent, Filter, FollowStats,
+    FollowValue, KfreeSkbArgs, LimiterState, MonitorConfig, Offsets, RetransArgs,
+    AGGREGATE_MAX_ENTRIES, COUNTERS_KEYS, FOLLOW_MAX_ENTRIES, LIMITERS,
 };
 
 #[unsafe(no_mangle)]
@@ -27,6 +28,27 @@ static FILTER: Filter = Filter::zeroed();
 /// Argument indexes of `fib:fib_table_lookup` for tp_btf and raw_tp.
 #[unsafe(no_mangle)]
 static FIB_ARGS: FibLookupArgs = FibLookupArgs::zeroed();
+
+/// Which drops carry route lookups.
+#[unsafe(no_mangle)]
+static EVIDENCE: Evidence = Evidence::zeroed();
+
+/// Argument positions of the TCP retransmission tracepoints.
+#[unsafe(no_mangle)]
+static RETRANS_ARGS: RetransArgs = RetransArgs::zeroed();
+
+/// Followed connections, by their client's end (filter.rs).
+#[map]
+pub static FOLLOW: HashMap<Endpoint, FollowValue> =
+    HashMap::with_max_entries(FOLLOW_MAX_ENTRIES, 0);
+
+/// How many endpoints are followed (a hint kept by userspace, raised by
+/// kernel inserts): with none, a packet costs no map lookup.
+#[map]
+pub static FOLLOW_LIVE: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static FOLLOW_STATS: PerCpuArray<FollowStats> = PerCpuArray::with_max_entries(1, 0);
 
 /// Userspace sets the size (`--ring-size`); this is the default.
 #[map]
@@ -107,4 +129,14 @@ pub fn monitor() -> &'static MonitorConfig {
 #[inline(always)]
 pub fn nf_probes() -> &'static NfProbes {
     unsafe { &*core::ptr::read_volatile(&&raw const NF_PROBES) }
+}
+
+#[inline(always)]
+pub fn evidence() -> &'static Evidence {
+    unsafe { &*core::ptr::read_volatile(&&raw const EVIDENCE) }
+}
+
+#[inline(always)]
+pub fn retrans_args() -> RetransArgs {
+    unsafe { core::ptr::read_volatile(&raw const RETRANS_ARGS) }
 }

@@ -4,14 +4,16 @@ use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
 };
 use kdrop_common::{
-    service_port, Cidr, DropEvent, EventHeader, Filter, KfreeSkbArgs, Offsets, ABSENT, AF_INET,
-    COUNTERS_KEY, EVENT_DROP, MAX_HOSTS, MAX_PORTS,
+    service_port, Counters, DropEvent, EventHeader, KfreeSkbArgs, RoutedDropEvent, ABSENT, AF_INET,
+    COUNTERS_KEY, EVENT_DROP, EVENT_DROP_ROUTED,
 };
 
 use crate::{
-    config::{filter, offsets, COUNTERS, CT_SCRATCH, EVENTS, LAST_WAKEUP},
-    ct, fib, monitor,
-    skb::{self, Load, Tcp},
+    config::{evidence, filter, offsets, COUNTERS, EVENTS, LAST_WAKEUP},
+    ct, fib,
+    filter::{admit, identity, Admitted},
+    monitor,
+    skb::Load,
     srccheck,
 };
 
@@ -23,28 +25,15 @@ pub fn on_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeS
 
 #[inline(always)]
 fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbArgs) -> Option<()> {
-    let reason = reason as u32;
-    let reason_or_absent = if args.reason == ABSENT {
-        ABSENT
-    } else {
-        reason
-    };
+    let has_reason = args.reason != ABSENT;
+    let reason = if has_reason { reason as u32 } else { ABSENT };
     // Older kernels also report frees that are not drops through this
     // tracepoint; newer ones route them to consume_skb.
     if args.consumed != ABSENT && reason == args.consumed {
         return None;
     }
-    let o = offsets();
-    let tcp = skb::parse_tcp::<L>(skb, o)?;
-    let f = filter();
-    if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
-        return None;
-    }
-    if !matches_packet::<L>(f, &tcp, skb, o) {
-        return None;
-    }
-    let (netns, ifindex) = skb::netns_and_ifindex::<L>(skb, o);
-    if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
+    let mut a = Admitted::zeroed();
+    if !admit::<L>(skb, filter().tcp_flags_any, &mut a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(COUNTERS_KEY)?;
@@ -53,65 +42,109 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
     counters.matched += 1;
     // Monitor mode: count every matched drop (a no-op when MONITOR is
     // zero, i.e. live tracing).
-    let port = service_port(tcp.tcp_flags, tcp.sport, tcp.dport);
-    monitor::aggregate(reason_or_absent, netns, ifindex, port);
-    // 1 in N per CPU: the 1st, N+1th, 2N+1th... match. `emitted + lost +
-    // capped` counts the picks so far, so the next one is due at match
-    // picks * N + 1 (a multiply, not a 64-bit division per packet). The
-    // split stays exact without an atomic: the counters are per CPU.
+    let port = service_port(a.tcp.tcp_flags, a.tcp.sport, a.tcp.dport);
+    monitor::aggregate(reason, a.netns, a.ifindex, port);
+    if !picked(counters) {
+        return None;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Route lookups only for drops they can explain, only IPv4, and only
+    // when the route-lookup probe is armed (its ring holds a recent one).
+    let routed =
+        a.tcp.family == AF_INET && evidence().wants_routes(reason, has_reason) && fib::fresh(now);
+    if routed {
+        let Some(mut entry) = EVENTS.reserve::<RoutedDropEvent>(0) else {
+            counters.lost += 1;
+            return None;
+        };
+        // Filled in place: the record is too large for the BPF stack.
+        // SAFETY: the reservation is sizeof(RoutedDropEvent) bytes, all
+        // written before submit.
+        let e = unsafe { &mut *entry.as_mut_ptr() };
+        let at = At {
+            kind: EVENT_DROP_ROUTED,
+            now,
+            skb,
+            location,
+            reason,
+        };
+        fill::<L>(&mut e.drop, &a, &at);
+        e.drop.fib_next = fib::copy_recent(&mut e.fib).unwrap_or(u32::MAX);
+        entry.submit(wakeup_flags(now));
+    } else {
+        let Some(mut entry) = EVENTS.reserve::<DropEvent>(0) else {
+            counters.lost += 1;
+            return None;
+        };
+        // SAFETY: as above, sizeof(DropEvent) bytes.
+        let e = unsafe { &mut *entry.as_mut_ptr() };
+        let at = At {
+            kind: EVENT_DROP,
+            now,
+            skb,
+            location,
+            reason,
+        };
+        fill::<L>(e, &a, &at);
+        e.fib_next = u32::MAX;
+        entry.submit(wakeup_flags(now));
+    }
+    counters.emitted += 1;
+    Some(())
+}
+
+/// Sampling (1 in N per CPU) and monitor mode's per-second cap: does this
+/// matched drop become a record? Refusals are counted.
+#[inline(always)]
+fn picked(counters: &mut Counters) -> bool {
+    let f = filter();
+    // The 1st, N+1th, 2N+1th... match. `emitted + lost + capped` counts the
+    // picks so far, so the next one is due at match picks * N + 1 (a
+    // multiply, not a 64-bit division per packet). The split stays exact
+    // without an atomic: the counters are per CPU.
     if f.sample_every > 1
         && counters.matched - 1
             != (counters.emitted + counters.lost + counters.capped) * u64::from(f.sample_every)
     {
         counters.sampled_out += 1;
-        return None;
+        return false;
     }
-    // Monitor mode's per-second cap on detailed events.
     if !monitor::admit() {
         counters.capped += 1;
-        return None;
+        return false;
     }
-    let Some(mut entry) = EVENTS.reserve::<DropEvent>(0) else {
-        counters.lost += 1;
-        return None;
-    };
-    // Filled in place: the event is too large for the 512-byte BPF stack.
-    // SAFETY: the reservation is sizeof(DropEvent) bytes, written before submit.
-    let e = unsafe { &mut *entry.as_mut_ptr() };
-    let now = unsafe { bpf_ktime_get_ns() };
+    true
+}
+
+/// The drop as the tracepoint gave it, for `fill` (BPF functions take at
+/// most five arguments).
+struct At {
+    kind: u32,
+    now: u64,
+    skb: u64,
+    location: u64,
+    reason: u32,
+}
+
+/// Everything of a drop record but the route lookups.
+// A BPF subprogram: one copy for both record kinds.
+#[inline(never)]
+fn fill<L: Load>(e: &mut DropEvent, a: &Admitted, at: &At) {
+    let o = offsets();
     e.header = EventHeader {
-        kind: EVENT_DROP,
+        kind: at.kind,
         // SAFETY: plain helper call.
         cpu: unsafe { bpf_get_smp_processor_id() },
-        ts_ns: now,
+        ts_ns: at.now,
     };
-    e.location = location;
-    e.reason = reason_or_absent;
-    e.netns = netns;
-    e.ifindex = ifindex;
-    e.mark = L::load(skb, o.skb_mark).unwrap_or(0);
-    e.saddr = tcp.saddr;
-    e.daddr = tcp.daddr;
-    e.sport = tcp.sport;
-    e.dport = tcp.dport;
-    e.family = tcp.family;
-    e.tcp_flags = tcp.tcp_flags;
-    e._pad = [0; 2];
-    // Route lookups are IPv4 only; userspace ignores `fib` unless valid.
-    let fib_next = if tcp.family == AF_INET {
-        fib::copy_recent(&mut e.fib)
-    } else {
-        None
-    };
-    e.fib_valid = u32::from(fib_next.is_some());
-    e.fib_next = fib_next.unwrap_or(0);
-    ct::read_ct::<L>(skb, o, &mut e.ct);
-    let check = srccheck::recent(now, skb);
+    identity(a, L::load(at.skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
+    e.location = at.location;
+    e.reason = at.reason;
+    let check = srccheck::recent(at.now, at.skb);
     e.src_check_ret = check.unwrap_or(0);
     e.src_check_seen = u32::from(check.is_some());
-    entry.submit(wakeup_flags(now));
-    counters.emitted += 1;
-    Some(())
+    ct::read_ct::<L>(at.skb, o, &mut e.ct);
 }
 
 /// Least time between two records of one CPU that may wake the reader.
@@ -138,81 +171,4 @@ pub fn wakeup_flags(now: u64) -> u64 {
     } else {
         u64::from(BPF_RB_NO_WAKEUP)
     }
-}
-
-/// `any == 0` matches every packet.
-#[inline(always)]
-pub fn flags_match(any: u8, flags: u8) -> bool {
-    any == 0 || flags & any != 0
-}
-
-/// Ports and addresses, of the packet or else of its conntrack entry's
-/// original direction: `--port`/`--host` also match what the client used
-/// before NAT (a service port, a VIP). The entry is only read for packets
-/// that do not match by themselves.
-// A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
-#[inline(never)]
-pub fn matches_packet<L: Load>(f: &Filter, t: &Tcp, skb: u64, o: &Offsets) -> bool {
-    if f.n_ports == 0 && f.n_hosts == 0 {
-        return true;
-    }
-    let ports = (u32::from(t.sport) << 16) | u32::from(t.dport);
-    if matches_tuple(f, t.family, &t.saddr, &t.daddr, ports) {
-        return true;
-    }
-    let Some(orig) = CT_SCRATCH.get_ptr_mut(0) else {
-        return false;
-    };
-    // SAFETY: per-CPU scratch slot, used by one program run at a time.
-    let orig = unsafe { &mut *orig };
-    if !ct::read_orig::<L>(skb, o, orig) {
-        return false;
-    }
-    let ports = (u32::from(orig.sport) << 16) | u32::from(orig.dport);
-    matches_tuple(f, t.family, &orig.saddr, &orig.daddr, ports)
-}
-
-/// One direction's addresses and ports (`sport << 16 | dport`: BPF
-/// functions take at most 5 arguments). Loops stop at the first hit and at
-/// the configured count, which keeps the verifier's path count small.
-#[inline(never)]
-fn matches_tuple(f: &Filter, family: u8, saddr: &[u8; 16], daddr: &[u8; 16], ports: u32) -> bool {
-    let (sport, dport) = ((ports >> 16) as u16, ports as u16);
-    if f.n_ports != 0 {
-        let mut hit = false;
-        let mut i = 0;
-        while i < MAX_PORTS && (i as u32) < f.n_ports {
-            let p = f.ports[i];
-            if p == sport || p == dport {
-                hit = true;
-                break;
-            }
-            i += 1;
-        }
-        if !hit {
-            return false;
-        }
-    }
-    if f.n_hosts != 0 {
-        let mut hit = false;
-        let mut i = 0;
-        while i < MAX_HOSTS && (i as u32) < f.n_hosts {
-            let h = &f.hosts[i];
-            if in_cidr(h, family, saddr) || in_cidr(h, family, daddr) {
-                hit = true;
-                break;
-            }
-            i += 1;
-        }
-        if !hit {
-            return false;
-        }
-    }
-    true
-}
-
-/// One subprogram for every address test keeps each frame small.
-#[inline(never)]
-fn in_cidr(c: &Cidr, family: u8, addr: &[u8; 16]) -> bool {
-    c.contains(family, addr)
 }

@@ -3,15 +3,18 @@
 //! https://github.com/torvalds/linux/blob/v6.18/include/trace/events/net.h#L89).
 //! Userspace follows each handshake with them: a DNAT'd SYN sent again and
 //! again with no answer, a SYN whose reply tuple later shows up un-NAT'd.
+//! Every packet the node sends passes here, so this point is armed only
+//! while a handshake is being followed.
 use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns};
 use kdrop_common::{EventHeader, PacketEvent, EGRESS_COUNTERS_KEY, EVENT_EGRESS, TCP_RST, TCP_SYN};
 
 use crate::{
-    config::{filter, offsets, COUNTERS, EVENTS},
+    config::{offsets, COUNTERS, EVENTS},
     ct,
-    drop::{flags_match, matches_packet, wakeup_flags},
+    drop::wakeup_flags,
+    filter::{admit, identity, Admitted},
     monitor,
-    skb::{self, Load},
+    skb::Load,
 };
 
 #[inline(always)]
@@ -22,20 +25,9 @@ pub fn on_net_dev_queue<L: Load>(skb: u64) -> i32 {
 
 #[inline(always)]
 fn try_net_dev_queue<L: Load>(skb: u64) -> Option<()> {
-    let o = offsets();
-    let tcp = skb::parse_tcp::<L>(skb, o)?;
     // The handshake and its refusal, whatever --all-flags says for drops.
-    if !flags_match(TCP_SYN | TCP_RST, tcp.tcp_flags) {
-        return None;
-    }
-    let f = filter();
-    if !matches_packet::<L>(f, &tcp, skb, o) {
-        return None;
-    }
-    let dev: u64 = L::load(skb, o.skb_dev)?;
-    let net: u64 = L::load(dev, o.dev_net).unwrap_or(0);
-    let netns: u32 = L::load(net, o.net_inum).unwrap_or(0);
-    if f.netns != 0 && f.netns != netns {
+    let mut a = Admitted::zeroed();
+    if !admit::<L>(skb, TCP_SYN | TCP_RST, &mut a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(EGRESS_COUNTERS_KEY)?;
@@ -52,25 +44,21 @@ fn try_net_dev_queue<L: Load>(skb: u64) -> Option<()> {
     };
     // SAFETY: the reservation is sizeof(PacketEvent) bytes, written before submit.
     let e = unsafe { &mut *entry.as_mut_ptr() };
+    let o = offsets();
+    // SAFETY: plain helper calls.
+    let now = unsafe { bpf_ktime_get_ns() };
     e.header = EventHeader {
         kind: EVENT_EGRESS,
-        // SAFETY: plain helper calls.
         cpu: unsafe { bpf_get_smp_processor_id() },
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: now,
     };
-    e.netns = netns;
-    e.ifindex = L::load(dev, o.dev_ifindex).unwrap_or(0);
-    e.mark = L::load(skb, o.skb_mark).unwrap_or(0);
-    e._pad0 = 0;
-    e.saddr = tcp.saddr;
-    e.daddr = tcp.daddr;
-    e.sport = tcp.sport;
-    e.dport = tcp.dport;
-    e.family = tcp.family;
-    e.tcp_flags = tcp.tcp_flags;
-    e._pad = [0; 2];
+    identity(&a, L::load(skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
+    // The filter took the interface it came in on (`skb_iif`, like drops);
+    // the record says where it leaves.
+    let dev: u64 = L::load(skb, o.skb_dev).unwrap_or(0);
+    e.pkt.ifindex = L::load(dev, o.dev_ifindex).unwrap_or(0);
     ct::read_ct::<L>(skb, o, &mut e.ct);
-    entry.submit(wakeup_flags(e.header.ts_ns));
+    entry.submit(wakeup_flags(now));
     counters.emitted += 1;
     Some(())
 }

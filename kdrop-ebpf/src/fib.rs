@@ -5,7 +5,7 @@
 use core::mem::size_of;
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, generated};
-use kdrop_common::{FibLookup, Offsets, FIB_RECENT};
+use kdrop_common::{FibLookup, Offsets, FIB_RECENT, FIB_WINDOW_NS};
 
 use crate::{
     config::{offsets, FIB_LOOKUPS},
@@ -54,6 +54,20 @@ fn fill_result<L: Load>(e: &mut FibLookup, nhc: u64, o: &Offsets) {
     e.gw = L::load(nhc, o.nhc_gw).unwrap_or([0; 4]);
     e.gw_family = L::load(nhc, o.nhc_gw_family).unwrap_or(0);
     e.scope = L::load(nhc, o.nhc_scope).unwrap_or(0);
+}
+
+/// Did this CPU record a route lookup within `FIB_WINDOW_NS` of `now`? Not
+/// when the probe is disarmed: a drop then carries no stale ring.
+#[inline(always)]
+pub fn fresh(now: u64) -> bool {
+    let Some(recent) = FIB_LOOKUPS.get_ptr(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot of this CPU; read only.
+    let recent = unsafe { &*recent };
+    let last = recent.next.wrapping_sub(1) as usize & (FIB_RECENT - 1);
+    let ts = recent.entries.get(last).map_or(0, |e| e.ts_ns);
+    ts != 0 && now.wrapping_sub(ts) < FIB_WINDOW_NS
 }
 
 /// Copies this CPU's whole ring of recent lookups into `out` and returns

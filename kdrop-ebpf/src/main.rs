@@ -8,8 +8,10 @@ mod ct;
 mod drop;
 mod egress;
 mod fib;
+mod filter;
 mod monitor;
 mod nfverdict;
+mod retrans;
 mod skb;
 mod srccheck;
 
@@ -26,7 +28,7 @@ use kdrop_common::{
 };
 
 use crate::{
-    config::{fib_args, kfree_skb_args, kfree_skb_fields},
+    config::{fib_args, kfree_skb_args, kfree_skb_fields, retrans_args},
     skb::{Direct, Probe},
 };
 
@@ -100,6 +102,30 @@ pub fn net_dev_queue_btf(ctx: BtfTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "net_dev_queue")]
 pub fn net_dev_queue_raw(ctx: RawTracePointContext) -> i32 {
     egress::on_net_dev_queue::<Probe>(ctx.arg(0))
+}
+
+/// `tcp:tcp_retransmit_skb` as tp_btf (see retrans.rs for the arguments).
+#[btf_tracepoint(function = "tcp_retransmit_skb")]
+pub fn tcp_retransmit_skb_btf(ctx: BtfTracePointContext) -> i32 {
+    retrans::on_retransmit_skb::<Direct>(arg_at(retrans_args().skb_sk, |n| ctx.arg(n)))
+}
+
+/// The same as a raw tracepoint.
+#[raw_tracepoint(tracepoint = "tcp_retransmit_skb")]
+pub fn tcp_retransmit_skb_raw(ctx: RawTracePointContext) -> i32 {
+    retrans::on_retransmit_skb::<Probe>(arg_at(retrans_args().skb_sk, |n| ctx.arg(n)))
+}
+
+/// `tcp:tcp_retransmit_synack` as tp_btf.
+#[btf_tracepoint(function = "tcp_retransmit_synack")]
+pub fn tcp_retransmit_synack_btf(ctx: BtfTracePointContext) -> i32 {
+    retrans::on_retransmit_synack::<Direct>(arg_at(retrans_args().synack_req, |n| ctx.arg(n)))
+}
+
+/// The same as a raw tracepoint.
+#[raw_tracepoint(tracepoint = "tcp_retransmit_synack")]
+pub fn tcp_retransmit_synack_raw(ctx: RawTracePointContext) -> i32 {
+    retrans::on_retransmit_synack::<Probe>(arg_at(retrans_args().synack_req, |n| ctx.arg(n)))
 }
 
 /// `fib_validate_source`'s return code through fexit (kernels whose

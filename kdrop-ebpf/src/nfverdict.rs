@@ -18,8 +18,9 @@ use kdrop_common::{
 
 use crate::{
     config::{filter, nf_probes, offsets, COUNTERS, EVENTS, NF_ARGS},
-    drop::{flags_match, matches_packet, wakeup_flags},
-    skb::{self, read, Probe},
+    drop::wakeup_flags,
+    filter::{admit, identity, Admitted},
+    skb::{read, Probe},
 };
 
 #[inline(always)]
@@ -117,16 +118,8 @@ fn try_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> Optio
     let privp = pick(fa.priv_, a0, a1, a2);
     let o = offsets();
     // Arguments saved by the entry kprobe are plain numbers: helper reads.
-    let tcp = skb::parse_tcp::<Probe>(skb, o)?;
-    let f = filter();
-    if !flags_match(f.tcp_flags_any, tcp.tcp_flags) {
-        return None;
-    }
-    if !matches_packet::<Probe>(f, &tcp, skb, o) {
-        return None;
-    }
-    let (netns, ifindex) = skb::netns_and_ifindex::<Probe>(skb, o);
-    if (f.netns != 0 && f.netns != netns) || (f.ifindex != 0 && f.ifindex != ifindex) {
+    let mut a = Admitted::zeroed();
+    if !admit::<Probe>(skb, filter().tcp_flags_any, &mut a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(NF_VERDICT_COUNTERS_KEY)?;
@@ -148,19 +141,11 @@ fn try_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> Optio
         ts_ns: now,
     };
     e.verdict = verdict;
-    e.netns = netns;
-    e.ifindex = ifindex;
-    e.mark = read(skb, o.skb_mark).unwrap_or(0);
-    e.saddr = tcp.saddr;
-    e.daddr = tcp.daddr;
-    e.sport = tcp.sport;
-    e.dport = tcp.dport;
-    e.family = tcp.family;
-    e.tcp_flags = tcp.tcp_flags;
+    identity(&a, read(skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
     e.func = func as u8;
     e.hook = read(state, p.state_hook).unwrap_or(NF_UNKNOWN);
     e.pf = read(state, p.state_pf).unwrap_or(NF_UNKNOWN);
-    e._pad = [0; 7];
+    e._pad = 0;
     e.table = [0; NF_NAME_LEN];
     e.chain = [0; NF_NAME_LEN];
     if privp != 0 {

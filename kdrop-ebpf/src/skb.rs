@@ -79,9 +79,9 @@ pub struct Tcp {
 
 impl Tcp {
     #[inline(always)]
-    fn zeroed(family: u8) -> Self {
+    pub fn zeroed() -> Self {
         Tcp {
-            family,
+            family: 0,
             tcp_flags: 0,
             sport: 0,
             dport: 0,
@@ -91,13 +91,21 @@ impl Tcp {
     }
 }
 
-/// The TCP/IP headers of `skb`, or `None` if it is not TCP over IPv4/IPv6.
+/// The TCP/IP headers of `skb` into `out`; false if it is not TCP over
+/// IPv4/IPv6. Written in place, not returned: returned by value the packet
+/// was copied through two more frames (the 6.1 verifier's 512-byte limit
+/// on the combined stack counts each).
 /// The IP header is found through `network_header`, which every path that
 /// can drop an IP packet has set; the TCP header is located from the IP
 /// header itself because `transport_header` is unset on early drops.
 // A BPF subprogram: its own stack frame keeps the caller under 512 bytes.
 #[inline(never)]
-pub fn parse_tcp<L: Load>(skb: u64, o: &Offsets) -> Option<Tcp> {
+pub fn parse_tcp<L: Load>(skb: u64, o: &Offsets, out: &mut Tcp) -> bool {
+    parse_tcp_into::<L>(skb, o, out).is_some()
+}
+
+#[inline(always)]
+fn parse_tcp_into<L: Load>(skb: u64, o: &Offsets, out: &mut Tcp) -> Option<()> {
     let (proto, head, nh_off) = L::skb_members(skb, o)?;
     let proto = u16::from_be(proto);
     // Locally built packets can be freed before ip_output sets protocol.
@@ -115,8 +123,8 @@ pub fn parse_tcp<L: Load>(skb: u64, o: &Offsets) -> Option<Tcp> {
     // handshake packet's headers (skb_shared_info follows it).
     let h: [u8; HDRS] = read(nh, 0).ok()?;
     match h[0] >> 4 {
-        4 if proto != ETH_P_IPV6 => parse_v4(nh, &h),
-        6 if proto != ETH_P_IP => parse_v6(&h),
+        4 if proto != ETH_P_IPV6 => parse_v4(nh, &h, out),
+        6 if proto != ETH_P_IP => parse_v6(&h, out),
         _ => None,
     }
 }
@@ -153,7 +161,7 @@ fn skb_members_at_once(skb: u64, o: &Offsets) -> Option<(u16, u64, u16)> {
 const HDRS: usize = 40 + 14;
 
 #[inline(always)]
-fn parse_v4(nh: u64, h: &[u8; HDRS]) -> Option<Tcp> {
+fn parse_v4(nh: u64, h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     let ihl = usize::from(h[0] & 0x0f) * 4;
     if ihl < 20 || h[9] != IPPROTO_TCP {
         return None;
@@ -162,30 +170,32 @@ fn parse_v4(nh: u64, h: &[u8; HDRS]) -> Option<Tcp> {
     if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
         return None;
     }
-    let mut t = Tcp::zeroed(AF_INET);
+    t.family = AF_INET;
+    t.saddr = [0; 16];
+    t.daddr = [0; 16];
     t.saddr[..4].copy_from_slice(&h[12..16]);
     t.daddr[..4].copy_from_slice(&h[16..20]);
     if ihl == 20 {
-        set_ports(&h[20..34], &mut t);
+        set_ports(&h[20..34], t);
     } else {
         // IP options: one more read.
         let th: [u8; 14] = read(nh + ihl as u64, 0).ok()?;
-        set_ports(&th, &mut t);
+        set_ports(&th, t);
     }
-    Some(t)
+    Some(())
 }
 
 #[inline(always)]
-fn parse_v6(h: &[u8; HDRS]) -> Option<Tcp> {
+fn parse_v6(h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     // Extension headers are not walked: handshake packets carry none.
     if h[6] != IPPROTO_TCP {
         return None;
     }
-    let mut t = Tcp::zeroed(AF_INET6);
+    t.family = AF_INET6;
     t.saddr.copy_from_slice(&h[8..24]);
     t.daddr.copy_from_slice(&h[24..40]);
-    set_ports(&h[40..54], &mut t);
-    Some(t)
+    set_ports(&h[40..54], t);
+    Some(())
 }
 
 /// Ports and flags from the TCP header's first 14 bytes.

@@ -2,15 +2,28 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kdrop_common::{Filter, ABSENT};
+use kdrop_common::{Evidence, Filter, MonitorConfig, ABSENT};
 
-use crate::probes::{self, outcome_text, KernelSetup};
+use crate::{
+    output::Lines,
+    probes::{self, outcome_text, KernelSetup},
+};
+
+/// One line of the report; nothing once stdout is closed (`kdrop check |
+/// head`): the check goes on to its verdict, its exit code.
+macro_rules! say {
+    ($out:ident, $($arg:tt)*) => {
+        $out.line(format_args!($($arg)*))
+    };
+}
 
 pub fn run() -> Result<ExitCode> {
+    let mut out = Lines::new(std::io::stdout().lock());
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    println!("kernel      {}", release.trim());
+    say!(out, "kernel      {}", release.trim());
     let warnings = probes::check_privileges()?;
-    println!(
+    say!(
+        out,
         "privileges  {}",
         if warnings.is_empty() {
             "ok".to_string()
@@ -29,33 +42,53 @@ pub fn run() -> Result<ExitCode> {
             setup.reasons.len()
         )
     };
-    println!(
+    say!(
+        out,
         "btf         {} ({:.1} MiB), {reasons}",
         setup.btf_path.display(),
         size as f64 / (1 << 20) as f64,
     );
     match &setup.kfree_skb_args {
         Ok(a) if a.reason == ABSENT => {
-            println!("kfree_skb   no reason argument: drops are reported without a kernel reason")
+            say!(
+                out,
+                "kfree_skb   no reason argument: drops are reported without a kernel reason"
+            )
         }
-        Ok(a) => println!(
+        Ok(a) => say!(
+            out,
             "kfree_skb   TP_PROTO args: skb #{}, location #{}, reason #{}",
-            a.skb, a.location, a.reason
+            a.skb,
+            a.location,
+            a.reason
         ),
-        Err(e) => println!("kfree_skb   {e}"),
+        Err(e) => say!(out, "kfree_skb   {e}"),
     }
     if let Err(e) = &setup.kfree_skb_fields {
-        println!("tracefs     {e}");
+        say!(out, "tracefs     {e}");
     }
     match &setup.conntrack {
         Ok(from) => {
-            println!("conntrack   struct nf_conn from {from}: entries are read off packets")
+            say!(
+                out,
+                "conntrack   struct nf_conn from {from}: entries are read off packets"
+            )
         }
-        Err(e) => println!("conntrack   {e}: packets are reported without their entry"),
+        Err(e) => say!(
+            out,
+            "conntrack   {e}: packets are reported without their entry"
+        ),
     }
     let mut ok = true;
     let mut nf_rungs = Vec::new();
-    match probes::load(&setup, &Filter::zeroed(), 64, true) {
+    let config = probes::Config {
+        filter: &Filter::zeroed(),
+        monitor: &MonitorConfig::zeroed(),
+        evidence: &Evidence::zeroed(),
+        ring_kib: 64,
+        all_rungs: true,
+    };
+    match probes::load(&setup, &config) {
         Ok(p) => {
             for f in &crate::probes::nf::FUNCS {
                 let r = p.reports.iter().find(|r| r.point == f.point);
@@ -63,15 +96,29 @@ pub fn run() -> Result<ExitCode> {
             }
             for r in &p.reports {
                 let chosen = r.chosen().map_or("none".into(), |c| c.to_string());
-                println!("probe       {} ({}): using {chosen}", r.point, r.what);
+                let when = match r.demand {
+                    None => String::new(),
+                    Some(d) => format!(", armed on demand ({d})"),
+                };
+                say!(
+                    out,
+                    "probe       {} ({}{when}): using {chosen}",
+                    r.point,
+                    r.what
+                );
                 for (rung, o) in &r.rungs {
-                    println!("              {:<10} {}", rung.to_string(), outcome_text(o));
+                    say!(
+                        out,
+                        "              {:<10} {}",
+                        rung.to_string(),
+                        outcome_text(o)
+                    );
                 }
             }
         }
         Err(e) => {
             ok = false;
-            println!("probe       skb:kfree_skb (drop path): {e:#}");
+            say!(out, "probe       skb:kfree_skb (drop path): {e:#}");
         }
     }
     // NETFILTER_DROP attribution: methods in the order kdrop tries them.
@@ -80,9 +127,10 @@ pub fn run() -> Result<ExitCode> {
         .enumerate()
     {
         let head = if i == 0 { "netfilter" } else { "" };
-        println!("{head:<12}{m}");
+        say!(out, "{head:<12}{m}");
     }
-    println!(
+    say!(
+        out,
         "verdict     {}",
         if ok {
             "kdrop can trace drops here"

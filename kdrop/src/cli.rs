@@ -96,6 +96,12 @@ pub struct MonitorArgs {
     /// Ring buffer size in KiB (a power of two, at least 4).
     #[arg(long, value_name = "KIB", default_value_t = 256, value_parser = parse_ring_kib)]
     pub ring_size: u32,
+
+    /// Also follow forwarded NAT'd handshakes through conntrack's events
+    /// (ctnetlink NEW and DESTROY): the kernel then builds a message for
+    /// every new connection it tracks, a cost on healthy traffic.
+    #[arg(long)]
+    pub conntrack_events: bool,
 }
 
 #[derive(Debug, Args)]
@@ -135,6 +141,12 @@ pub struct TraceArgs {
     /// Ring buffer size in KiB (a power of two, at least 4).
     #[arg(long, value_name = "KIB", default_value_t = 1024, value_parser = parse_ring_kib)]
     pub ring_size: u32,
+
+    /// Do not listen to conntrack's events (ctnetlink NEW and DESTROY): no
+    /// cost per new connection, but a forwarded NAT'd handshake that dies
+    /// without a drop or a local retransmission here goes unnamed.
+    #[arg(long)]
+    pub no_conntrack_events: bool,
 }
 
 fn parse_port(s: &str) -> Result<u16, String> {

@@ -55,6 +55,7 @@ pub async fn run(args: &TraceArgs) -> Result<ExitCode> {
         filter,
         monitor: MonitorConfig::zeroed(),
         ring_kib: args.ring_size,
+        conntrack_events: !args.no_conntrack_events,
     })?;
     eprintln!("kdrop: tracing {}", session.describe());
     for line in session.missing() {
@@ -72,6 +73,7 @@ pub async fn run(args: &TraceArgs) -> Result<ExitCode> {
     let _ = out.out.flush();
     let stats = session.stats()?;
     out.summary.undecodable = stats.undecodable;
-    eprint!("{}", out.summary.render(&stats));
+    // Not eprint!: `kdrop 2>&1 | head` closes stderr too.
+    let _ = io::stderr().write_all(out.summary.render(&stats).as_bytes());
     Ok(ExitCode::SUCCESS)
 }

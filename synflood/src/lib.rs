@@ -164,7 +164,7 @@ fn packet_socket(ifname: &str) -> io::Result<OwnedFd> {
     if ifindex == 0 {
         return Err(io::Error::other(format!("no interface {ifname}")));
     }
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

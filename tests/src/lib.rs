@@ -4,7 +4,7 @@ use std::{
     io::{BufRead as _, BufReader},
     net::SocketAddr,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::{
         mpsc::{self, Receiver, RecvTimeoutError},
@@ -15,7 +15,12 @@ use std::{
 
 use kdrop::context::netns::in_netns;
 
+pub mod containerd;
+pub mod cri;
 pub mod flood;
+pub mod manifest;
+pub mod prom;
+pub mod scrape;
 pub use kdrop::lab::netlab::{ip, veth, Ns};
 use serde_json::Value;
 
@@ -308,6 +313,11 @@ impl Kdrop {
         }
     }
 
+    /// The next line on stdout (text output), or `None` after `timeout`.
+    pub fn next_line(&self, timeout: Duration) -> Option<String> {
+        self.stdout.recv_timeout(timeout).ok()
+    }
+
     /// The next JSON event on stdout, or `None` after `timeout`.
     pub fn next_event(&self, timeout: Duration) -> Option<Value> {
         let line = self.stdout.recv_timeout(timeout).ok()?;
@@ -586,14 +596,28 @@ pub fn run_fix(cmd: &str) {
 /// stays open (no retransmission decisions are taken for the test) until the
 /// returned fd is dropped.
 pub fn send_syn(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
-    in_netns(&ns.path(), move || -> std::io::Result<OwnedFd> {
+    send_syn_at(&ns.path(), src, dst)
+}
+
+/// `send_syn` from the namespace at `netns` (a pod's, which the test does
+/// not own).
+pub fn send_syn_at(netns: &Path, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
+    in_netns(netns, move || -> std::io::Result<OwnedFd> {
         let family = if src.is_ipv4() {
             libc::AF_INET
         } else {
             libc::AF_INET6
         };
-        // SAFETY: plain socket calls; the fd is owned right away.
-        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+        // SAFETY: plain socket calls; the fd is owned right away. CLOEXEC: a
+        // command another test spawns meanwhile must not inherit it (its copy
+        // would keep the handshake alive after the test closes it).
+        let fd = unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }

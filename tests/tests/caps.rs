@@ -1,5 +1,5 @@
 //! kdrop as a non-root user holding exactly the capabilities of
-//! deploy/daemonset.yaml, granted the way the container image grants them
+//! deploy/base/daemonset.yaml, granted the way the container image grants them
 //! (file capabilities, bounding set limited to the list), traces a drop.
 use std::{
     os::unix::fs::PermissionsExt as _,
@@ -11,7 +11,7 @@ use integration_tests::{inode, kdrop_bin, send_syn, Kdrop, Pair};
 
 /// `add: ["BPF", "PERFMON", ...]` of the manifest's container.
 fn manifest_caps() -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     let line = text
         .lines()
@@ -108,6 +108,7 @@ fn manifest_capabilities_are_enough_to_trace_as_non_root() {
     let want: u64 = caps
         .iter()
         .map(|c| match c.as_str() {
+            "dac_read_search" => 1 << 2,
             "net_admin" => 1 << 12,
             "sys_admin" => 1 << 21,
             "perfmon" => 1 << 38,
@@ -137,7 +138,7 @@ fn manifest_capabilities_are_enough_to_trace_as_non_root() {
 /// read-only host mounts.
 #[test]
 fn manifest_keeps_its_promises() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
     let text = std::fs::read_to_string(path).unwrap();
     let lines: Vec<&str> = text.lines().map(str::trim).collect();
     for want in [

@@ -150,7 +150,7 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     let src: SocketAddr = "172.16.0.50:45005".parse().unwrap();
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
     // The client retransmits on its own schedule (1 s, then 2 s later).
-    let _syn = send_syn(&a.client, src, dst);
+    let syn = send_syn(&a.client, src, dst);
     let e = k.expect_event_within("the unanswered handshake", Duration::from_secs(8), |e| {
         e["kind"] == "unanswered"
     });
@@ -177,16 +177,29 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     );
     let fix = strs(&f["fix"]);
     assert_eq!(
-        fix[0],
-        format!(
-            "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 8005 -j MASQUERADE",
-            a.node.name
-        )
+        fix,
+        [
+            format!(
+                "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 8005 -j MASQUERADE",
+                a.node.name
+            ),
+            // The entry made without SNAT: the same port's retries keep it.
+            format!(
+                "ip netns exec {} conntrack -D -p tcp --orig-src 172.16.0.50 --orig-port-src 45005 \
+                 --orig-dst 10.0.58.158 --orig-port-dst 8005",
+                a.node.name
+            ),
+        ]
     );
     k.stop(libc::SIGINT);
-    run_fix(&fix[0]);
-    connect_from(&a.client, "172.16.0.50:45006".parse().unwrap(), dst)
-        .expect("handshake after the fix");
+    // The old socket goes first: a retransmission of it after the fix would
+    // complete its handshake and hold the 5-tuple.
+    drop(syn);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    // The same 5-tuple: with the stale entry gone, the handshake completes.
+    connect_from(&a.client, src, dst).expect("handshake after the fix");
 }
 
 /// With masquerade in place from the start: the handshake completes and
@@ -286,11 +299,25 @@ fn hairpin(test: &str, bridge_nf_call_iptables: &str) -> Hairpin {
 /// pod B), stops kdrop, checks no "reset" record is left, applies the fix
 /// and connects from pod A's port `sport`.
 fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, sport: u16) {
-    let masq = strs(&f["fix"]).pop().unwrap();
+    let or = strs(&f["fix_or"][0]);
     assert_eq!(
-        masq,
+        or[0],
         format!(
             "ip netns exec {} iptables -t nat -A POSTROUTING -s 10.244.1.5 -d 10.244.1.9/32 -p tcp --dport 8002 -j MASQUERADE",
+            h.node.name
+        )
+    );
+    assert!(
+        or[1].starts_with(&format!(
+            "ip netns exec {} conntrack -D -p tcp --orig-src 10.244.1.5",
+            h.node.name
+        )),
+        "{or:?}"
+    );
+    assert_eq!(
+        strs(&f["fix"]).last().unwrap(),
+        &format!(
+            "ip netns exec {} sysctl -w net.bridge.bridge-nf-call-iptables=1",
             h.node.name
         )
     );
@@ -300,7 +327,9 @@ fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, spo
         "{:?}",
         done.stdout
     );
-    run_fix(&masq);
+    for cmd in &or {
+        run_fix(cmd);
+    }
     let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
     connect_from(
         &h.pod_a,
@@ -338,8 +367,9 @@ fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
     );
     let ev = strs(&f["evidence"]);
     assert!(ev[1].starts_with("conntrack: orig 10.244.1.5:43534 -> 100.67.30.133:8002, reply 10.244.1.9:8002 -> 10.244.1.5:43534"), "{ev:?}");
+    // Found by the entry's reply tuple when the SYN was not seen leaving.
     assert!(
-        ev[2].contains("a port of bridge cni0; 10.244.1.5 is on cni0's subnet too"),
+        ev[2].contains("bridge cni0") && ev[2].contains("; 10.244.1.5 is on cni0's subnet too"),
         "{ev:?}"
     );
     assert!(
@@ -365,7 +395,7 @@ fn incident2_seen_from_the_node_is_a_reset_of_an_un_natted_syn_ack() {
     assert_eq!(e["tcp_flags"], "RST");
     assert_eq!(e["netns_name"], h.node.name.as_str());
     // The RST left the bridge towards pod B.
-    assert_eq!(e["ifname"], "veth9");
+    assert_eq!(e["ifname"], "veth9", "{e}");
     // The handshake as pod A started it, with the entry that DNAT'd it.
     assert_eq!(
         (&e["saddr"], &e["sport"], &e["daddr"], &e["dport"]),
@@ -567,7 +597,7 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
     let k = Kdrop::start(&["--json", "--netns", &l.node.name, "--port", "8004"]);
     let src: SocketAddr = "10.244.2.5:46004".parse().unwrap();
     let dst: SocketAddr = format!("{LB_VIP}:8004").parse().unwrap();
-    let _syn = send_syn(&l.pod_a, src, dst);
+    let syn = send_syn(&l.pod_a, src, dst);
     let e = k.expect_event_within("the looped-back handshake", Duration::from_secs(8), |e| {
         e["kind"] == "unanswered"
     });
@@ -590,11 +620,33 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
     );
     assert!(ev[1].contains("sent out veth9"), "{ev:?}");
     let fix = strs(&f["fix"]);
+    // In the node's namespace, where the VIP is short-circuited, with the
+    // stale entry of the same 5-tuple deleted.
+    assert!(
+        fix[0].starts_with(&format!(
+            "ip netns exec {} iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d 203.0.113.80/32",
+            l.node.name
+        )),
+        "{fix:?}"
+    );
+    assert!(
+        fix[1].starts_with(&format!("ip netns exec {} conntrack -D", l.node.name)),
+        "{fix:?}"
+    );
+    assert!(
+        strs(&f["fix_notes"])
+            .iter()
+            .any(|n| n.starts_with("externalTrafficPolicy: Cluster does not repair this")),
+        "{f}"
+    );
     k.stop(libc::SIGINT);
-    run_fix(&fix[0]);
-    run_fix(&fix[1]);
-    connect_from(&l.pod_a, "10.244.2.5:46005".parse().unwrap(), dst)
-        .expect("handshake after the fix");
+    // The old socket first (see incident 5), then the fix, then the same
+    // 5-tuple again.
+    drop(syn);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    connect_from(&l.pod_a, src, dst).expect("handshake after the fix");
 }
 
 /// The VIP served locally with masquerade (what Cluster policy gives
@@ -801,6 +853,13 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
     assert!(
         ev.iter().any(|l| l.starts_with(
             "NAT rule: -A POSTROUTING -o r1 -p tcp -j SNAT --to-source 10.98.2.1:40000"
+        )),
+        "{ev:?}"
+    );
+    // The first connection holds the tuple (a ctnetlink lookup in the router).
+    assert!(
+        ev.iter().any(|l| l.starts_with(
+            "the entry holding that tuple: orig 10.98.1.2:41001 -> 10.98.2.2:8006, state "
         )),
         "{ev:?}"
     );

@@ -188,6 +188,71 @@ fn check_reports_the_chosen_rung() {
     assert!(stdout.contains(reasons), "{stdout}");
 }
 
+/// Runs `kdrop <args>` with its stdout's reader gone (`kdrop check |
+/// head -0`), after `then` (given kdrop's stderr lines so far, once it
+/// says `until`); its exit status and stderr.
+fn with_closed_stdout(
+    args: &[&str],
+    until: Option<&str>,
+    then: impl FnOnce(),
+) -> (std::process::ExitStatus, String) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(integration_tests::kdrop_bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    if let Some(until) = until {
+        while !seen.lines().any(|l| l.starts_with(until)) {
+            assert!(stderr.read_line(&mut seen).unwrap() > 0, "{seen}");
+        }
+    }
+    then();
+    // kdrop's stderr ends when it exits; past the test's bound it is
+    // killed (before it is reaped: the pid is still ours).
+    let pid = child.id() as i32;
+    let (done, exited) = std::sync::mpsc::channel::<()>();
+    let guard = std::thread::spawn(move || {
+        let limit = integration_tests::bound(Duration::from_secs(20));
+        if exited.recv_timeout(limit).is_err() {
+            // SAFETY: kill(2) of our child, not yet waited for.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let _ = std::io::Read::read_to_string(&mut stderr, &mut seen);
+    let _ = done.send(());
+    guard.join().unwrap();
+    let status = child.wait().unwrap();
+    (status, seen)
+}
+
+#[test]
+fn a_closed_stdout_ends_every_mode_quietly() {
+    // check: on to its verdict, its exit code.
+    let (status, stderr) = with_closed_stdout(&["check"], None, || {});
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    // trace: the first record it cannot write ends it, with its summary.
+    let p = Pair::new("closed", 46);
+    let args = ["--netns", &p.server.name, "-p", "5508"];
+    let (status, stderr) = with_closed_stdout(&args, Some("kdrop: tracing"), || {
+        let _syn = send_syn(&p.client, p.client_v4(43010), p.server_v4(5508));
+    });
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(stderr.contains("(matched "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // lab: the fix is still proven, everything torn down.
+    let (status, stderr) = with_closed_stdout(&["lab", "rp-filter"], None, || {});
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(stderr.contains("the handshake now completes"), "{stderr}");
+    assert!(stderr.contains("lab torn down"), "{stderr}");
+}
+
 #[test]
 fn lab_catches_the_rp_filter_drop_and_cleans_up() {
     let out = std::process::Command::new(integration_tests::kdrop_bin())

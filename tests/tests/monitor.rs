@@ -122,12 +122,21 @@ fn check_accounting(m: &str) {
         events(m, "emitted") + events(m, "lost") + events(m, "sampled_out") + events(m, "capped"),
         "{m}"
     );
-    let hs = |state| value(m, "kdrop_handshake_packets_total", &[("state", state)]).unwrap();
-    assert_eq!(
-        hs("matched"),
-        hs("emitted") + hs("lost") + hs("capped"),
-        "{m}"
-    );
+    for name in [
+        "kdrop_handshake_packets_total",
+        "kdrop_retransmissions_total",
+        "kdrop_netfilter_verdicts_total",
+    ] {
+        let c = |state| value(m, name, &[("state", state)]).unwrap();
+        assert_eq!(c("matched"), c("emitted") + c("lost") + c("capped"), "{m}");
+    }
+    // The followed connections' map is accounted even when nothing used it.
+    for state in ["inserted", "map_full", "admitted"] {
+        assert!(
+            value(m, "kdrop_followed_connections_total", &[("state", state)]).is_some(),
+            "{m}"
+        );
+    }
 }
 
 #[test]
@@ -689,7 +698,13 @@ fn syn_here(src: SocketAddr, dst: SocketAddr) -> std::io::Result<std::net::TcpSt
         panic!("IPv4 only")
     };
     // SAFETY: plain socket calls on an fd owned right away.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
     assert!(fd >= 0);
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let sin = |a: std::net::SocketAddrV4| libc::sockaddr_in {

@@ -182,7 +182,7 @@ fn input_drop(b: Backend, net: u8) {
         let after = e["netfilter"]["packets_after"].as_u64().unwrap();
         let before = e["netfilter"]["packets_before"].as_u64().unwrap();
         assert!(after > before, "{e}");
-        let look = e["finding"]["fix"][0].as_str().unwrap();
+        let look = e["finding"]["inspect"][0].as_str().unwrap();
         assert_eq!(
             look,
             format!(
@@ -499,7 +499,7 @@ fn nft_chain_policy_drop() {
         );
         assert_eq!(e["netfilter"]["target"], "drop", "{e}");
         assert_eq!(
-            e["finding"]["fix"][0],
+            e["finding"]["inspect"][0],
             format!(
                 "ip netns exec {} nft -a list chain inet kdt input",
                 p.server.name

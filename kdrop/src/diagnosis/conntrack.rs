@@ -133,6 +133,8 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
     let ns = d.netns_exec;
     let mut evidence = vec![d.kernel.clone(), stats];
     let mut fix = Vec::new();
+    let mut notes = Vec::new();
+    let mut inspect = vec![format!("{ns}conntrack -S")];
     let summary = match d.ct {
         Some(ct) => {
             // As the packet left NAT: the reply tuple turned around.
@@ -151,6 +153,13 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
             if let Some(h) = &d.holder {
                 evidence.push(format!("the entry holding that tuple: {h}"));
             }
+            inspect.push(format!(
+                "{ns}conntrack -L -p tcp --reply-src {} --reply-port-src {} --reply-dst {} --reply-port-dst {}",
+                ct.reply.src.ip(),
+                ct.reply.src.port(),
+                ct.reply.dst.ip(),
+                ct.reply.dst.port()
+            ));
             let rule = snat
                 .then(|| pick_snat_rule(d.nat_rules, out_src.ip()))
                 .flatten();
@@ -167,8 +176,8 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
                     fix.push(f);
                 }
             }
-            if snat || dnat {
-                fix.push(
+            if (snat || dnat) && fix.is_empty() {
+                notes.push(
                     "give the SNAT/MASQUERADE rule a port range and random port selection \
                      (iptables --to-source ADDR:1024-65535 --random-fully; nftables snat to \
                      ADDR:1024-65535 fully-random), or more source addresses"
@@ -199,12 +208,14 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
                  clashes with an existing connection"
             .into(),
     };
-    fix.push(format!("{ns}conntrack -S"));
     Finding {
         cause: "conntrack_insert_failed",
         summary,
         evidence,
         fix,
+        fix_notes: notes,
+        inspect,
+        ..Finding::default()
     }
 }
 
@@ -293,13 +304,13 @@ fn chain_too_long(d: &CtDrop, stats: String) -> Finding {
             stats,
             format!("conntrack table: {}", fill(d)),
         ],
-        fix: vec![
-            format!(
-                "sysctl -w net.netfilter.nf_conntrack_buckets={} (in the initial namespace: the hash table is global)",
-                a.buckets.map_or(262_144, |b| b * 2)
-            ),
-            format!("{}conntrack -S", d.netns_exec),
-        ],
+        fix: vec![format!(
+            "sysctl -w net.netfilter.nf_conntrack_buckets={}",
+            a.buckets.map_or(262_144, |b| b * 2)
+        )],
+        fix_notes: vec!["in the initial namespace: the hash table is global".into()],
+        inspect: vec![format!("{}conntrack -S", d.netns_exec)],
+        ..Finding::default()
     }
 }
 
@@ -334,15 +345,18 @@ fn table_full(d: &CtDrop, stats: String) -> Finding {
         ),
         evidence,
         fix: vec![
+            format!("sysctl -w net.netfilter.nf_conntrack_max={new_max}"),
             format!(
-                "sysctl -w net.netfilter.nf_conntrack_max={new_max} (in the initial namespace: the limit is global)"
-            ),
-            format!(
-                "sysctl -w net.netfilter.nf_conntrack_buckets={} (hash buckets to match)",
+                "sysctl -w net.netfilter.nf_conntrack_buckets={}",
                 a.buckets.map_or(new_max / 4, |b| b * 2)
             ),
-            format!("{}conntrack -C", d.netns_exec),
         ],
+        fix_notes: vec!["in the initial namespace: the limit and the hash table are global".into()],
+        inspect: vec![
+            format!("{}conntrack -C", d.netns_exec),
+            format!("{}conntrack -S", d.netns_exec),
+        ],
+        ..Finding::default()
     }
 }
 
@@ -441,7 +455,13 @@ mod tests {
             "ip netns exec rt iptables-nft -t nat -R POSTROUTING 2 -o r1 -p tcp -j SNAT \
              --to-source 10.98.2.1:1024-65535 --random-fully"
         );
-        assert_eq!(f.fix.last().unwrap(), "ip netns exec rt conntrack -S");
+        assert_eq!(f.fix.len(), 1, "{:?}", f.fix);
+        assert_eq!(f.inspect[0], "ip netns exec rt conntrack -S");
+        assert_eq!(
+            f.inspect[1],
+            "ip netns exec rt conntrack -L -p tcp --reply-src 10.98.2.2 --reply-port-src 8006 \
+             --reply-dst 10.98.2.1 --reply-port-dst 40000"
+        );
     }
 
     #[test]
@@ -493,11 +513,12 @@ mod tests {
             "conntrack table full in netns rt: 65536 entries of nf_conntrack_max 65536; new \
              connections are dropped"
         );
+        assert_eq!(f.fix[0], "sysctl -w net.netfilter.nf_conntrack_max=131072");
         assert_eq!(
-            f.fix[0],
-            "sysctl -w net.netfilter.nf_conntrack_max=131072 (in the initial namespace: the limit is global)"
+            f.fix_notes,
+            ["in the initial namespace: the limit and the hash table are global"]
         );
-        assert_eq!(f.fix[2], "ip netns exec rt conntrack -C");
+        assert_eq!(f.inspect[0], "ip netns exec rt conntrack -C");
         // Far from the limit and nothing evicted: not a full table.
         let a2 = ConntrackStats {
             count: Some(100),

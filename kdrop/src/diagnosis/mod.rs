@@ -5,11 +5,15 @@
 //! - `routing`: reverse-path and martian drops with the routing tables;
 //! - `conntrack`: conntrack's own drops (NAT port clash, full table);
 //! - `handshake`: handshakes followed through NAT that died silently;
-//! - `netfilter`: which rule, policy or conntrack drop it was.
+//! - `netfilter`: which rule, policy or conntrack drop it was;
+//! - `names`: the pods a connection involves, named in the summary.
 pub mod conntrack;
+pub mod forwarding;
 pub mod handshake;
+pub mod names;
 pub mod netfilter;
 pub mod reason;
+pub mod routes;
 pub mod routing;
 
 pub use self::reason::{explain, netfilter_location, reason_evidence, DropFacts};

@@ -33,15 +33,26 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         .map(|n| format!("ip netns exec {n} "))
         .unwrap_or_default();
     let iface = f.ifname;
-    let (cause, summary, fix): (&str, String, Vec<String>) = match reason {
+    let (src, dst) = (host(&f.src), host(&f.dst));
+    // (cause, summary, fix, notes, inspect): the reason alone rarely says
+    // enough to repair; where it does, the repair.
+    let (cause, summary, fix, notes, inspect): (
+        &str,
+        String,
+        Vec<String>,
+        Vec<String>,
+        Vec<String>,
+    ) = match reason {
         "IP_RPFILTER" => (
             "rp_filter",
-            format!(
-                "reverse-path filter on {iface}: the way back to {} is not via {iface}",
-                host(&f.src)
-            ),
+            format!("reverse-path filter on {iface}: the way back to {src} is not via {iface}"),
+            vec![format!("{ns}sysctl -w net.ipv4.conf.{iface}.rp_filter=2")],
+            vec![format!(
+                "loose mode (2) accepts a packet whose source has any route back; strict \
+                     mode (1) wants it back through {iface}"
+            )],
             vec![
-                format!("{ns}ip route get {} from {}", host(&f.src), host(&f.dst)),
+                format!("{ns}ip route get {src} from {dst}"),
                 format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"),
             ],
         ),
@@ -51,6 +62,11 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 "nothing listens on {} (or the packet matches no connection)",
                 f.dst
             ),
+            vec![],
+            vec![format!(
+                "start the service on {}, or point the client at the port it listens on",
+                f.dst
+            )],
             vec![format!("{ns}ss -ltn")],
         ),
         "NETFILTER_DROP" if f.netfilter.is_some() => {
@@ -61,6 +77,8 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         "NETFILTER_DROP" => (
             "netfilter",
             format!("a netfilter rule or chain policy dropped it on {iface}"),
+            vec![],
+            vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
             vec![
                 format!("{ns}iptables-save -c"),
                 format!("{ns}nft list ruleset"),
@@ -68,42 +86,49 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         ),
         "IP_LOCAL_SOURCE" => (
             "martian_local_source",
-            format!(
-                "martian: source {} is a local address of this host, arriving on {iface}",
-                host(&f.src)
-            ),
+            format!("martian: source {src} is a local address of this host, arriving on {iface}"),
+            vec![],
             vec![format!(
-                "{ns}ip route get {} from {}",
-                host(&f.src),
-                host(&f.dst)
+                "the source is one of this host's addresses: remove it from the device that \
+                     holds it, or stop the peer from using it"
             )],
+            vec![format!("{ns}ip route get {src} from {dst}")],
         ),
         "IP_INVALID_SOURCE" => (
             "martian_source",
-            format!(
-                "martian: source {} is not a valid source address",
-                host(&f.src)
-            ),
+            format!("martian: source {src} is not a valid source address"),
             vec![],
+            vec![],
+            vec![format!("{ns}ip route get {src} from {dst}")],
         ),
         "IP_LOCALNET" => (
             "martian_localnet",
             format!("127.0.0.0/8 address on {iface} without route_localnet"),
+            vec![format!(
+                "{ns}sysctl -w net.ipv4.conf.{iface}.route_localnet=1"
+            )],
+            vec![],
             vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
         ),
         "OTHERHOST" => (
             "otherhost",
             format!("frame on {iface} was addressed to another host's MAC"),
             vec![],
+            vec![],
+            vec![format!("{ns}ip neigh show dev {iface}")],
         ),
         "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
             "no_route",
-            format!("no route for {}", host(&f.dst)),
-            vec![format!("{ns}ip route get {}", host(&f.dst))],
+            format!("no route for {dst}"),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip route get {dst}")],
         ),
         "NEIGH_FAILED" => (
             "neighbour_failed",
             format!("neighbour resolution failed on {iface}"),
+            vec![],
+            vec![],
             vec![format!("{ns}ip neigh show dev {iface}")],
         ),
         "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
@@ -112,11 +137,19 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 "the listener on {} is overloaded (accept or SYN queue)",
                 f.dst
             ),
+            vec![],
+            vec![],
             vec![format!(
                 "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
             )],
         ),
-        "XFRM_POLICY" => ("xfrm_policy", "an IPsec policy refused it".into(), vec![]),
+        "XFRM_POLICY" => (
+            "xfrm_policy",
+            "an IPsec policy refused it".into(),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip xfrm policy")],
+        ),
         _ => return None,
     };
     Some(Finding {
@@ -124,6 +157,9 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         summary,
         evidence: vec![reason_evidence(f)],
         fix,
+        fix_notes: notes,
+        inspect,
+        ..Finding::default()
     })
 }
 
@@ -168,7 +204,7 @@ fn no_reason(f: &DropFacts) -> Finding {
             f.ifname
         ),
         evidence,
-        fix: vec![],
+        ..Finding::default()
     }
 }
 
@@ -207,7 +243,11 @@ mod tests {
             ["kernel drop reason IP_RPFILTER at ip_rcv_finish_core+0x1a3"]
         );
         assert_eq!(
-            f.fix[0],
+            f.fix,
+            ["ip netns exec node sysctl -w net.ipv4.conf.eth1.rp_filter=2"]
+        );
+        assert_eq!(
+            f.inspect[0],
             "ip netns exec node ip route get 198.51.100.7 from 10.0.2.20"
         );
     }

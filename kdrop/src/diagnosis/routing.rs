@@ -14,10 +14,15 @@
 //!   there is no route back at all.
 use std::net::{IpAddr, Ipv4Addr};
 
+use super::routes::RT_TABLE_LOCAL;
+pub use super::routes::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
+
 use crate::model::{
     finding::Finding,
     packet::Lookup,
-    routing::{Confs, Route, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
+    routing::{
+        Confs, Route, RouteLookup, RouteQuery, RouteType, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL,
+    },
 };
 
 pub const LOOPBACK_IFINDEX: u32 = 1;
@@ -29,9 +34,6 @@ pub const REASONS: [&str; 4] = [
     "IP_INVALID_SOURCE",
     "IP_LOCALNET",
 ];
-const RT_TABLE_LOCAL: u32 = 255;
-const RT_TABLE_MAIN: u32 = 254;
-const RT_TABLE_DEFAULT: u32 = 253;
 
 /// A dropped IPv4 packet with what the kernel said about it.
 #[derive(Clone, Debug)]
@@ -47,6 +49,9 @@ pub struct RouteDrop<'a> {
     pub netns_exec: &'a str,
     /// What `fib_validate_source` returned for the packet (fexit/kretprobe).
     pub src_check: Option<i32>,
+    /// The same reverse lookup asked of the kernel afterwards (netlink), for
+    /// a drop that came before the route-lookup probe was armed.
+    pub asked: Option<&'a (RouteQuery, RouteLookup)>,
 }
 
 const EXDEV: i32 = 18;
@@ -114,116 +119,39 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
                 d.location
             ),
         )),
+        // No return code for this packet (its drop armed the probe that
+        // gives one): the reverse lookup the kernel answers now, against
+        // the rp_filter in force.
+        None => {
+            let rp = c.rp_filter(&iif);
+            let back = match d.asked?.1 {
+                RouteLookup::Found(ref a) if a.kind == RouteType::Unicast => Some(a.devices()),
+                RouteLookup::Found(_) => return None,
+                RouteLookup::Failed { .. } => None,
+            };
+            let refused = match back {
+                Some(ref devs) => rp == 1 && !devs.contains(&d.iif),
+                None => rp != 0,
+            };
+            refused.then(|| {
+                (
+                    "IP_RPFILTER",
+                    format!(
+                        "kernel: drop at {} ({named} on this kernel) while routing; rp_filter {rp} \
+                         on {iif} and the reverse lookup, asked now, {} (derived: no return code \
+                         for this packet)",
+                        d.location,
+                        if back.is_some() {
+                            format!("does not leave by {iif}")
+                        } else {
+                            "finds no route back".to_string()
+                        }
+                    ),
+                )
+            })
+        }
         _ => None,
     }
-}
-
-pub fn table_name(t: u32) -> String {
-    match t {
-        RT_TABLE_LOCAL => "local".into(),
-        RT_TABLE_MAIN => "main".into(),
-        RT_TABLE_DEFAULT => "default".into(),
-        t => t.to_string(),
-    }
-}
-
-/// `rule 1024 (from all fwmark 0x80/0x80 lookup main)`, as `ip rule` says it.
-pub fn rule_text(r: &Rule) -> String {
-    let mut s = format!("{}:", r.priority);
-    if r.invert {
-        s.push_str(" not");
-    }
-    match r.src {
-        Some((a, len)) if !(len == 32 && a.is_ipv4()) => s.push_str(&format!(" from {a}/{len}")),
-        Some((a, _)) => s.push_str(&format!(" from {a}")),
-        None => s.push_str(" from all"),
-    }
-    if let Some((a, len)) = r.dst {
-        s.push_str(&format!(" to {a}/{len}"));
-    }
-    if let Some(m) = r.fwmark {
-        match r.fwmask {
-            Some(mask) if mask != u32::MAX => s.push_str(&format!(" fwmark {m:#x}/{mask:#x}")),
-            _ => s.push_str(&format!(" fwmark {m:#x}")),
-        }
-    }
-    if let Some(i) = &r.iifname {
-        s.push_str(&format!(" iif {i}"));
-    }
-    if let Some(o) = &r.oifname {
-        s.push_str(&format!(" oif {o}"));
-    }
-    match r.action {
-        FR_ACT_TO_TBL => s.push_str(&format!(" lookup {}", table_name(r.table))),
-        2 => s.push_str(&format!(" goto {}", r.goto.unwrap_or(0))),
-        3 => s.push_str(" nop"),
-        6 => s.push_str(" blackhole"),
-        7 => s.push_str(" unreachable"),
-        8 => s.push_str(" prohibit"),
-        a => s.push_str(&format!(" action {a}")),
-    }
-    s
-}
-
-fn in_prefix(addr: Ipv4Addr, net: IpAddr, len: u8) -> bool {
-    let IpAddr::V4(net) = net else { return false };
-    let len = u32::from(len.min(32));
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    u32::from(addr) & mask == u32::from(net) & mask
-}
-
-/// The flow of a lookup: what a policy rule's selector is matched against.
-#[derive(Clone, Copy, Debug)]
-pub struct Flow<'a> {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
-    pub mark: u32,
-    pub iif: &'a str,
-}
-
-/// Does rule `r` select `f` (net/core/fib_rules.c `fib_rule_match` and
-/// net/ipv4/fib_rules.c `fib4_rule_match`)?
-pub fn rule_matches(r: &Rule, f: &Flow) -> bool {
-    let hit = r.iifname.as_deref().is_none_or(|i| i == f.iif)
-        && r.oifname.is_none()
-        && r.fwmark
-            .is_none_or(|m| (m ^ f.mark) & r.fwmask.unwrap_or(u32::MAX) == 0)
-        && r.src.is_none_or(|(a, l)| in_prefix(f.src, a, l))
-        && r.dst.is_none_or(|(a, l)| in_prefix(f.dst, a, l));
-    hit != r.invert
-}
-
-/// Longest-prefix match in one table (lowest metric among equals).
-pub fn lookup(routes: &[Route], table: u32, dst: Ipv4Addr) -> Option<&Route> {
-    routes
-        .iter()
-        .filter(|r| r.table == table)
-        .filter(|r| match r.dst {
-            None => r.dst_len == 0,
-            Some(net) => in_prefix(dst, net, r.dst_len),
-        })
-        .max_by(|a, b| a.dst_len.cmp(&b.dst_len).then(b.priority.cmp(&a.priority)))
-}
-
-/// `default via 10.0.1.1 dev eth0` / `local 1.2.3.4 dev kube-ipvs0`.
-pub fn route_text(r: &Route, t: &Tables) -> String {
-    let dst = match r.dst {
-        None => "default".to_string(),
-        Some(a) if r.dst_len == 32 => a.to_string(),
-        Some(a) => format!("{a}/{}", r.dst_len),
-    };
-    let mut s = if r.kind == RTN_LOCAL {
-        format!("local {dst}")
-    } else {
-        dst
-    };
-    if let Some(gw) = r.gateway {
-        s.push_str(&format!(" via {gw}"));
-    }
-    if let Some(oif) = r.oif {
-        s.push_str(&format!(" dev {}", t.link_name(oif)));
-    }
-    s
 }
 
 /// The reverse-path lookups in the kernel's evidence: addresses swapped.
@@ -261,6 +189,53 @@ struct Evidence {
     local: Option<u32>,
 }
 
+/// The reverse lookup asked of the kernel now (netlink), when no lookup
+/// from the drop itself is at hand: its evidence line and what it found.
+fn asked_evidence(d: &RouteDrop, t: &Tables, ev: &mut Evidence) {
+    let Some((q, answer)) = d.asked else {
+        return;
+    };
+    let mark = match q.mark {
+        Some(m) if m != 0 => format!(", mark {m:#x}"),
+        _ => String::new(),
+    };
+    let from = q.src.map(|s| format!(" from {s}")).unwrap_or_default();
+    let found = match answer {
+        RouteLookup::Found(a) => {
+            let dev = a.oif.map_or_else(|| "?".into(), |i| t.link_name(i));
+            let via = match a.gateway {
+                Some(g) => format!(" via {g}"),
+                None => String::new(),
+            };
+            let gw = match a.gateway {
+                Some(IpAddr::V4(g)) => Some(g),
+                _ => None,
+            };
+            let devices = a.devices();
+            let all = if devices.len() > 1 {
+                let names: Vec<String> = devices.iter().map(|&i| t.link_name(i)).collect();
+                format!(" (next hops on {})", names.join(", "))
+            } else {
+                String::new()
+            };
+            if let Some(oif) = a.oif {
+                ev.answer = Some((a.table, oif, gw));
+                if a.kind == RouteType::Local {
+                    ev.local = Some(oif);
+                }
+            }
+            format!("table {} → dev {dev}{via}{all}", table_name(a.table))
+        }
+        RouteLookup::Failed { name, .. } => format!("no route ({name})"),
+    };
+    ev.lines.push(format!(
+        "kernel, asked now through netlink as fib_validate_source asks (this drop came before \
+         kdrop armed its route-lookup probe; the retransmission carries the kernel's own): \
+         reverse lookup of {}{from}{mark}: {found}",
+        d.src
+    ));
+}
+
 /// Kernel evidence lines for the reverse lookup, and what it found.
 fn reverse_evidence(d: &RouteDrop, t: &Tables) -> Evidence {
     let mut ev = Evidence {
@@ -290,7 +265,9 @@ fn reverse_evidence(d: &RouteDrop, t: &Tables) -> Evidence {
             errno_text(l.err)
         ));
     }
-    if !steps.is_empty() {
+    if steps.is_empty() {
+        asked_evidence(d, t, &mut ev);
+    } else {
         ev.lines.push(format!(
             "kernel: reverse lookup of {} (from {}{mark}): {}",
             d.src,
@@ -341,6 +318,10 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
                 fix: vec![format!(
                     "{ns}sysctl -w net.ipv4.conf.{iif}.route_localnet=1"
                 )],
+                inspect: vec![format!(
+                    "{ns}sysctl net.ipv4.conf.all.route_localnet net.ipv4.conf.{iif}.route_localnet"
+                )],
+                ..Finding::default()
             })
         }
         _ => None,
@@ -415,10 +396,17 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
                 d.src
             ),
             evidence,
-            fix: vec![
-                format!("{ns}ip route add {}/32 dev {iif}", d.src),
-                format!("{ns}ip route get {} from {} iif {iif}", d.src, d.dst),
-            ],
+            fix: vec![format!("{ns}ip route add {}/32 dev {iif}", d.src)],
+            fix_notes: vec![format!(
+                "a route back to {} through {iif} lets the check pass; if the client is not \
+                 on {iif}'s link, give the route its gateway (via)",
+                d.src
+            )],
+            inspect: vec![format!(
+                "{ns}ip route get {} from {} iif {iif}",
+                d.src, d.dst
+            )],
+            ..Finding::default()
         };
     };
     let out_name = t.link_name(out_if);
@@ -438,7 +426,8 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
         ));
     }
 
-    let mut fix = vec![format!("{ns}sysctl -w net.ipv4.conf.{iif}.rp_filter=2")];
+    let fix = vec![format!("{ns}sysctl -w net.ipv4.conf.{iif}.rp_filter=2")];
+    let mut fix_or = Vec::new();
     // A table whose way to the client leaves by the input interface: a rule
     // for the packet's destination ahead of the deciding one sends replies
     // (and the reverse lookup) there.
@@ -451,12 +440,12 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
         .find(|&tb| lookup(&t.routes, tb, d.src).is_some_and(|r| r.oif == Some(d.iif)));
     if let (Some(tb), Some(r)) = (back_via_iif, rule) {
         if r.priority > 1 {
-            fix.push(format!(
+            fix_or.push(vec![format!(
                 "{ns}ip rule add from {} lookup {} priority {}",
                 d.dst,
                 table_name(tb),
                 r.priority - 1
-            ));
+            )]);
         }
     }
     Finding {
@@ -472,6 +461,30 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
         ),
         evidence,
         fix,
+        fix_notes: if fix_or.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!(
+                "the policy rule also sends the replies from {} back out of {iif}, where the \
+                 client's packets come in; loose mode only stops the check",
+                d.dst
+            )]
+        },
+        fix_or,
+        inspect: vec![
+            format!(
+                "{ns}ip route get {} from {}{}",
+                d.src,
+                d.dst,
+                if vmark && d.mark != 0 {
+                    format!(" mark {:#x}", d.mark)
+                } else {
+                    String::new()
+                }
+            ),
+            format!("{ns}ip rule show"),
+            format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iif}.rp_filter"),
+        ],
     }
 }
 
@@ -511,19 +524,38 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
         ),
         evidence,
         fix: vec![format!("{ns}ip addr del {}/{prefix} dev {dev}", d.src)],
+        fix_notes: if dev == "kube-ipvs0" {
+            vec![
+                format!(
+                    "kube-proxy (IPVS mode) binds the Service's LoadBalancer IP {} to kube-ipvs0 \
+                     and binds it again after the delete: the lasting repair is on the Service. \
+                     Kubernetes 1.30+: status.loadBalancer.ingress[].ipMode: Proxy (set by the \
+                     cloud controller) stops kube-proxy from binding it; else have the load \
+                     balancer health-check from another source address",
+                    d.src
+                ),
+            ]
+        } else {
+            Vec::new()
+        },
+        inspect: vec![
+            format!("{ns}ip route get {} from {}", d.src, d.dst),
+            format!("{ns}ip -o addr show to {}", d.src),
+        ],
+        ..Finding::default()
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::model::routing::{Addr, Conf, Link, RTN_UNICAST};
+    use crate::model::routing::{Addr, Conf, Link, RouteAnswer, RTN_UNICAST};
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
     }
 
-    fn link(index: u32, name: &str) -> Link {
+    pub(crate) fn link(index: u32, name: &str) -> Link {
         Link {
             index,
             name: name.into(),
@@ -533,7 +565,7 @@ mod tests {
         }
     }
 
-    fn route(table: u32, dst: Option<(&str, u8)>, gw: Option<&str>, oif: u32) -> Route {
+    pub(crate) fn route(table: u32, dst: Option<(&str, u8)>, gw: Option<&str>, oif: u32) -> Route {
         Route {
             table,
             family: 2,
@@ -549,7 +581,7 @@ mod tests {
         }
     }
 
-    fn rule(priority: u32, table: u32) -> Rule {
+    pub(crate) fn rule(priority: u32, table: u32) -> Rule {
         Rule {
             family: 2,
             priority,
@@ -641,6 +673,7 @@ mod tests {
             fib,
             netns_exec: "ip netns exec node ",
             src_check: None,
+            asked: None,
         }
     }
 
@@ -677,10 +710,105 @@ mod tests {
         );
         assert_eq!(
             f.fix,
-            [
-                "ip netns exec node sysctl -w net.ipv4.conf.eth1.rp_filter=2",
-                "ip netns exec node ip rule add from 10.0.2.20 lookup 2 priority 1023",
-            ]
+            ["ip netns exec node sysctl -w net.ipv4.conf.eth1.rp_filter=2"]
+        );
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec node ip rule add from 10.0.2.20 lookup 2 priority 1023"]]
+        );
+        assert_eq!(
+            f.inspect[0],
+            "ip netns exec node ip route get 203.0.113.7 from 10.0.2.20 mark 0x80"
+        );
+    }
+
+    #[test]
+    fn strict_rp_filter_with_the_kernel_asked_afterwards() {
+        let mut t = incident1();
+        t.rules.retain(|r| r.priority != 1536);
+        let q = RouteQuery {
+            src: Some("10.0.2.20".parse().unwrap()),
+            mark: Some(0x80),
+            fib_match: true,
+            ..RouteQuery::get("203.0.113.7".parse().unwrap())
+        };
+        let answer = RouteLookup::Found(RouteAnswer {
+            family: 2,
+            table: 254,
+            kind: RouteType::Unicast,
+            scope: 0,
+            dst: None,
+            dst_len: 0,
+            oif: Some(2),
+            gateway: Some("10.0.1.1".parse().unwrap()),
+            prefsrc: None,
+            priority: None,
+            nexthops: vec![],
+            nh_id: None,
+            flags: 0,
+        });
+        let asked = (q, answer);
+        let mut d = drop("IP_RPFILTER", &[], 0x80);
+        d.asked = Some(&asked);
+        let f = explain(&d, &t, &confs(0, 1, 1)).unwrap();
+        assert_eq!(f.cause, "rp_filter_strict");
+        assert!(
+            f.summary
+                .contains("the way back to 203.0.113.7 is via eth0"),
+            "{}",
+            f.summary
+        );
+        assert_eq!(
+            f.evidence[1],
+            "kernel, asked now through netlink as fib_validate_source asks (this drop came \
+             before kdrop armed its route-lookup probe; the retransmission carries the kernel's \
+             own): reverse lookup of 203.0.113.7 from 10.0.2.20, mark 0x80: table main → dev \
+             eth0 via 10.0.1.1"
+        );
+        assert!(!f
+            .evidence
+            .iter()
+            .any(|e| e.contains("computed from the current tables")));
+        // A kernel without drop reasons (5.10), before the source-check
+        // probe was armed: derived from the lookup asked afterwards.
+        let mut old = d.clone();
+        old.reason = None;
+        let f = explain(&old, &t, &confs(0, 1, 1)).unwrap();
+        assert_eq!(f.cause, "rp_filter_strict");
+        assert!(
+            f.evidence[0].contains(
+                "rp_filter 1 on eth1 and the reverse lookup, asked now, does not leave by eth1"
+            ),
+            "{:?}",
+            f.evidence
+        );
+        // Loose mode with a way back: not a reverse-path drop, no guess.
+        assert!(derive_reason(&old, &t, &confs(0, 2, 1)).is_none());
+        // No route back at all: said as the kernel said it.
+        let none = (
+            asked.0.clone(),
+            RouteLookup::Failed {
+                errno: 101,
+                name: "ENETUNREACH".into(),
+            },
+        );
+        d.asked = Some(&none);
+        let mut t = incident1();
+        t.rules.clear();
+        t.routes.retain(|r| r.table == 255);
+        let f = explain(&d, &t, &confs(0, 1, 1)).unwrap();
+        assert!(
+            f.summary
+                .ends_with("there is no route back to 203.0.113.7 at all"),
+            "{}",
+            f.summary
+        );
+        assert!(
+            f.evidence[1].ends_with(
+                "reverse lookup of 203.0.113.7 from 10.0.2.20, mark 0x80: no route (ENETUNREACH)"
+            ),
+            "{:?}",
+            f.evidence
         );
     }
 
@@ -704,8 +832,9 @@ mod tests {
             .iter()
             .any(|e| e.contains("computed from the current tables")));
         assert!(f
-            .fix
+            .fix_or
             .iter()
+            .flatten()
             .any(|c| c.ends_with("ip rule add from 10.0.2.20 lookup 2 priority 32765")));
     }
 

@@ -1,15 +1,16 @@
 //! A dropped packet's record: its names, the route lookups and conntrack
 //! entry it carried, the netfilter rule behind a NETFILTER_DROP, and the
-//! finding (routing, hairpin, conntrack's own drop, or the reason alone).
+//! finding (routing, forwarding, a refused SYN-ACK, conntrack's own drop,
+//! or the reason alone).
 use std::net::{IpAddr, SocketAddr};
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
 
-use super::{Enricher, FINDINGS_CACHED};
+use super::{Enricher, FindingKey, FINDINGS_CACHED};
 use crate::{
     context::Node,
     diagnosis::{
-        self, conntrack,
+        self, conntrack, forwarding,
         netfilter::{self as nf, Dropped},
         routing, DropFacts,
     },
@@ -18,6 +19,7 @@ use crate::{
         netfilter::Attribution,
         packet::{Drop, NfFn, NfVerdict, Tuple},
         record::{DropRecord, LookupRecord},
+        routing::{RouteLookup, RouteQuery},
     },
 };
 
@@ -61,6 +63,7 @@ impl<N: Node> Enricher<N> {
             kind: "drop",
             netns: d.netns,
             netns_name: ns.name.clone(),
+            pods: Default::default(),
             ifname,
             ifindex: d.ifindex,
             family: if d.saddr.is_ipv4() { "ipv4" } else { "ipv6" },
@@ -76,10 +79,12 @@ impl<N: Node> Enricher<N> {
             ct: d.ct.as_ref().map(|c| self.ct_record(c)),
             finding: None,
             netfilter,
+            handshake: None,
         };
         r.finding = self
             .explain_routing(d, &r)
-            .or_else(|| self.explain_hairpin(d, &r))
+            .or_else(|| self.explain_forwarding(d, &r))
+            .or_else(|| self.explain_refused(d, &r))
             .or_else(|| self.explain_conntrack_drop(d, &r))
             .or_else(|| {
                 diagnosis::explain(&DropFacts {
@@ -92,12 +97,15 @@ impl<N: Node> Enricher<N> {
                     netfilter: r.netfilter.as_ref(),
                 })
             });
-        if d.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+        let syn_ack = d.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
+        let tuple = Tuple {
+            src: SocketAddr::new(d.saddr, d.sport),
+            dst: SocketAddr::new(d.daddr, d.dport),
+        };
+        self.name_pods(&mut r, &tuple, syn_ack, d.ct.as_ref());
+        if syn_ack {
             // This drop is the record for the SYN-ACK: not also a "reset".
-            self.tracker.syn_ack_dropped(&Tuple {
-                src: SocketAddr::new(d.saddr, d.sport),
-                dst: SocketAddr::new(d.daddr, d.dport),
-            });
+            self.tracker.syn_ack_dropped(&tuple);
         }
         r
     }
@@ -127,8 +135,9 @@ impl<N: Node> Enricher<N> {
         nf::kernel::combine(verdicts, d.ts_ns, &rung, counted)
     }
 
-    /// A refused SYN-ACK that is the reply side of a DNAT'd SYN seen leaving.
-    fn explain_hairpin(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+    /// A SYN-ACK the client refused: the reply of a DNAT'd handshake that
+    /// came back with the wrong source.
+    fn explain_refused(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
         // Before 5.17 (no reasons) the place says as much: tcp_v4_rcv and
         // tcp_v6_rcv free a segment no socket takes at their `discard_it`
         // (https://github.com/torvalds/linux/blob/v5.10/net/ipv4/tcp_ipv4.c),
@@ -147,7 +156,7 @@ impl<N: Node> Enricher<N> {
             src: SocketAddr::new(d.saddr, d.sport),
             dst: SocketAddr::new(d.daddr, d.dport),
         };
-        let flow = self.tracker.dnat_reply(&syn_ack)?.clone();
+        let dnat = self.tracker.dnat_reply(&syn_ack).cloned();
         let kernel = format!(
             "kernel: {} at {} in netns {}: no socket for {} -> {}, so it answers with a RST",
             match r.reason {
@@ -159,7 +168,7 @@ impl<N: Node> Enricher<N> {
             syn_ack.src,
             syn_ack.dst
         );
-        self.hairpin(&flow, &syn_ack, &kernel)
+        self.refused(&syn_ack, d.netns, dnat, &kernel, d.ts_ns)
     }
 
     /// A drop conntrack itself made (its statistics moved): a NAT port
@@ -197,6 +206,79 @@ impl<N: Node> Enricher<N> {
         })
     }
 
+    /// No route, or a next hop that does not answer: the lookup the kernel
+    /// did (or asked now) and what the tables and the neighbour hold.
+    fn explain_forwarding(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+        // Before 5.17 no reason: the place says it (v5.10: `ip_error` frees
+        // a packet whose input route is an error, net/ipv4/route.c;
+        // `neigh_invalidate` frees the packets queued on a failed
+        // neighbour, net/core/neighbour.c).
+        let reason = match r.reason.as_deref() {
+            Some(reason) if forwarding::REASONS.contains(&reason) => reason,
+            None if r.location.starts_with("ip_error+") => "IP_INNOROUTES",
+            None if r.location.starts_with("neigh_invalidate+") => "NEIGH_FAILED",
+            _ => return None,
+        };
+        let (IpAddr::V4(src), IpAddr::V4(dst)) = (d.saddr, d.daddr) else {
+            return None;
+        };
+        let ctx = self.node.routing(d.netns)?;
+        let ns = self.netns_name(d.netns);
+        let local = reason == "IP_OUTNOROUTES";
+        let iif = if local { 0 } else { d.ifindex };
+        // The same lookup, asked now, when the kernel's were not recorded.
+        let asked = if d.fib.is_empty() {
+            let q = RouteQuery {
+                src: Some(IpAddr::V4(src)),
+                iif: (iif != 0).then_some(iif),
+                mark: Some(d.mark),
+                ..RouteQuery::get(IpAddr::V4(dst))
+            };
+            let mut answer = self.node.route_get(d.netns, &q).map(|a| (q, a));
+            // A locally sent packet's drop names its egress device: ask as
+            // this host would send it.
+            if reason == "NEIGH_FAILED" && !matches!(answer, Some((_, RouteLookup::Found(_)))) {
+                let q = RouteQuery::get(IpAddr::V4(dst));
+                answer = self.node.route_get(d.netns, &q).map(|a| (q, a));
+            }
+            answer
+        } else {
+            None
+        };
+        let kernel = match r.reason {
+            Some(_) => format!("kernel drop reason {reason} at {}", r.location),
+            None => format!(
+                "freed at {}: no drop reason on this kernel (5.17+ has them); that place frees \
+                 {}",
+                r.location,
+                if reason == "NEIGH_FAILED" {
+                    "the packets waiting for a neighbour that failed to resolve"
+                } else {
+                    "a packet whose input route is an error (no route)"
+                }
+            ),
+        };
+        let mut stuck = forwarding::Stuck {
+            reason,
+            src,
+            dst,
+            iif,
+            mark: d.mark,
+            kernel,
+            fib: &d.fib,
+            asked: asked.as_ref(),
+            neighbour: None,
+            netns_exec: &ns.exec(),
+            netns: &ns.display(),
+        };
+        let neighbour = match forwarding::next_hop(&stuck) {
+            Some(h) if reason == "NEIGH_FAILED" => self.node.neighbour(d.netns, h.oif, h.addr),
+            _ => None,
+        };
+        stuck.neighbour = neighbour.as_ref();
+        forwarding::explain(&stuck, &ctx.tables)
+    }
+
     /// Reverse-path and martian drops, with the namespace's routing context.
     fn explain_routing(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
         let reason = r.reason.as_deref();
@@ -213,20 +295,30 @@ impl<N: Node> Enricher<N> {
             return None;
         };
         let ctx = self.node.routing(d.netns)?;
-        let key = (
-            ctx.generation,
-            d.netns,
-            d.ifindex,
-            d.mark,
+        let key = FindingKey {
+            generation: ctx.generation,
+            netns: d.netns,
+            ifindex: d.ifindex,
+            mark: d.mark,
             src,
             dst,
-            d.reason,
-            d.src_check,
-        );
+            reason: d.reason,
+            src_check: d.src_check,
+            kernel_lookups: !d.fib.is_empty(),
+        };
         if let Some(f) = self.findings.get(&key) {
             return f.clone();
         }
         let exec = self.netns_name(d.netns).exec();
+        // No lookup of the kernel's for this packet (the probe was not
+        // armed yet): ask the kernel the same question now.
+        let asked = if d.fib.is_empty() {
+            let iif = ctx.tables.link_name(d.ifindex);
+            let vmark = ctx.confs.or(&iif, |c| c.src_valid_mark);
+            self.node.reverse_route(d.netns, src, dst, d.mark, vmark)
+        } else {
+            None
+        };
         let f = routing::explain(
             &routing::RouteDrop {
                 reason,
@@ -238,6 +330,7 @@ impl<N: Node> Enricher<N> {
                 fib: &d.fib,
                 netns_exec: &exec,
                 src_check: d.src_check,
+                asked: asked.as_ref(),
             },
             &ctx.tables,
             &ctx.confs,

@@ -1,40 +1,57 @@
 //! Records of handshakes that died without a drop: a SYN never answered
-//! ("unanswered"), a SYN-ACK answered by a RST ("reset"), and the hairpin
-//! finding both of those and a refused SYN-ACK can lead to.
+//! ("unanswered"), a SYN-ACK answered by a RST ("reset"), and what the
+//! node shows about a refused SYN-ACK (hairpin, LB loopback, asymmetric
+//! return), which both of those and a SYN-ACK's drop can lead to.
+use std::sync::Arc;
+
 use super::Enricher;
 use crate::{
-    context::Node,
-    diagnosis::handshake::{self, BridgeFacts, Flow, Reset},
-    model::{finding::Finding, packet::Tuple, record::DropRecord},
+    context::{conntrack_lookup::Side, Node},
+    diagnosis::handshake::{self, refused, BridgeFacts, Flow, Refused, Reset, Translator},
+    model::{finding::Finding, packet::Tuple, record::DropRecord, routing::NetnsContext},
 };
 
 impl<N: Node> Enricher<N> {
     /// A handshake that died silently, as an event of kind "unanswered";
     /// `back` is the same SYN come back DNAT'd (incident 4).
     pub(super) fn unanswered(&mut self, flow: &Flow, back: Option<&Flow>) -> DropRecord {
+        let mut flow = flow.clone();
+        if flow.ifindex == 0 {
+            // Followed from its conntrack entry, not seen leaving: the
+            // device the namespace routes it out of.
+            flow.ifindex = self
+                .node
+                .route_out(flow.netns, flow.wire.dst.ip())
+                .unwrap_or(0);
+        }
+        let flow = &flow;
         let ns = self.netns_name(flow.netns);
         let ifname = self.node.ifname(flow.netns, flow.ifindex);
+        // The repair runs where the DNAT happened: for a looped-back SYN the
+        // namespace it came back into, not the client's.
+        let fix_ns = back.map_or(flow.netns, |b| b.netns);
         let tables = self
             .node
-            .routing(flow.netns)
+            .routing(fix_ns)
             .map(|c| c.tables.clone())
             .unwrap_or_default();
-        let exec = ns.exec();
+        let exec = self.netns_name(fix_ns).exec();
         let finding = match back {
             Some(back) => {
                 let status = self.status(back.ct.as_ref());
-                handshake::looped_back(flow, back, &status, &tables, &exec)
+                handshake::lb_loopback(&handshake::looped_back(flow, back, &status, &tables), &exec)
             }
             None => {
                 let status = self.status(flow.ct.as_ref());
                 handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec)
             }
         };
-        DropRecord {
+        let mut r = DropRecord {
             ts: self.ts(flow.last_ns),
             kind: "unanswered",
             netns: flow.netns,
             netns_name: ns.name,
+            pods: Default::default(),
             ifname,
             ifindex: flow.ifindex,
             family: if flow.orig.src.is_ipv4() {
@@ -56,8 +73,12 @@ impl<N: Node> Enricher<N> {
                 .or(flow.ct.as_ref())
                 .map(|c| self.ct_record(c)),
             netfilter: None,
+            handshake: None,
             finding: Some(finding),
-        }
+        };
+        let ct = back.and_then(|b| b.ct.as_ref()).or(flow.ct.as_ref());
+        self.name_pods(&mut r, &flow.orig, false, ct);
+        r
     }
 
     /// A SYN-ACK answered by a RST, as an event of kind "reset".
@@ -69,23 +90,22 @@ impl<N: Node> Enricher<N> {
         let seen = handshake::reset_seen(r, &syn_ack_dev, &at.display(), &ifname, &ns.display());
         let dnat = r
             .flow
-            .as_ref()
+            .clone()
             .filter(|f| f.ct.is_some_and(|c| c.status & self.ct_bits.dst_nat != 0));
-        let finding = match dnat {
-            Some(flow) => self.hairpin(flow, &r.syn_ack, &seen),
-            None => None,
-        }
-        .unwrap_or_else(|| handshake::reset(r, &seen));
+        let finding = self
+            .refused(&r.syn_ack, r.rst.netns, dnat, &seen, r.rst.ts_ns)
+            .unwrap_or_else(|| handshake::reset(r, &seen));
         // The handshake as the client started it, when kdrop saw it.
         let t = r
             .flow
             .as_ref()
             .map_or(r.rst.tuple, |f| f.ct.map_or(f.orig, |c| c.orig));
-        DropRecord {
+        let mut rec = DropRecord {
             ts: self.ts(r.rst.ts_ns),
             kind: "reset",
             netns: r.rst.netns,
             netns_name: ns.name,
+            pods: Default::default(),
             ifname,
             ifindex: r.rst.ifindex,
             family: if t.src.is_ipv4() { "ipv4" } else { "ipv6" },
@@ -104,34 +124,141 @@ impl<N: Node> Enricher<N> {
                 .and_then(|f| f.ct.as_ref())
                 .map(|c| self.ct_record(c)),
             netfilter: None,
+            handshake: None,
             finding: Some(finding),
-        }
+        };
+        let ct = r.flow.as_ref().and_then(|f| f.ct.as_ref());
+        self.name_pods(&mut rec, &t, false, ct);
+        rec
     }
 
-    /// The SYN-ACK of a DNAT'd handshake left un-NAT'd: the hairpin
-    /// finding, with `kernel` (the refused SYN-ACK's drop, or the client's
-    /// RST) as its first evidence.
-    pub(super) fn hairpin(
+    /// A SYN-ACK the client refused (`kernel` says how), with `dnat` the
+    /// DNAT'd handshake it answers when kdrop followed it: what the node
+    /// shows about it (see diagnosis::handshake::refused), or None.
+    pub(super) fn refused(
         &mut self,
-        flow: &Flow,
         syn_ack: &Tuple,
+        client_ns: u32,
+        dnat: Option<Flow>,
         kernel: &str,
+        now_ns: u64,
     ) -> Option<Finding> {
-        let ns = self.node.netns(flow.netns)?;
-        let ctx = self.node.routing(flow.netns)?;
-        let status = self.status(flow.ct.as_ref());
-        let bridge = BridgeFacts {
-            br_netfilter_loaded: self.node.br_netfilter_loaded(),
-            call_iptables: ctx.confs.bridge_nf_call_iptables,
+        let client = syn_ack.dst;
+        let dnat_bit = self.ct_bits.dst_nat;
+        // The entry whose reply side this SYN-ACK is, in the namespace that
+        // DNAT'd its SYN: followed already, or found now.
+        let dnat = dnat.or_else(|| {
+            let seen = self
+                .node
+                .conntrack_find(Side::Reply, syn_ack, None)
+                .filter(|s| s.ct.status & dnat_bit != 0)?;
+            self.tracker
+                .on_new(&seen.ct, seen.netns, now_ns, &self.ct_bits);
+            self.tracker.dnat_reply(syn_ack).cloned()
+        });
+        // The client's SYN come back into a namespace as client -> the
+        // SYN-ACK's source and DNAT'd there (incident 4), else the DNAT'd
+        // handshake itself.
+        let back = self
+            .node
+            .conntrack_find(
+                Side::Orig,
+                &Tuple {
+                    src: client,
+                    dst: syn_ack.src,
+                },
+                None,
+            )
+            .filter(|s| s.ct.status & dnat_bit != 0)
+            .map(|s| flow_of(&s))
+            .or_else(|| dnat.clone());
+        back.as_ref()?;
+        let waits_for = self.node.waiting_for(client_ns, client);
+        let vip = waits_for.or(dnat.as_ref().and_then(|f| f.ct).map(|c| c.orig.dst));
+        let back_stale = match (&back, vip) {
+            (Some(b), Some(vip)) if b.ct.is_some_and(|c| c.orig.dst != vip) => {
+                let to_vip = Tuple {
+                    src: client,
+                    dst: vip,
+                };
+                self.node
+                    .conntrack_find(Side::Orig, &to_vip, Some(b.netns))
+                    .map(|_| {
+                        let dev = self
+                            .node
+                            .route_out(b.netns, vip.ip())
+                            .map(|i| self.node.ifname(b.netns, i));
+                        (to_vip, dev)
+                    })
+            }
+            _ => None,
         };
-        handshake::hairpin(
-            syn_ack,
-            flow,
-            &status,
-            &ctx.tables,
-            &bridge,
-            kernel,
-            &ns.exec(),
+        let contexts: Vec<Option<Arc<NetnsContext>>> = [&dnat, &back]
+            .iter()
+            .map(|f| f.as_ref().and_then(|f| self.node.routing(f.netns)))
+            .collect();
+        let dnat = match (dnat, &contexts[0]) {
+            (Some(f), Some(c)) => Some(self.translator(f, c)),
+            _ => None,
+        };
+        let back = match (back, &contexts[1]) {
+            (Some(f), Some(c)) => Some(self.translator(f, c)),
+            _ => None,
+        };
+        refused::explain(
+            &Refused {
+                syn_ack: *syn_ack,
+                kernel: kernel.to_string(),
+                waits_for,
+                dnat,
+                back,
+                back_stale,
+            },
+            &self.ct_bits,
         )
+    }
+
+    fn translator<'a>(&mut self, flow: Flow, ctx: &'a NetnsContext) -> Translator<'a> {
+        let ns = self.netns_name(flow.netns);
+        let status = self.status(flow.ct.as_ref());
+        let ifindex = match flow.ifindex {
+            0 => flow
+                .ct
+                .and_then(|c| self.node.route_out(flow.netns, c.reply.src.ip()))
+                .unwrap_or(0),
+            i => i,
+        };
+        Translator {
+            dev: self.node.ifname(flow.netns, ifindex),
+            status,
+            tables: &ctx.tables,
+            bridge: BridgeFacts {
+                br_netfilter_loaded: self.node.br_netfilter_loaded(),
+                call_iptables: ctx.confs.bridge_nf_call_iptables,
+            },
+            exec: ns.exec(),
+            netns: ns.display(),
+            flow,
+        }
+    }
+}
+
+/// An entry found by lookup as a flow of its namespace (the device its SYN
+/// left by unknown).
+fn flow_of(seen: &crate::model::packet::CtSeen) -> Flow {
+    Flow {
+        orig: seen.ct.orig,
+        ct: Some(seen.ct),
+        first_ns: 0,
+        last_ns: 0,
+        syns: 0,
+        answered: false,
+        reported: false,
+        netns: seen.netns,
+        ifindex: 0,
+        wire: Tuple {
+            src: seen.ct.orig.src,
+            dst: seen.ct.reply.src,
+        },
     }
 }

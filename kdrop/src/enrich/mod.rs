@@ -3,19 +3,24 @@
 //! asked through [`Node`] (I/O, cached); the reasoning is `diagnosis`'s.
 mod drop;
 mod handshake;
+mod pods;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::{
-    context::{ctevents::parse::IPS_SEEN_REPLY, NetnsName, Node},
+    context::{NetnsName, Node},
     diagnosis::{
-        handshake::{CtBits, Dead, Tracker},
+        handshake::{
+            verdict::{self, Verdicts},
+            CtBits, Dead, Tracker,
+        },
+        names,
         netfilter::pairing::VerdictLog,
     },
     kernel::facts::{CtNames, Reasons},
     model::{
         finding::Finding,
-        packet::{Ct, Destroyed, Event, Tuple},
+        packet::{Ct, CtSeen, Destroyed, Event, Tuple},
         record::{CtRecord, DropRecord, TupleRecord},
         time::rfc3339,
     },
@@ -50,16 +55,21 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
     i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
 }
 
-type FindingKey = (
-    u64,
-    u32,
-    u32,
-    u32,
-    std::net::Ipv4Addr,
-    std::net::Ipv4Addr,
-    u32,
-    Option<i32>,
-);
+/// What a routing finding depends on: the namespace's routing state (its
+/// generation) and the drop's own fields, with or without the kernel's
+/// lookups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FindingKey {
+    generation: u64,
+    netns: u32,
+    ifindex: u32,
+    mark: u32,
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    reason: u32,
+    src_check: Option<i32>,
+    kernel_lookups: bool,
+}
 const FINDINGS_CACHED: usize = 4096;
 
 pub struct Enricher<N: Node> {
@@ -72,7 +82,20 @@ pub struct Enricher<N: Node> {
     findings: HashMap<FindingKey, Option<Finding>>,
     /// Netfilter verdicts waiting for their drop.
     verdicts: VerdictLog,
+    /// One verdict per handshake.
+    handshakes: Verdicts,
+    /// Drops with no finding of their own, held `HOLD_NS` for their
+    /// handshake's verdict (kernel time of the drop, record).
+    held: VecDeque<(u64, DropRecord)>,
 }
+
+/// How long a drop that explains nothing by itself waits for its
+/// handshake's verdict: the SYN-ACK the client refuses comes within tens of
+/// milliseconds of the server's answer.
+const HOLD_NS: u64 = 250_000_000;
+/// At most this many held at once: beyond it, unexplained drops go out at
+/// once rather than wait in an unbounded queue.
+const HELD_MAX: usize = 4096;
 
 impl<N: Node> Enricher<N> {
     pub fn new(node: N, facts: Facts) -> Self {
@@ -89,15 +112,8 @@ impl<N: Node> Enricher<N> {
             tracker: Tracker::default(),
             findings: HashMap::new(),
             verdicts: VerdictLog::default(),
-        }
-    }
-
-    /// The status bit that marks an answered entry (the uapi value when the
-    /// kernel's BTF does not name it).
-    pub fn seen_reply_bit(&self) -> u32 {
-        match self.ct_bits.seen_reply {
-            0 => IPS_SEEN_REPLY,
-            b => b,
+            handshakes: Verdicts::default(),
+            held: VecDeque::new(),
         }
     }
 
@@ -105,17 +121,66 @@ impl<N: Node> Enricher<N> {
     /// packet leaving a device does when it shows a handshake died
     /// unanswered; a netfilter verdict waits for its drop.
     pub fn on_event(&mut self, e: &Event) -> Option<DropRecord> {
-        match e {
-            Event::Drop(d) => Some(self.drop_record(d)),
-            Event::Egress(p) => match self.tracker.on_egress(p, &self.ct_bits)? {
-                Dead::Unanswered(flow) => Some(self.unanswered(&flow, None)),
-                Dead::LoopedBack(pair) => Some(self.unanswered(&pair.0, Some(&pair.1))),
-            },
+        let (r, ts) = match e {
+            Event::Drop(d) => {
+                let r = self.drop_record(d);
+                // A drop that explains nothing by itself may belong to a
+                // handshake whose verdict is a moment away (the SYN-ACK the
+                // client refuses): held briefly, then filed under it.
+                let weak = r
+                    .finding
+                    .as_ref()
+                    .is_none_or(|f| verdict::rank(f.cause) == 0);
+                if weak && client_end(&r).is_some() && self.held.len() < HELD_MAX {
+                    self.held.push_back((d.ts_ns, r));
+                    return None;
+                }
+                (r, d.ts_ns)
+            }
+            // A retransmission is one more transmission of its handshake.
+            Event::Egress(p) | Event::Retrans(p) => {
+                let r = match self.tracker.on_egress(p, &self.ct_bits)? {
+                    Dead::Unanswered(flow) => self.unanswered(&flow, None),
+                    Dead::LoopedBack(pair) => self.unanswered(&pair.0, Some(&pair.1)),
+                };
+                (r, p.ts_ns)
+            }
             Event::Verdict(v) => {
                 self.verdicts.push(v.clone());
-                None
+                return None;
             }
+        };
+        Some(self.fold(r, ts))
+    }
+
+    /// Files the record under its handshake: a shared id, and the
+    /// handshake's one verdict (see diagnosis::handshake::verdict).
+    /// Its summary then starts with the record's own pods
+    /// (diagnosis::names).
+    fn fold(&mut self, mut r: DropRecord, ts_ns: u64) -> DropRecord {
+        let found = r.finding.take();
+        r.finding = match (found, client_end(&r)) {
+            (Some(found), Some(client)) => {
+                let (id, finding) = self.handshakes.fold(client, found, ts_ns);
+                r.handshake = Some(id);
+                Some(finding)
+            }
+            // No finding of its own: the handshake's verdict, if it has one.
+            (None, Some(client)) => self.handshakes.join(client, ts_ns).map(|(id, mut v)| {
+                v.evidence.push(format!(
+                    "this packet of the same handshake, by itself: {} at {}, nothing more",
+                    r.reason.as_deref().unwrap_or("no drop reason"),
+                    r.location
+                ));
+                r.handshake = Some(id);
+                v
+            }),
+            (found, _) => found,
+        };
+        if let Some(f) = r.finding.as_mut() {
+            names::name_pods(f, &r.pods);
         }
+        r
     }
 
     /// "reset" records: RSTs answering a SYN-ACK, held
@@ -124,7 +189,29 @@ impl<N: Node> Enricher<N> {
     pub fn due(&mut self, all: bool) -> Vec<DropRecord> {
         let now = if all { u64::MAX } else { monotonic_ns() };
         let resets = self.tracker.due_resets(now);
-        resets.iter().map(|r| self.reset(r)).collect()
+        let mut out: Vec<DropRecord> = resets
+            .iter()
+            .map(|r| {
+                let rec = self.reset(r);
+                self.fold(rec, r.rst.ts_ns)
+            })
+            .collect();
+        while self
+            .held
+            .front()
+            .is_some_and(|(ts, _)| ts.saturating_add(HOLD_NS) <= now)
+        {
+            let (ts, r) = self.held.pop_front().expect("front exists");
+            out.push(self.fold(r, ts));
+        }
+        out
+    }
+
+    /// A NAT'd conntrack entry was created: its handshake is followed from
+    /// its first SYN; returns the client's ends to follow in the kernel.
+    pub fn on_new(&mut self, seen: &CtSeen, now_ns: u64) -> Vec<std::net::SocketAddr> {
+        self.tracker
+            .on_new(&seen.ct, seen.netns, now_ns, &self.ct_bits)
     }
 
     /// A conntrack entry that died without a reply: an "unanswered" record
@@ -148,7 +235,7 @@ impl<N: Node> Enricher<N> {
         if let Some(f) = r.finding.as_mut() {
             f.evidence.push(line);
         }
-        Some(r)
+        Some(self.fold(r, flow.last_ns))
     }
 
     fn netns_name(&mut self, inode: u32) -> NetnsName {
@@ -179,5 +266,27 @@ impl<N: Node> Enricher<N> {
     /// A kernel timestamp (CLOCK_MONOTONIC) as RFC 3339.
     fn ts(&self, mono_ns: u64) -> String {
         rfc3339((i128::from(mono_ns) + self.facts.realtime_offset_ns).max(0) as u64)
+    }
+}
+
+/// The client's end of the handshake a record belongs to, as the client
+/// sent it: the conntrack entry's original source when the packet carried
+/// one; else the SYN's source, the SYN-ACK's destination; the record's own
+/// source for handshakes kdrop followed (unanswered, reset).
+fn client_end(r: &DropRecord) -> Option<std::net::SocketAddr> {
+    if let Some(ct) = &r.ct {
+        if let Ok(src) = ct.orig.src.parse() {
+            return Some(src);
+        }
+    }
+    let (src, dst) = (
+        std::net::SocketAddr::new(r.saddr, r.sport),
+        std::net::SocketAddr::new(r.daddr, r.dport),
+    );
+    match (r.kind, r.tcp_flags.as_str()) {
+        ("drop", f) if f.contains("SYN") && f.contains("ACK") => Some(dst),
+        ("drop", f) if f.contains("SYN") => Some(src),
+        ("drop", _) => None,
+        _ => Some(src),
     }
 }

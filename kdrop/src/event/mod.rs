@@ -6,8 +6,9 @@ pub mod verdict;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kdrop_common::{
-    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, PacketEvent, AF_INET,
-    AF_INET6, EVENT_DROP, EVENT_EGRESS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
+    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, PacketEvent,
+    PacketId, RoutedDropEvent, AF_INET, AF_INET6, EVENT_DROP, EVENT_DROP_ROUTED, EVENT_EGRESS,
+    EVENT_RETRANS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
 };
 
 use crate::model::packet::{Ct, Drop, Event, Lookup, Packet, Tuple};
@@ -103,23 +104,64 @@ fn ct(family: u8, c: &CtInfo) -> Result<Option<Ct>, DecodeError> {
 /// (the reverse-path check), with a result in the drop's namespace or no
 /// result (a lookup that finds nothing does not say where it ran). A lookup
 /// whose result lives in another namespace is the sender's, on a veth.
-pub fn route_lookups(e: &DropEvent) -> Vec<Lookup> {
-    if e.fib_valid == 0 || e.family != AF_INET {
+pub fn route_lookups(e: &RoutedDropEvent) -> Vec<Lookup> {
+    let d = &e.drop;
+    if d.fib_next == u32::MAX || d.pkt.family != AF_INET {
         return Vec::new();
     }
-    let (s, d) = (&e.saddr[..4], &e.daddr[..4]);
+    let (src, dst) = (&d.pkt.saddr[..4], &d.pkt.daddr[..4]);
     (0..FIB_RECENT)
-        .map(|i| &e.fib[(e.fib_next as usize + i) % FIB_RECENT])
+        .map(|i| &e.fib[(d.fib_next as usize + i) % FIB_RECENT])
         .filter(|l| {
-            let age = e.header.ts_ns.checked_sub(l.ts_ns);
+            let age = d.header.ts_ns.checked_sub(l.ts_ns);
             let fresh = l.ts_ns != 0 && age.is_some_and(|a| a < FIB_WINDOW_NS);
-            let forward = l.saddr == s && l.daddr == d;
-            let reverse = l.saddr == d && l.daddr == s;
-            fresh && (forward || reverse) && (l.netns == 0 || l.netns == e.netns)
+            let forward = l.saddr == src && l.daddr == dst;
+            let reverse = l.saddr == dst && l.daddr == src;
+            fresh && (forward || reverse) && (l.netns == 0 || l.netns == d.pkt.netns)
         })
         .take(FIB_PER_EVENT)
         .map(Lookup::from)
         .collect()
+}
+
+fn tuple(p: &PacketId) -> Result<Tuple, DecodeError> {
+    Ok(Tuple {
+        src: SocketAddr::new(addr(p.family, p.saddr)?, p.sport),
+        dst: SocketAddr::new(addr(p.family, p.daddr)?, p.dport),
+    })
+}
+
+fn drop(e: &DropEvent, fib: Vec<Lookup>) -> Result<Drop, DecodeError> {
+    let p = &e.pkt;
+    Ok(Drop {
+        ts_ns: e.header.ts_ns,
+        cpu: e.header.cpu,
+        location: e.location,
+        reason: e.reason,
+        netns: p.netns,
+        ifindex: p.ifindex,
+        mark: p.mark,
+        saddr: addr(p.family, p.saddr)?,
+        daddr: addr(p.family, p.daddr)?,
+        sport: p.sport,
+        dport: p.dport,
+        tcp_flags: p.tcp_flags,
+        fib,
+        ct: ct(p.family, &e.ct)?,
+        src_check: (e.src_check_seen != 0).then_some(e.src_check_ret),
+    })
+}
+
+fn packet(e: &PacketEvent) -> Result<Packet, DecodeError> {
+    Ok(Packet {
+        ts_ns: e.header.ts_ns,
+        netns: e.pkt.netns,
+        ifindex: e.pkt.ifindex,
+        mark: e.pkt.mark,
+        tuple: tuple(&e.pkt)?,
+        tcp_flags: e.pkt.tcp_flags,
+        ct: ct(e.pkt.family, &e.ct)?,
+    })
 }
 
 /// Decodes one ring buffer record.
@@ -128,39 +170,14 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
     match header.kind {
         EVENT_DROP => {
             let e: DropEvent = read(data, header.kind)?;
-            Ok(Event::Drop(Drop {
-                ts_ns: e.header.ts_ns,
-                cpu: e.header.cpu,
-                location: e.location,
-                reason: e.reason,
-                netns: e.netns,
-                ifindex: e.ifindex,
-                mark: e.mark,
-                saddr: addr(e.family, e.saddr)?,
-                daddr: addr(e.family, e.daddr)?,
-                sport: e.sport,
-                dport: e.dport,
-                tcp_flags: e.tcp_flags,
-                fib: route_lookups(&e),
-                ct: ct(e.family, &e.ct)?,
-                src_check: (e.src_check_seen != 0).then_some(e.src_check_ret),
-            }))
+            Ok(Event::Drop(drop(&e, Vec::new())?))
         }
-        EVENT_EGRESS => {
-            let e: PacketEvent = read(data, header.kind)?;
-            Ok(Event::Egress(Packet {
-                ts_ns: e.header.ts_ns,
-                netns: e.netns,
-                ifindex: e.ifindex,
-                mark: e.mark,
-                tuple: Tuple {
-                    src: SocketAddr::new(addr(e.family, e.saddr)?, e.sport),
-                    dst: SocketAddr::new(addr(e.family, e.daddr)?, e.dport),
-                },
-                tcp_flags: e.tcp_flags,
-                ct: ct(e.family, &e.ct)?,
-            }))
+        EVENT_DROP_ROUTED => {
+            let e: RoutedDropEvent = read(data, header.kind)?;
+            Ok(Event::Drop(drop(&e.drop, route_lookups(&e))?))
         }
+        EVENT_EGRESS => Ok(Event::Egress(packet(&read(data, header.kind)?)?)),
+        EVENT_RETRANS => Ok(Event::Retrans(packet(&read(data, header.kind)?)?)),
         EVENT_NF_VERDICT => verdict::decode(data).map(Event::Verdict),
         k => Err(DecodeError::UnknownKind(k)),
     }
@@ -174,43 +191,46 @@ pub(crate) mod tests {
     use super::*;
 
     pub fn raw_v4(saddr: [u8; 4], daddr: [u8; 4], sport: u16, dport: u16) -> DropEvent {
-        let mut s = [0; 16];
-        let mut d = [0; 16];
-        s[..4].copy_from_slice(&saddr);
-        d[..4].copy_from_slice(&daddr);
+        let mut pkt = PacketId {
+            netns: 4026532000,
+            ifindex: 3,
+            sport,
+            dport,
+            family: AF_INET,
+            tcp_flags: TCP_SYN,
+            ..PacketId::zeroed()
+        };
+        pkt.saddr[..4].copy_from_slice(&saddr);
+        pkt.daddr[..4].copy_from_slice(&daddr);
         DropEvent {
             header: EventHeader {
                 kind: EVENT_DROP,
                 cpu: 1,
                 ts_ns: 42,
             },
+            pkt,
             location: 0xffff_ffff_8100_0000,
             reason: 16,
-            netns: 4026532000,
-            ifindex: 3,
-            mark: 0,
-            saddr: s,
-            daddr: d,
-            sport,
-            dport,
-            family: AF_INET,
-            tcp_flags: TCP_SYN,
-            _pad: [0; 2],
-            fib_valid: 0,
-            fib_next: 0,
-            fib: [FibLookup::zeroed(); FIB_RECENT],
-            ct: CtInfo::zeroed(),
             src_check_ret: 0,
             src_check_seen: 0,
+            fib_next: u32::MAX,
+            ct: CtInfo::zeroed(),
         }
     }
 
-    pub fn bytes(e: &DropEvent) -> Vec<u8> {
-        // SAFETY: DropEvent is Pod.
-        unsafe {
-            std::slice::from_raw_parts((e as *const DropEvent).cast::<u8>(), size_of::<DropEvent>())
+    /// The same drop with an empty ring of route lookups.
+    fn routed(mut drop: DropEvent) -> RoutedDropEvent {
+        drop.header.kind = EVENT_DROP_ROUTED;
+        drop.fib_next = 0;
+        RoutedDropEvent {
+            drop,
+            fib: [FibLookup::zeroed(); FIB_RECENT],
         }
-        .to_vec()
+    }
+
+    pub fn bytes<T: Copy>(e: &T) -> Vec<u8> {
+        // SAFETY: the record types are Pod.
+        unsafe { std::slice::from_raw_parts((e as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
     }
 
     #[test]
@@ -242,10 +262,9 @@ pub(crate) mod tests {
 
     #[test]
     fn decodes_route_lookups() {
-        let mut e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
-        e.header.ts_ns = 1_000_000_000;
-        e.fib_valid = 1;
-        e.fib_next = 5;
+        let mut e = routed(raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080));
+        e.drop.header.ts_ns = 1_000_000_000;
+        e.drop.fib_next = 5;
         // The reverse-path lookup (swapped addresses) fails in table 255...
         e.fib[5] = FibLookup {
             tb_id: 255,
@@ -272,7 +291,7 @@ pub(crate) mod tests {
         assert_eq!(d.fib[1].gw, Some(Ipv4Addr::new(10, 0, 1, 1)));
         assert_eq!(d.fib[1].dst, Ipv4Addr::new(198, 51, 100, 7));
         // Not a copy of the ring: nothing.
-        e.fib_valid = 0;
+        e.drop.fib_next = u32::MAX;
         let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
             panic!()
         };
@@ -282,11 +301,10 @@ pub(crate) mod tests {
     #[test]
     fn route_lookups_are_the_packets_own_oldest_first() {
         let (c, s) = ([198, 51, 100, 7], [10, 0, 2, 20]);
-        let mut e = raw_v4(c, s, 40000, 8080);
-        e.header.ts_ns = 50_000_000;
-        e.fib_valid = 1;
+        let mut e = routed(raw_v4(c, s, 40000, 8080));
+        e.drop.header.ts_ns = 50_000_000;
         // The ring wrapped: slot 14 is the oldest, slot 13 the newest.
-        e.fib_next = 14;
+        e.drop.fib_next = 14;
         for (slot, ts) in [
             (14, 41_000_001),
             (15, 41_000_002),
@@ -307,19 +325,18 @@ pub(crate) mod tests {
         let got: Vec<u64> = route_lookups(&e).iter().map(|l| l.ts_ns).collect();
         assert_eq!(got, [41_000_001, 41_000_002, 41_000_003, 49_999_999]);
         // The same namespace's result, or none, counts.
-        e.fib[4].netns = e.netns;
+        e.fib[4].netns = e.drop.pkt.netns;
         assert_eq!(route_lookups(&e).len(), 5);
         // A corrupt cursor never reads past the ring.
-        e.fib_next = u32::MAX;
+        e.drop.fib_next = u32::MAX - 1;
         assert_eq!(route_lookups(&e).len(), 5);
     }
 
     #[test]
     fn route_lookups_keep_at_most_fib_per_event() {
         let (c, s) = ([198, 51, 100, 7], [10, 0, 2, 20]);
-        let mut e = raw_v4(c, s, 40000, 8080);
-        e.header.ts_ns = 50_000_000;
-        e.fib_valid = 1;
+        let mut e = routed(raw_v4(c, s, 40000, 8080));
+        e.drop.header.ts_ns = 50_000_000;
         for (i, l) in e.fib.iter_mut().enumerate() {
             *l = lookup(45_000_000 + i as u64, c, s);
         }
@@ -356,9 +373,9 @@ pub(crate) mod tests {
     #[test]
     fn decodes_v6_drop() {
         let mut e = raw_v4([0; 4], [0; 4], 1, 2);
-        e.family = AF_INET6;
-        e.saddr = "2001:db8::7".parse::<Ipv6Addr>().unwrap().octets();
-        e.daddr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
+        e.pkt.family = AF_INET6;
+        e.pkt.saddr = "2001:db8::7".parse::<Ipv6Addr>().unwrap().octets();
+        e.pkt.daddr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
         e.reason = ABSENT;
         let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
             panic!()
@@ -378,8 +395,37 @@ pub(crate) mod tests {
         bad.header.kind = 77;
         assert_eq!(decode(&bytes(&bad)), Err(DecodeError::UnknownKind(77)));
         let mut bad = e;
-        bad.family = 9;
+        bad.pkt.family = 9;
         assert_eq!(decode(&bytes(&bad)), Err(DecodeError::BadFamily(9)));
+        // A routed drop's kind on a bare drop's bytes: too short.
+        let mut short = e;
+        short.header.kind = EVENT_DROP_ROUTED;
+        assert!(matches!(
+            decode(&bytes(&short)),
+            Err(DecodeError::Short { .. })
+        ));
+    }
+
+    #[test]
+    fn decodes_retransmissions_and_egress_packets() {
+        let d = raw_v4([10, 0, 0, 1], [10, 96, 0, 10], 43534, 80);
+        let mut e = PacketEvent {
+            header: EventHeader {
+                kind: EVENT_RETRANS,
+                cpu: 0,
+                ts_ns: 7,
+            },
+            pkt: d.pkt,
+            ct: CtInfo::zeroed(),
+        };
+        let Ok(Event::Retrans(p)) = decode(&bytes(&e)) else {
+            panic!()
+        };
+        assert_eq!(p.tuple.src.to_string(), "10.0.0.1:43534");
+        assert_eq!(p.tuple.dst.to_string(), "10.96.0.10:80");
+        assert_eq!((p.netns, p.tcp_flags, p.ct), (4026532000, TCP_SYN, None));
+        e.header.kind = EVENT_EGRESS;
+        assert!(matches!(decode(&bytes(&e)), Ok(Event::Egress(_))));
     }
 
     #[test]

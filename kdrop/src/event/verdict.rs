@@ -58,11 +58,11 @@ pub fn decode(data: &[u8]) -> Result<NfVerdict, DecodeError> {
         cpu: e.header.cpu,
         func,
         raw: e.verdict,
-        netns: e.netns,
-        saddr: addr(e.family, e.saddr)?,
-        daddr: addr(e.family, e.daddr)?,
-        sport: e.sport,
-        dport: e.dport,
+        netns: e.pkt.netns,
+        saddr: addr(e.pkt.family, e.pkt.saddr)?,
+        daddr: addr(e.pkt.family, e.pkt.daddr)?,
+        sport: e.pkt.sport,
+        dport: e.pkt.dport,
         hook: hook(e.hook),
         family: family(e.pf),
         table: name(&e.table),
@@ -72,7 +72,7 @@ pub fn decode(data: &[u8]) -> Result<NfVerdict, DecodeError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use kdrop_common::{EventHeader, AF_INET, TCP_SYN};
+    use kdrop_common::{EventHeader, PacketId, AF_INET, TCP_SYN};
 
     use super::*;
     use crate::model::netfilter::{Family, Hook};
@@ -84,25 +84,25 @@ pub(crate) mod tests {
                 cpu: 1,
                 ts_ns: 1_000,
             },
+            pkt: PacketId {
+                netns: 7,
+                ifindex: 2,
+                sport: 40000,
+                dport: 80,
+                family: AF_INET,
+                tcp_flags: TCP_SYN,
+                ..PacketId::zeroed()
+            },
             verdict: 0,
-            netns: 7,
-            ifindex: 2,
-            mark: 0,
-            saddr: [0; 16],
-            daddr: [0; 16],
-            sport: 40000,
-            dport: 80,
-            family: AF_INET,
-            tcp_flags: TCP_SYN,
             func,
             hook,
             pf: 2,
-            _pad: [0; 7],
+            _pad: 0,
             table: [0; 32],
             chain: [0; 32],
         };
-        e.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
-        e.daddr[..4].copy_from_slice(&[10, 0, 0, 2]);
+        e.pkt.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        e.pkt.daddr[..4].copy_from_slice(&[10, 0, 0, 2]);
         e.table[..table.len()].copy_from_slice(table.as_bytes());
         e
     }

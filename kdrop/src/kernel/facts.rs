@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Context as _, Result};
-use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets, ABSENT};
+use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets, RetransArgs, ABSENT};
 
 use super::btf::{Btf, Kind};
 
@@ -56,6 +56,19 @@ pub fn offsets(btf: &Btf) -> Result<Offsets> {
         nhc_gw_family: optional(btf, "fib_nh_common", "nhc_gw_family", 1),
         nhc_scope: optional(btf, "fib_nh_common", "nhc_scope", 1),
         skb_nfct: optional(btf, "sk_buff", "_nfct", 8),
+        // A socket's ends, for the retransmission tracepoints, which pass
+        // sockets, not packets (include/net/sock.h, include/net/request_sock.h).
+        sk_common: embedded(btf, "sock", "__sk_common", "sock_common"),
+        req_common: embedded(btf, "request_sock", "__req_common", "sock_common"),
+        skc_daddr: optional(btf, "sock_common", "skc_daddr", 4),
+        skc_rcv_saddr: optional(btf, "sock_common", "skc_rcv_saddr", 4),
+        skc_dport: optional(btf, "sock_common", "skc_dport", 2),
+        skc_num: optional(btf, "sock_common", "skc_num", 2),
+        skc_family: optional(btf, "sock_common", "skc_family", 2),
+        skc_state: optional(btf, "sock_common", "skc_state", 1),
+        skc_v6_daddr: optional(btf, "sock_common", "skc_v6_daddr", 16),
+        skc_v6_rcv_saddr: optional(btf, "sock_common", "skc_v6_rcv_saddr", 16),
+        skc_net: optional(btf, "sock_common", "skc_net.net", 8),
         // Conntrack members are filled by `conntrack_offsets` (nf_conn may
         // live in module BTF).
         ..Offsets::zeroed()
@@ -155,6 +168,85 @@ pub fn net_dev_queue_args(btf: &Btf) -> Result<()> {
     Ok(())
 }
 
+/// `TP_PROTO` argument types of tracepoint `tp` (from its `btf_trace_<tp>`
+/// typedef, past the context pointer).
+fn tp_params(btf: &Btf, tp: &str) -> Result<Vec<String>> {
+    let name = format!("btf_trace_{tp}");
+    let id = btf
+        .find(&name, Kind::Typedef)
+        .with_context(|| format!("kernel BTF has no {name} (no {tp} tracepoint?)"))?;
+    let params = btf
+        .params(id)
+        .with_context(|| format!("{name} is not a function"))?;
+    Ok(params.iter().skip(1).map(|&p| btf.type_name(p)).collect())
+}
+
+/// Position of the first argument of type `want` (ignoring `const`).
+fn position(names: &[String], want: &str) -> Option<u32> {
+    names
+        .iter()
+        .position(|n| n.trim_start_matches("const ") == want)
+        .map(|i| i as u32)
+        .filter(|&i| i <= 4)
+}
+
+/// Where the retransmission tracepoints pass the socket (and request):
+/// `tcp_retransmit_skb(sk, skb[, err])`, `tcp_retransmit_synack(sk, req)`
+/// as of v6.18 (include/trace/events/tcp.h); each `Err` says why that
+/// tracepoint cannot be used.
+pub fn retrans_args(
+    btf: &Btf,
+    o: &Offsets,
+) -> (RetransArgs, Result<(), String>, Result<(), String>) {
+    let mut a = RetransArgs::zeroed();
+    let socks = [
+        o.sk_common,
+        o.skc_daddr,
+        o.skc_num,
+        o.skc_dport,
+        o.skc_family,
+        o.skc_net,
+    ];
+    let layout = if socks.contains(&ABSENT) {
+        Err("struct sock_common is laid out differently (see debug log)".to_string())
+    } else {
+        Ok(())
+    };
+    let skb = layout.clone().and_then(|()| {
+        let names = tp_params(btf, "tcp_retransmit_skb").map_err(|e| format!("{e:#}"))?;
+        a.skb_sk = position(&names, "struct sock *")
+            .ok_or_else(|| format!("tcp_retransmit_skb passes no sock: ({})", names.join(", ")))?;
+        if o.skc_state == ABSENT {
+            return Err("sock_common.skc_state is laid out differently".into());
+        }
+        Ok(())
+    });
+    let synack = layout.and_then(|()| {
+        let names = tp_params(btf, "tcp_retransmit_synack").map_err(|e| format!("{e:#}"))?;
+        a.synack_sk = position(&names, "struct sock *").unwrap_or(ABSENT);
+        a.synack_req = position(&names, "struct request_sock *").ok_or_else(|| {
+            format!(
+                "tcp_retransmit_synack passes no request_sock: ({})",
+                names.join(", ")
+            )
+        })?;
+        if o.req_common == ABSENT {
+            return Err("request_sock.__req_common is laid out differently".into());
+        }
+        Ok(())
+    });
+    (a, skb, synack)
+}
+
+/// The offset of `strukt.path` when it is a `struct inner` (checked by
+/// size: the member must be exactly the kernel's `struct inner`).
+fn embedded(btf: &Btf, strukt: &str, path: &str, inner: &str) -> u32 {
+    match btf.find(inner, Kind::Struct).and_then(|id| btf.size_of(id)) {
+        Some(size) => optional(btf, strukt, path, size),
+        None => ABSENT,
+    }
+}
+
 fn optional(btf: &Btf, strukt: &str, path: &str, size: u32) -> u32 {
     offset(btf, strukt, path, size).unwrap_or_else(|e| {
         log::debug!("{e:#}");
@@ -227,6 +319,13 @@ impl Reasons {
 
     pub fn consumed(&self) -> Option<u32> {
         self.consumed
+    }
+
+    /// The raw value of the reason `name` (without its prefix).
+    pub fn value(&self, name: &str) -> Option<u32> {
+        self.names
+            .iter()
+            .find_map(|(&v, n)| (n == name).then_some(v))
     }
 
     /// The kernel's name without the `SKB_DROP_REASON_` prefix; `None` when the

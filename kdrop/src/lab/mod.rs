@@ -75,6 +75,7 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         filter,
         monitor: MonitorConfig::zeroed(),
         ring_kib: 256,
+        conntrack_events: true,
     })?;
     eprintln!(
         "kdrop: tracing {} in netns {}, port {}",
@@ -108,9 +109,10 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         }
         bail!("no drop seen within 5 s: the lab did not reproduce the incident");
     };
+    // A closed stdout (`kdrop lab rp-filter | head -1`) does not end the
+    // lab early: the fix is still proven and everything torn down.
     let mut stdout = std::io::stdout().lock();
-    output::write_record(&mut stdout, &r, json)?;
-    stdout.flush()?;
+    let _ = output::write_record(&mut stdout, &r, json).and_then(|()| stdout.flush());
 
     // Prove the fix: apply kdrop's first fix command, connect again.
     if let Some(fix) = r.finding.as_ref().and_then(|f| f.fix.first()) {

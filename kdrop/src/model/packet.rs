@@ -97,11 +97,35 @@ pub struct Destroyed {
     pub tcp_state: Option<u8>,
 }
 
+/// A live conntrack entry as ctnetlink showed it: announced when it was
+/// confirmed (a NEW event), or found by a lookup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CtSeen {
+    /// The namespace whose conntrack table holds it.
+    pub netns: u32,
+    pub ct: Ct,
+    /// `enum tcp_conntrack`, when the message carried the TCP state.
+    pub tcp_state: Option<u8>,
+    /// Seconds left before the entry times out, when the message said.
+    pub timeout_s: Option<u32>,
+}
+
+/// What a ctnetlink event socket read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CtEvent {
+    /// An entry confirmed (its first packet passed the last hook).
+    New(CtSeen),
+    Destroyed(Destroyed),
+}
+
 /// One record off the ring buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Drop(Drop),
     Egress(Packet),
+    /// A SYN or SYN-ACK a local socket retransmitted (no conntrack entry,
+    /// no interface).
+    Retrans(Packet),
     /// Precedes the drop it explains on the ring buffer.
     Verdict(NfVerdict),
 }

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use super::{finding::Finding, netfilter::Attribution};
+use super::{finding::Finding, netfilter::Attribution, pod::ConnPods};
 
 /// A drop with everything userspace learned about it. Field names are the JSON
 /// schema (README): add fields, never rename these.
@@ -14,6 +14,15 @@ pub struct DropRecord {
     pub kind: &'static str,
     pub netns: u32,
     pub netns_name: Option<String>,
+    /// `pod` (the pod whose network namespace this is: `namespace/name` as
+    /// the container runtime recorded it, else its UID, else
+    /// `container/<id12>`; null for the node or a namespace no runtime
+    /// claims), `container` (its containers by name, `,` between several),
+    /// `client_pod` and `backend_pod` (the pods whose addresses start and
+    /// serve the connection, after any DNAT), `service`
+    /// (`namespace/name:port` of a DNAT'd virtual address).
+    #[serde(flatten)]
+    pub pods: ConnPods,
     pub ifname: String,
     pub ifindex: u32,
     pub family: &'static str,
@@ -34,6 +43,11 @@ pub struct DropRecord {
     pub finding: Option<Finding>,
     /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
     pub netfilter: Option<Attribution>,
+    /// The connection attempt this record belongs to: every record of one
+    /// handshake (its drops, its retransmissions counted, the RST that
+    /// refused it, its conntrack entry dying) has the same id and the same
+    /// verdict in `finding`.
+    pub handshake: Option<u64>,
 }
 
 /// A conntrack entry: both directions, as `conntrack -L` shows them.

@@ -2,7 +2,7 @@
 //! emitted + lost + sampled out + capped, on every CPU) and userspace's own.
 use std::time::Duration;
 
-use kdrop_common::Counters;
+use kdrop_common::{Counters, FollowStats};
 
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
@@ -12,6 +12,12 @@ pub struct Stats {
     pub egress: Counters,
     /// Netfilter drop verdicts.
     pub verdicts: Counters,
+    /// SYN and SYN-ACK retransmissions of local sockets.
+    pub retrans: Counters,
+    /// Connections followed across NAT and namespaces.
+    pub follow: FollowStats,
+    /// On-demand points that were armed: name, how often, how long.
+    pub armed: Vec<(String, u32, Duration)>,
     /// Ring buffer records that did not decode.
     pub undecodable: u64,
     /// ctnetlink destroy events read, and socket overruns (events lost).

@@ -6,7 +6,7 @@ use anyhow::Result;
 use kdrop_common::AggKey;
 
 use crate::{
-    context::{pods::Pods, Live, Node},
+    context::{Live, Node},
     kernel::facts::Reasons,
     output::metrics::{DropLabels, SeriesCap},
 };
@@ -14,7 +14,6 @@ use crate::{
 pub struct Labels {
     keys: HashMap<AggKey, DropLabels>,
     cap: SeriesCap,
-    pods: Pods,
     node: Live,
     reasons: Reasons,
 }
@@ -24,7 +23,6 @@ impl Labels {
         Ok(Self {
             keys: HashMap::new(),
             cap: SeriesCap::new(max_series),
-            pods: Pods::default(),
             node: Live::new()?,
             reasons,
         })
@@ -37,6 +35,7 @@ impl Labels {
         let labels = if k.overflow != 0 {
             DropLabels::overflow()
         } else {
+            let owner = self.node.pod(k.netns);
             DropLabels {
                 reason: self
                     .reasons
@@ -46,7 +45,8 @@ impl Labels {
                     .node
                     .netns(k.netns)
                     .map_or_else(|| k.netns.to_string(), |n| n.display()),
-                pod: self.pods.label(k.netns),
+                pod: owner.as_ref().map(|p| p.label()).unwrap_or_default(),
+                container: owner.and_then(|p| p.containers).unwrap_or_default(),
                 ifname: self.node.ifname(k.netns, k.ifindex),
                 port: k.port.to_string(),
             }

@@ -23,7 +23,7 @@ use crate::{
     model::record::DropRecord,
     output::{
         self,
-        metrics::{self, EgressCounts, EventCounts, ProbeState, Snapshot},
+        metrics::{self, EgressCounts, EventCounts, FollowCounts, ProbeState, Snapshot},
     },
     probes::{self, Outcome, Probes},
     session::{Control, Options, Scrape, Session, Sink},
@@ -59,6 +59,13 @@ impl Monitor {
     fn snapshot(&mut self, p: &Probes) -> Result<Snapshot> {
         let c = p.counters()?;
         let g = p.egress_counters()?;
+        let counts = |c: kdrop_common::Counters| EgressCounts {
+            matched: c.matched,
+            emitted: c.emitted,
+            lost: c.lost,
+            capped: c.capped,
+        };
+        let follow = p.follow_stats()?;
         let mut drops = BTreeMap::new();
         for (k, v) in p.aggregate()? {
             // The overflow key exists from the start; show it only once used.
@@ -88,11 +95,13 @@ impl Monitor {
                 sampled_out: c.sampled_out,
                 capped: c.capped,
             },
-            egress: EgressCounts {
-                matched: g.matched,
-                emitted: g.emitted,
-                lost: g.lost,
-                capped: g.capped,
+            egress: counts(g),
+            retrans: counts(p.retrans_counters()?),
+            verdicts: counts(p.verdict_counters()?),
+            follow: FollowCounts {
+                inserted: follow.inserted,
+                map_full: follow.full,
+                admitted: follow.admitted,
             },
             probes,
         })
@@ -155,6 +164,7 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
             events_per_sec: args.events_per_sec,
         },
         ring_kib: args.ring_size,
+        conntrack_events: args.conntrack_events,
     })?;
     let mut monitor = Monitor {
         out,

@@ -15,6 +15,8 @@ pub struct DropLabels {
     pub reason: String,
     pub netns: String,
     pub pod: String,
+    /// The pod's containers by name (empty when no pod).
+    pub container: String,
     pub ifname: String,
     pub port: String,
 }
@@ -26,6 +28,7 @@ impl DropLabels {
             reason: o(),
             netns: o(),
             pod: o(),
+            container: o(),
             ifname: o(),
             port: o(),
         }
@@ -89,12 +92,25 @@ pub struct ProbeState {
     pub attached: bool,
 }
 
+/// Connections followed across NAT and namespaces (the FOLLOW map).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FollowCounts {
+    pub inserted: u64,
+    pub map_full: u64,
+    pub admitted: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub drops: BTreeMap<DropLabels, u64>,
     pub findings: BTreeMap<String, u64>,
     pub events: EventCounts,
     pub egress: EgressCounts,
+    /// SYN and SYN-ACK retransmissions of local sockets.
+    pub retrans: EgressCounts,
+    /// Netfilter drop verdicts (on-demand probes).
+    pub verdicts: EgressCounts,
+    pub follow: FollowCounts,
     pub probes: Vec<ProbeState>,
 }
 
@@ -139,7 +155,7 @@ pub fn render(s: &Snapshot) -> String {
         "kdrop_drops_total",
         "counter",
         "Dropped TCP packets that matched kdrop's filter, counted in the kernel (every one, \
-         sampled or not), by drop reason, network namespace, pod, interface and service port.",
+         sampled or not), by drop reason, network namespace, pod, container, interface and service port.",
     );
     for (l, v) in &s.drops {
         sample(
@@ -149,6 +165,7 @@ pub fn render(s: &Snapshot) -> String {
                 ("reason", &l.reason),
                 ("netns", &l.netns),
                 ("pod", &l.pod),
+                ("container", &l.container),
                 ("ifname", &l.ifname),
                 ("port", &l.port),
             ],
@@ -201,6 +218,51 @@ pub fn render(s: &Snapshot) -> String {
             v,
         );
     }
+    for (name, help, c) in [
+        (
+            "kdrop_retransmissions_total",
+            "SYN and SYN-ACK retransmissions of local sockets that matched the filter: \
+             matched = emitted + lost + capped.",
+            &s.retrans,
+        ),
+        (
+            "kdrop_netfilter_verdicts_total",
+            "Netfilter NF_DROP verdicts read while their probes were armed on demand: \
+             matched = emitted + lost + capped.",
+            &s.verdicts,
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for (state, v) in [
+            ("matched", c.matched),
+            ("emitted", c.emitted),
+            ("lost", c.lost),
+            ("capped", c.capped),
+        ] {
+            sample(&mut out, name, &[("state", state)], v);
+        }
+    }
+    header(
+        &mut out,
+        "kdrop_followed_connections_total",
+        "counter",
+        "Client ends followed across NAT and namespaces: inserted into the kernel's \
+         bounded map, refused because it was full (map_full), and packets the user's \
+         filter alone would have rejected that were admitted for them (admitted).",
+    );
+    let f = &s.follow;
+    for (state, v) in [
+        ("inserted", f.inserted),
+        ("map_full", f.map_full),
+        ("admitted", f.admitted),
+    ] {
+        sample(
+            &mut out,
+            "kdrop_followed_connections_total",
+            &[("state", state)],
+            v,
+        );
+    }
     header(
         &mut out,
         "kdrop_probe_attached",
@@ -227,6 +289,7 @@ mod tests {
             reason: reason.into(),
             netns: "4026531840".into(),
             pod: String::new(),
+            container: String::new(),
             ifname: "eth0".into(),
             port: port.into(),
         }
@@ -254,10 +317,20 @@ mod tests {
             rung: "raw_tp".into(),
             attached: false,
         });
+        s.follow = FollowCounts {
+            inserted: 4,
+            map_full: 1,
+            admitted: 9,
+        };
+        s.retrans.matched = 2;
         let text = render(&s);
+        assert!(text.contains("kdrop_followed_connections_total{state=\"map_full\"} 1\n"));
+        assert!(text.contains("kdrop_followed_connections_total{state=\"admitted\"} 9\n"));
+        assert!(text.contains("kdrop_retransmissions_total{state=\"matched\"} 2\n"));
+        assert!(text.contains("# TYPE kdrop_netfilter_verdicts_total counter\n"));
         let want = [
             "# TYPE kdrop_drops_total counter",
-            "kdrop_drops_total{reason=\"NO_SOCKET\",netns=\"4026531840\",pod=\"\",ifname=\"eth0\",port=\"80\"} 3",
+            "kdrop_drops_total{reason=\"NO_SOCKET\",netns=\"4026531840\",pod=\"\",container=\"\",ifname=\"eth0\",port=\"80\"} 3",
             "# TYPE kdrop_findings_total counter",
             "kdrop_findings_total{cause=\"no_socket\"} 2",
             "kdrop_events_total{state=\"matched\"} 3",

@@ -5,9 +5,35 @@ pub mod metrics;
 pub mod summary;
 pub mod text;
 
-use std::io::Write;
+use std::{fmt::Display, io::Write};
 
 use crate::model::record::DropRecord;
+
+/// Lines to an output that goes quiet once it is closed (`kdrop check |
+/// head`): what follows is dropped, never a panic, and the caller carries
+/// on to its own end.
+pub struct Lines<W: Write> {
+    out: W,
+    closed: bool,
+}
+
+impl<W: Write> Lines<W> {
+    pub fn new(out: W) -> Self {
+        Self { out, closed: false }
+    }
+
+    pub fn line(&mut self, line: impl Display) {
+        if !self.closed {
+            self.closed = writeln!(self.out, "{line}")
+                .and_then(|()| self.out.flush())
+                .is_err();
+        }
+    }
+
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+}
 
 pub fn json_line(r: &DropRecord) -> String {
     serde_json::to_string(r).expect("records serialize")
@@ -31,7 +57,10 @@ pub fn write_record(out: &mut impl Write, r: &DropRecord, json: bool) -> std::io
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::time::rfc3339;
+    use crate::model::{
+        pod::{Pod, PodId},
+        time::rfc3339,
+    };
 
     pub fn record() -> DropRecord {
         DropRecord {
@@ -39,6 +68,7 @@ pub(crate) mod tests {
             kind: "drop",
             netns: 4026532999,
             netns_name: Some("node".into()),
+            pods: Default::default(),
             ifname: "eth1".into(),
             ifindex: 3,
             family: "ipv4",
@@ -54,7 +84,36 @@ pub(crate) mod tests {
             ct: None,
             finding: None,
             netfilter: None,
+            handshake: None,
         }
+    }
+
+    /// A pipe whose reader is gone.
+    struct Closed(usize);
+
+    impl Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            self.0 += 1;
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_go_quiet_on_a_closed_output() {
+        let mut out = Lines::new(Closed(0));
+        out.line("kernel 6.18");
+        out.line(format_args!("btf {}", 1));
+        assert!(out.closed());
+        // Tried once, then not again.
+        assert_eq!(out.out.0, 1);
+        let mut open = Lines::new(Vec::new());
+        open.line("a");
+        open.line(format_args!("b {}", 2));
+        assert!(!open.closed());
+        assert_eq!(String::from_utf8(open.out).unwrap(), "a\nb 2\n");
     }
 
     #[test]
@@ -80,5 +139,26 @@ pub(crate) mod tests {
         let v: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
         assert!(v["netns_name"].is_null());
         assert!(v["reason"].is_null());
+        for k in ["pod", "container", "client_pod", "service", "backend_pod"] {
+            assert!(v[k].is_null(), "{k}: {v}");
+        }
+        let pod = |namespace: &str, name: &str, containers: Option<&str>| Pod {
+            id: PodId::Named {
+                namespace: namespace.into(),
+                name: name.into(),
+            },
+            containers: containers.map(String::from),
+        };
+        r.pods.pod = Some(pod("shop", "cart-7d9f", Some("cart")));
+        r.pods.backend = Some(pod("data", "mysql-0", None));
+        let v: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
+        assert_eq!(
+            (&v["pod"], &v["container"], &v["backend_pod"]),
+            (
+                &"shop/cart-7d9f".into(),
+                &"cart".into(),
+                &"data/mysql-0".into()
+            )
+        );
     }
 }

@@ -51,6 +51,7 @@ impl Summary {
         let followed = [
             ("handshake packets followed", &stats.egress),
             ("netfilter drop verdicts followed", &stats.verdicts),
+            ("SYN and SYN-ACK retransmissions", &stats.retrans),
         ];
         for (what, c) in followed {
             if c.matched > 0 {
@@ -59,6 +60,27 @@ impl Summary {
                     c.matched, c.emitted, c.lost
                 ));
             }
+        }
+        let f = &stats.follow;
+        if f.inserted > 0 || f.admitted > 0 || f.full > 0 {
+            s.push_str(&format!(
+                "kdrop: connections followed by their client's end: inserted {}, map full {}, packets admitted {}\n",
+                f.inserted, f.full, f.admitted
+            ));
+        }
+        if !stats.armed.is_empty() {
+            let armed: Vec<String> = stats
+                .armed
+                .iter()
+                .map(|(p, n, d)| {
+                    format!(
+                        "{p} {n} time{} for {:.1}s",
+                        if *n == 1 { "" } else { "s" },
+                        d.as_secs_f64()
+                    )
+                })
+                .collect();
+            s.push_str(&format!("kdrop: armed on demand: {}\n", armed.join(", ")));
         }
         if stats.ct_received > 0 || stats.ct_overruns > 0 {
             s.push_str(&format!(

@@ -7,15 +7,36 @@ use std::{
 };
 
 use super::write_record;
-use crate::model::{finding::Finding, record::DropRecord};
+use crate::model::{finding::Finding, pod::Pod, record::DropRecord};
 
-/// `14:03:07.123456 netns=node if=eth1 198.51.100.7:40000 -> 10.0.2.20:8080 [SYN] reason=IP_RPFILTER at=ip_rcv_finish_core+0x1a3`
+/// `14:03:07.123456 netns=node if=eth1 198.51.100.7:40000 -> 10.0.2.20:8080 [SYN] reason=IP_RPFILTER at=ip_rcv_finish_core+0x1a3`,
+/// with ` pod=shop/cart-7d9f container=cart` after the namespace when it is
+/// a pod's, and the connection's other pods and Service after the flags
+/// (` client=... service=... backend=...`, each when known and not `pod`).
 pub fn text_line(r: &DropRecord) -> String {
     let time = r.ts.get(11..26).unwrap_or(&r.ts);
-    let netns = match &r.netns_name {
+    let mut netns = match &r.netns_name {
         Some(n) => n.clone(),
         None => r.netns.to_string(),
     };
+    let add = |s: &mut String, key: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            s.push_str(&format!(" {key}={v}"));
+        }
+    };
+    let p = &r.pods;
+    let label = |p: &Option<Pod>| p.as_ref().map(Pod::label);
+    add(&mut netns, "pod", &label(&p.pod));
+    add(
+        &mut netns,
+        "container",
+        &p.pod.as_ref().and_then(|p| p.containers.clone()),
+    );
+    let other = |o: &Option<Pod>| label(o).filter(|_| o != &p.pod);
+    let mut peers = String::new();
+    add(&mut peers, "client", &other(&p.client));
+    add(&mut peers, "service", &p.service);
+    add(&mut peers, "backend", &other(&p.backend));
     let what = match (r.kind, &r.reason) {
         ("drop", reason) => format!(
             "reason={} at={}",
@@ -25,7 +46,7 @@ pub fn text_line(r: &DropRecord) -> String {
         (kind, _) => kind.to_string(),
     };
     format!(
-        "{time} netns={netns} if={} {} -> {} [{}] {what}",
+        "{time} netns={netns} if={} {} -> {} [{}]{peers} {what}",
         r.ifname,
         r.src(),
         r.dst(),
@@ -39,6 +60,8 @@ pub fn text_line(r: &DropRecord) -> String {
 #[derive(Debug, Default)]
 pub struct Repeats {
     printed: HashMap<(&'static str, String), Instant>,
+    /// The verdict printed for each handshake.
+    verdicts: HashMap<u64, (&'static str, String)>,
 }
 
 const REPEAT_WINDOW: Duration = Duration::from_secs(10);
@@ -58,10 +81,29 @@ impl Repeats {
         };
         let now = Instant::now();
         let key = (f.cause, f.summary.clone());
+        // A further packet of a handshake whose verdict was printed: one line.
+        if let Some(id) = r.handshake {
+            if self.verdicts.get(&id) == Some(&key) {
+                return writeln!(
+                    out,
+                    "{}  (handshake #{id}: [{}] above)",
+                    text_line(r),
+                    f.cause
+                );
+            }
+            if self.verdicts.len() >= REPEATS_KEPT {
+                self.verdicts.clear();
+            }
+            self.verdicts.insert(id, key.clone());
+        }
         if let Some(at) = self.printed.get(&key) {
             if now.duration_since(*at) < REPEAT_WINDOW {
-                writeln!(out, "{}", text_line(r))?;
-                return writeln!(out, "  why: [{}] the same finding as above", f.cause);
+                return writeln!(
+                    out,
+                    "{}  (the same finding: [{}] above)",
+                    text_line(r),
+                    f.cause
+                );
             }
         }
         if self.printed.len() >= REPEATS_KEPT {
@@ -78,13 +120,21 @@ pub fn finding_lines(f: &Finding) -> Vec<String> {
     let mut lines = vec![format!("  why: {} [{}]", f.summary, f.cause)];
     lines.extend(f.evidence.iter().map(|e| format!("    evidence: {e}")));
     lines.extend(f.fix.iter().map(|c| format!("    fix: {c}")));
+    for alt in &f.fix_or {
+        for (i, c) in alt.iter().enumerate() {
+            let lead = if i == 0 { "or:" } else { "   " };
+            lines.push(format!("    {lead} {c}"));
+        }
+    }
+    lines.extend(f.fix_notes.iter().map(|n| format!("    note: {n}")));
+    lines.extend(f.inspect.iter().map(|c| format!("    inspect: {c}")));
     lines
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::tests::record;
+    use crate::{model::pod::PodId, output::tests::record};
 
     #[test]
     fn text() {
@@ -98,6 +148,81 @@ mod tests {
         r.saddr = "2001:db8::7".parse().unwrap();
         assert!(text_line(&r).contains("netns=4026532999 if=eth1 [2001:db8::7]:40000"));
         assert!(text_line(&r).contains("reason=unknown"));
+        let pod = |namespace: &str, name: &str, containers: Option<&str>| Pod {
+            id: PodId::Named {
+                namespace: namespace.into(),
+                name: name.into(),
+            },
+            containers: containers.map(String::from),
+        };
+        r.pods.pod = Some(pod("shop", "cart-7d9f", Some("cart")));
+        assert!(
+            text_line(&r).contains(" netns=4026532999 pod=shop/cart-7d9f container=cart if=eth1 "),
+            "{}",
+            text_line(&r)
+        );
+        // The other end is named; the pod itself is not repeated.
+        r.pods.client = r.pods.pod.clone();
+        r.pods.service = Some("data/mysql:3306".into());
+        r.pods.backend = Some(pod("data", "mysql-0", None));
+        assert!(
+            text_line(&r)
+                .contains("[SYN] service=data/mysql:3306 backend=data/mysql-0 reason=unknown"),
+            "{}",
+            text_line(&r)
+        );
+    }
+
+    #[test]
+    fn fixes_alternatives_notes_and_inspections_have_their_own_lines() {
+        let f = Finding {
+            cause: "c",
+            summary: "s".into(),
+            evidence: vec![],
+            fix: vec!["a".into(), "b".into()],
+            fix_or: vec![vec!["x".into(), "y".into()]],
+            fix_notes: vec!["n".into()],
+            inspect: vec!["i".into()],
+        };
+        assert_eq!(
+            finding_lines(&f),
+            [
+                "  why: s [c]",
+                "    fix: a",
+                "    fix: b",
+                "    or: x",
+                "        y",
+                "    note: n",
+                "    inspect: i",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_handshake_verdict_is_printed_once_then_a_line_per_packet() {
+        let mut r = record();
+        r.handshake = Some(7);
+        r.finding = Some(Finding {
+            cause: "hairpin_no_reverse_nat",
+            summary: "hairpin".into(),
+            ..Finding::default()
+        });
+        let mut rep = Repeats::default();
+        let mut out = Vec::new();
+        rep.write(&mut out, &r, false).unwrap();
+        let mut later = r.clone();
+        later.kind = "unanswered";
+        rep.write(&mut out, &later, false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let why: Vec<_> = text.lines().filter(|l| l.starts_with("  why")).collect();
+        assert_eq!(why, ["  why: hairpin [hairpin_no_reverse_nat]"]);
+        // The further packet is one line.
+        let last = text.lines().last().unwrap();
+        assert!(
+            last.ends_with(" unanswered  (handshake #7: [hairpin_no_reverse_nat] above)"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 3, "{text}");
     }
 
     #[test]
@@ -108,6 +233,7 @@ mod tests {
             summary: "strict".into(),
             evidence: vec!["e".into()],
             fix: vec!["f".into()],
+            ..Finding::default()
         });
         let mut other = r.clone();
         other.finding.as_mut().unwrap().summary = "other".into();
@@ -122,10 +248,16 @@ mod tests {
             why,
             [
                 "  why: strict [rp_filter_strict]",
-                "  why: [rp_filter_strict] the same finding as above",
                 "  why: other [rp_filter_strict]",
-                "  why: [rp_filter_strict] the same finding as above",
             ]
+        );
+        // The repeats: one line each.
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.ends_with("  (the same finding: [rp_filter_strict] above)"))
+                .count(),
+            2,
+            "{text}"
         );
         assert_eq!(text.matches("    fix: f").count(), 2);
         // JSON lines always carry the whole finding.

@@ -4,24 +4,45 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use aya::{
-    programs::{BtfTracePoint, FExit, KProbe, RawTracePoint, TracePoint},
+    programs::{
+        fexit::FExitLinkId, kprobe::KProbeLinkId, raw_trace_point::RawTracePointLinkId,
+        tp_btf::BtfTracePointLinkId, trace_point::TracePointLinkId, BtfTracePoint, FExit, KProbe,
+        RawTracePoint, TracePoint,
+    },
     Btf as AyaBtf, Ebpf,
 };
 
 use super::ladder::{Attach, Outcome, Point, ProbeReport, Rung, DROP_PATH};
 
+/// A rung's program(s) attached: what detaching needs.
+pub enum Link {
+    TpBtf(&'static str, BtfTracePointLinkId),
+    RawTp(&'static str, RawTracePointLinkId),
+    Tracepoint(&'static str, TracePointLinkId),
+    FExit(&'static str, FExitLinkId),
+    KRetProbe {
+        ret: (&'static str, KProbeLinkId),
+        entry: Option<(&'static str, KProbeLinkId)>,
+    },
+}
+
+/// The point's rungs best first, each loaded and attached until one holds
+/// (with `all_rungs`, every one: `kdrop check`). Returns what happened on
+/// each, and the chosen rung with its link.
 pub fn attach_ladder(
     ebpf: &mut Ebpf,
     btf: &AyaBtf,
     point: &Point,
     all_rungs: bool,
     forced: Option<Rung>,
-) -> ProbeReport {
+) -> (ProbeReport, Option<(Attach, Link)>) {
     let mut report = ProbeReport {
         point: point.name,
         what: point.what,
+        demand: point.demand,
         rungs: Vec::new(),
     };
+    let mut chosen = None;
     for (attach, ready) in &point.rungs {
         let rung = attach.rung();
         if let Some(f) = forced.filter(|f| point.name == DROP_PATH && *f != rung) {
@@ -36,66 +57,103 @@ pub fn attach_ladder(
         }
         let result = match ready {
             Err(why) => Err(anyhow::anyhow!("{why}")),
-            Ok(()) => attach_one(ebpf, btf, attach),
+            Ok(()) => load_one(ebpf, btf, attach).and_then(|()| attach_loaded(ebpf, attach)),
         };
         let outcome = match result {
-            Ok(()) => Outcome::Attached,
+            Ok(link) => {
+                if chosen.is_none() {
+                    chosen = Some((*attach, link));
+                }
+                Outcome::Attached
+            }
             Err(e) => Outcome::Refused(short_error(&e)),
         };
         report.rungs.push((rung, outcome));
     }
-    report
+    (report, chosen)
 }
 
-fn attach_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
+/// Loads (verifies) a rung's program(s) once.
+fn load_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
     match *attach {
-        Attach::TpBtf { prog, tp } => {
-            let p: &mut BtfTracePoint = program(ebpf, prog)?;
-            p.load(tp, btf)?;
-            p.attach()?;
-        }
-        Attach::RawTp { prog, tp } => {
-            let p: &mut RawTracePoint = program(ebpf, prog)?;
-            p.load()?;
-            p.attach(tp)?;
-        }
-        Attach::Tracepoint {
-            prog,
-            category,
-            name,
-        } => {
-            let p: &mut TracePoint = program(ebpf, prog)?;
-            p.load()?;
-            p.attach(category, name)?;
-        }
-        Attach::FExit { prog, func } => {
-            let p: &mut FExit = program(ebpf, prog)?;
-            p.load(func, btf)?;
-            p.attach()?;
-        }
-        Attach::KRetProbe { prog, func, entry } => {
+        Attach::TpBtf { prog, tp } => program::<BtfTracePoint>(ebpf, prog)?.load(tp, btf)?,
+        Attach::RawTp { prog, .. } => program::<RawTracePoint>(ebpf, prog)?.load()?,
+        Attach::Tracepoint { prog, .. } => program::<TracePoint>(ebpf, prog)?.load()?,
+        Attach::FExit { prog, func } => program::<FExit>(ebpf, prog)?.load(func, btf)?,
+        Attach::KRetProbe { prog, entry, .. } => {
             // Before loading: a kernel without kprobes (this CI host) would
             // verify the program only to refuse the attach, and keep it.
             let pmu = Path::new("/sys/bus/event_source/devices/kprobe/type");
             if !pmu.exists() {
                 anyhow::bail!("no kprobes in this kernel ({} is missing)", pmu.display());
             }
+            program::<KProbe>(ebpf, prog)?.load()?;
+            if let Some(entry) = entry {
+                program::<KProbe>(ebpf, entry)?
+                    .load()
+                    .with_context(|| format!("kprobe {entry}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attaches a rung whose program(s) are loaded: at start, and each time an
+/// on-demand point is armed.
+pub fn attach_loaded(ebpf: &mut Ebpf, attach: &Attach) -> Result<Link> {
+    Ok(match *attach {
+        Attach::TpBtf { prog, .. } => {
+            Link::TpBtf(prog, program::<BtfTracePoint>(ebpf, prog)?.attach()?)
+        }
+        Attach::RawTp { prog, tp } => {
+            Link::RawTp(prog, program::<RawTracePoint>(ebpf, prog)?.attach(tp)?)
+        }
+        Attach::Tracepoint {
+            prog,
+            category,
+            name,
+        } => Link::Tracepoint(
+            prog,
+            program::<TracePoint>(ebpf, prog)?.attach(category, name)?,
+        ),
+        Attach::FExit { prog, .. } => Link::FExit(prog, program::<FExit>(ebpf, prog)?.attach()?),
+        Attach::KRetProbe { prog, func, entry } => {
             // The kretprobe first: a call entered between the two attaches
             // must not leave saved arguments that nothing pops.
-            let p: &mut KProbe = program(ebpf, prog)?;
-            p.load()?;
-            let ret = p.attach(func, 0)?;
-            if let Some(entry) = entry {
-                let attached = program::<KProbe>(ebpf, entry).and_then(|k| {
-                    k.load()?;
-                    k.attach(func, 0)?;
-                    Ok(())
-                });
-                if let Err(e) = attached {
-                    let _ = program::<KProbe>(ebpf, prog)?.detach(ret);
-                    return Err(e.context(format!("kprobe {entry}")));
+            let ret = program::<KProbe>(ebpf, prog)?.attach(func, 0)?;
+            let entry = match entry {
+                None => None,
+                Some(entry) => {
+                    match program::<KProbe>(ebpf, entry).and_then(|k| Ok(k.attach(func, 0)?)) {
+                        Ok(id) => Some((entry, id)),
+                        Err(e) => {
+                            let _ = program::<KProbe>(ebpf, prog)?.detach(ret);
+                            return Err(e.context(format!("kprobe {entry}")));
+                        }
+                    }
                 }
+            };
+            Link::KRetProbe {
+                ret: (prog, ret),
+                entry,
             }
+        }
+    })
+}
+
+/// Detaches what `attach_loaded` attached; the program stays loaded.
+pub fn detach(ebpf: &mut Ebpf, link: Link) -> Result<()> {
+    match link {
+        Link::TpBtf(prog, id) => program::<BtfTracePoint>(ebpf, prog)?.detach(id)?,
+        Link::RawTp(prog, id) => program::<RawTracePoint>(ebpf, prog)?.detach(id)?,
+        Link::Tracepoint(prog, id) => program::<TracePoint>(ebpf, prog)?.detach(id)?,
+        Link::FExit(prog, id) => program::<FExit>(ebpf, prog)?.detach(id)?,
+        Link::KRetProbe { ret, entry } => {
+            // The entry kprobe first, the mirror of attaching.
+            if let Some((prog, id)) = entry {
+                program::<KProbe>(ebpf, prog)?.detach(id)?;
+            }
+            program::<KProbe>(ebpf, ret.0)?.detach(ret.1)?;
         }
     }
     Ok(())

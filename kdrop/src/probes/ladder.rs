@@ -1,6 +1,7 @@
 //! The probe points and their ladders: for each point, the rungs best
 //! first (fexit, kretprobe, tp_btf, raw_tp, tracepoint) and what each
-//! needs from the kernel.
+//! needs from the kernel; and whether the point stays attached or is armed
+//! only on demand.
 use std::fmt;
 
 use anyhow::Result;
@@ -10,7 +11,6 @@ use super::{
     nf::{self, NfSetup},
     setup::KernelSetup,
 };
-
 use crate::UserError;
 
 /// `KDROP_RUNG=tp_btf|raw_tp|tracepoint` restricts the drop path to one rung
@@ -66,6 +66,8 @@ pub enum Outcome {
 pub struct ProbeReport {
     pub point: &'static str,
     pub what: &'static str,
+    /// `None`: attached for the whole trace; else armed on this demand.
+    pub demand: Option<Demand>,
     pub rungs: Vec<(Rung, Outcome)>,
 }
 
@@ -79,6 +81,7 @@ impl ProbeReport {
 }
 
 /// How a rung attaches its program.
+#[derive(Clone, Copy, Debug)]
 pub enum Attach {
     TpBtf {
         prog: &'static str,
@@ -117,6 +120,32 @@ impl Attach {
     }
 }
 
+/// Why an on-demand point is armed: it serves one kind of evidence, and is
+/// attached only while a matching anomaly asks for that kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Demand {
+    /// Route lookups and source validation: for reverse-path, martian and
+    /// no-route drops (armed by such a drop; the retransmission carries the
+    /// kernel's own lookups).
+    Routes,
+    /// Handshake packets leaving devices: for handshakes that die without a
+    /// drop where kdrop runs (armed by a retransmission, a refused SYN-ACK,
+    /// a DNAT'd connection kdrop follows).
+    Handshakes,
+    /// Netfilter's own verdicts: for NETFILTER_DROP (armed by one).
+    Verdicts,
+}
+
+impl fmt::Display for Demand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Demand::Routes => "routes",
+            Demand::Handshakes => "handshakes",
+            Demand::Verdicts => "verdicts",
+        })
+    }
+}
+
 /// A probe point: its rungs best first, each with what it needs from the
 /// kernel (`Err` says why that rung cannot even be tried).
 pub struct Point<'a> {
@@ -126,102 +155,113 @@ pub struct Point<'a> {
     pub required: bool,
     /// Evidence for live tracing only: `kdrop monitor` does not attach it.
     pub trace_only: bool,
+    /// `None`: always attached (it fires only on an anomaly). Otherwise
+    /// every healthy packet would pay for it: armed on this demand only.
+    pub demand: Option<Demand>,
     pub rungs: Vec<(Attach, Result<(), &'a str>)>,
+}
+
+pub const DROP_PATH: &str = "skb:kfree_skb";
+
+fn ok_or_why<T>(r: &Result<T, String>) -> Result<(), &str> {
+    r.as_ref().map(|_| ()).map_err(String::as_str)
+}
+
+/// `prog_btf` through tp_btf, then `prog_raw` as a raw tracepoint.
+fn tracepoint_rungs<'a>(
+    tp: &'static str,
+    prog_btf: &'static str,
+    prog_raw: &'static str,
+    ready: Result<(), &'a str>,
+) -> Vec<(Attach, Result<(), &'a str>)> {
+    vec![
+        (Attach::TpBtf { prog: prog_btf, tp }, ready),
+        (Attach::RawTp { prog: prog_raw, tp }, ready),
+    ]
 }
 
 pub fn points<'a>(
     setup: &'a KernelSetup,
     fields: &'a Result<KfreeSkbArgs, String>,
 ) -> Vec<Point<'a>> {
-    let args = setup
-        .kfree_skb_args
-        .as_ref()
-        .map(|_| ())
-        .map_err(String::as_str);
-    let fields = fields.as_ref().map(|_| ()).map_err(String::as_str);
-    let fib = setup
-        .fib_lookup_args
-        .as_ref()
-        .map(|_| ())
-        .map_err(String::as_str);
-    let fvs = setup
-        .fib_validate_source
-        .as_ref()
-        .map(|_| ())
-        .map_err(String::as_str);
-    let egress = setup
-        .net_dev_queue
-        .as_ref()
-        .map(|_| ())
-        .map_err(String::as_str);
+    let args = ok_or_why(&setup.kfree_skb_args);
+    let fib = ok_or_why(&setup.fib_lookup_args);
+    let fvs = ok_or_why(&setup.fib_validate_source);
+    let egress = ok_or_why(&setup.net_dev_queue);
+    let mut drop_rungs = tracepoint_rungs("kfree_skb", "kfree_skb_btf", "kfree_skb_raw", args);
+    drop_rungs.push((
+        Attach::Tracepoint {
+            prog: "kfree_skb_tp",
+            category: "skb",
+            name: "kfree_skb",
+        },
+        ok_or_why(fields),
+    ));
+    let mut fib_rungs = tracepoint_rungs(
+        "fib_table_lookup",
+        "fib_table_lookup_btf",
+        "fib_table_lookup_raw",
+        fib,
+    );
+    // The classic record carries computed fields, not the pointers the
+    // program reads.
+    fib_rungs.push((
+        Attach::Tracepoint {
+            prog: "",
+            category: "fib",
+            name: "fib_table_lookup",
+        },
+        Err("not implemented: its record has no flowi4/nexthop pointers"),
+    ));
     vec![
         Point {
-            name: "skb:kfree_skb",
+            name: DROP_PATH,
             what: "drop path",
             required: true,
             trace_only: false,
-            rungs: vec![
-                (
-                    Attach::TpBtf {
-                        prog: "kfree_skb_btf",
-                        tp: "kfree_skb",
-                    },
-                    args,
-                ),
-                (
-                    Attach::RawTp {
-                        prog: "kfree_skb_raw",
-                        tp: "kfree_skb",
-                    },
-                    args,
-                ),
-                (
-                    Attach::Tracepoint {
-                        prog: "kfree_skb_tp",
-                        category: "skb",
-                        name: "kfree_skb",
-                    },
-                    fields,
-                ),
-            ],
+            demand: None,
+            rungs: drop_rungs,
+        },
+        Point {
+            name: "tcp:tcp_retransmit_skb",
+            what: "SYNs local sockets retransmit",
+            required: false,
+            trace_only: false,
+            demand: None,
+            rungs: tracepoint_rungs(
+                "tcp_retransmit_skb",
+                "tcp_retransmit_skb_btf",
+                "tcp_retransmit_skb_raw",
+                ok_or_why(&setup.retrans_skb),
+            ),
+        },
+        Point {
+            name: "tcp:tcp_retransmit_synack",
+            what: "SYN-ACKs local listeners retransmit",
+            required: false,
+            trace_only: false,
+            demand: None,
+            rungs: tracepoint_rungs(
+                "tcp_retransmit_synack",
+                "tcp_retransmit_synack_btf",
+                "tcp_retransmit_synack_raw",
+                ok_or_why(&setup.retrans_synack),
+            ),
         },
         Point {
             name: "fib:fib_table_lookup",
             what: "route lookups (reverse-path evidence)",
             required: false,
             trace_only: false,
-            rungs: vec![
-                (
-                    Attach::TpBtf {
-                        prog: "fib_table_lookup_btf",
-                        tp: "fib_table_lookup",
-                    },
-                    fib,
-                ),
-                (
-                    Attach::RawTp {
-                        prog: "fib_table_lookup_raw",
-                        tp: "fib_table_lookup",
-                    },
-                    fib,
-                ),
-                // The classic record carries computed fields, not the
-                // pointers the program reads.
-                (
-                    Attach::Tracepoint {
-                        prog: "",
-                        category: "fib",
-                        name: "fib_table_lookup",
-                    },
-                    Err("not implemented: its record has no flowi4/nexthop pointers"),
-                ),
-            ],
+            demand: Some(Demand::Routes),
+            rungs: fib_rungs,
         },
         Point {
             name: "fib_validate_source (return)",
             what: "source validation result (reason on kernels without one)",
             required: false,
             trace_only: false,
+            demand: Some(Demand::Routes),
             rungs: vec![
                 (
                     Attach::FExit {
@@ -245,22 +285,13 @@ pub fn points<'a>(
             what: "handshake packets leaving devices (unanswered SYNs, NAT)",
             required: false,
             trace_only: false,
-            rungs: vec![
-                (
-                    Attach::TpBtf {
-                        prog: "net_dev_queue_btf",
-                        tp: "net_dev_queue",
-                    },
-                    egress,
-                ),
-                (
-                    Attach::RawTp {
-                        prog: "net_dev_queue_raw",
-                        tp: "net_dev_queue",
-                    },
-                    egress,
-                ),
-            ],
+            demand: Some(Demand::Handshakes),
+            rungs: tracepoint_rungs(
+                "net_dev_queue",
+                "net_dev_queue_btf",
+                "net_dev_queue_raw",
+                egress,
+            ),
         },
     ]
     .into_iter()
@@ -282,6 +313,7 @@ fn nf_points(nf: &NfSetup) -> Vec<Point<'_>> {
                 what: f.what,
                 required: false,
                 trace_only: true,
+                demand: Some(Demand::Verdicts),
                 rungs: vec![
                     (
                         Attach::FExit {
@@ -304,7 +336,6 @@ fn nf_points(nf: &NfSetup) -> Vec<Point<'_>> {
         .collect()
 }
 
-pub const DROP_PATH: &str = "skb:kfree_skb";
 pub fn outcome_text(o: &Outcome) -> String {
     match o {
         Outcome::Attached => "attached".into(),

@@ -6,9 +6,10 @@ use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
 };
 
-use kdrop_common::{AggKey, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig};
+use kdrop_common::{AggKey, Evidence, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig};
 
 use super::{
+    arm::PointState,
     attach::attach_ladder,
     ladder::{forced_rung, outcome_text, points, Rung, DROP_PATH},
     setup::KernelSetup,
@@ -19,25 +20,24 @@ use crate::kernel::tracefs;
 
 /// The eBPF object, built by build.rs and embedded.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kdrop"));
-/// `all_rungs`: try every rung (for `kdrop check`) instead of stopping at the
-/// first that attaches.
-pub fn load(
-    setup: &KernelSetup,
-    filter: &Filter,
-    ring_kib: u32,
-    all_rungs: bool,
-) -> Result<Probes> {
-    load_with(setup, filter, &MonitorConfig::zeroed(), ring_kib, all_rungs)
+
+/// How to load: the filter and settings the programs get as globals.
+pub struct Config<'a> {
+    pub filter: &'a Filter,
+    /// Monitor mode's aggregation and cap (zeroed: live tracing).
+    pub monitor: &'a MonitorConfig,
+    /// Which drops carry route lookups.
+    pub evidence: &'a Evidence,
+    pub ring_kib: u32,
+    /// Try every rung (`kdrop check`) instead of stopping at the first that
+    /// attaches; on-demand points then stay attached.
+    pub all_rungs: bool,
 }
 
-/// `load` with monitor mode's aggregation and cap.
-pub fn load_with(
-    setup: &KernelSetup,
-    filter: &Filter,
-    monitor: &MonitorConfig,
-    ring_kib: u32,
-    all_rungs: bool,
-) -> Result<Probes> {
+/// Loads the object and attaches every point by its ladder. On-demand
+/// points are attached once (so a rung that would be refused is known
+/// now) and detached again until armed.
+pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
     let absent = KfreeSkbArgs::zeroed();
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
     let no_fib = FibLookupArgs::zeroed();
@@ -51,14 +51,16 @@ pub fn load_with(
             .override_global("KFREE_SKB_ARGS", args, true)
             .override_global("KFREE_SKB_FIELDS", fields, true)
             .override_global("FIB_ARGS", fib, true)
-            .override_global("FILTER", filter, true)
-            .override_global("MONITOR", monitor, true)
+            .override_global("RETRANS_ARGS", &setup.retrans_args, true)
+            .override_global("FILTER", cfg.filter, true)
+            .override_global("MONITOR", cfg.monitor, true)
+            .override_global("EVIDENCE", cfg.evidence, true)
             .override_global("NF_PROBES", &setup.nf.probes, true)
-            .map_max_entries("EVENTS", ring_kib * 1024)
+            .map_max_entries("EVENTS", cfg.ring_kib * 1024)
             .load(OBJECT)
             .map_err(|e| anyhow::Error::new(e).context(memlock_hint()))
             .context("loading kdrop's eBPF object")?;
-        if monitor.aggregate != 0 {
+        if cfg.monitor.aggregate != 0 {
             insert_overflow_key(&mut ebpf)?;
         }
         Ok(ebpf)
@@ -68,16 +70,17 @@ pub fn load_with(
     let forced = forced_rung()?;
 
     let mut reports = Vec::new();
+    let mut states = Vec::new();
     let n = points(setup, &fields).len();
     for i in 0..n {
-        if monitor.aggregate != 0 && points(setup, &fields)[i].trace_only {
+        if cfg.monitor.aggregate != 0 && points(setup, &fields)[i].trace_only {
             continue;
         }
-        let mut report = attach_ladder(
+        let (mut report, mut chosen) = attach_ladder(
             &mut ebpf,
             &aya_btf,
             &points(setup, &fields)[i],
-            all_rungs,
+            cfg.all_rungs,
             forced,
         );
         let drop_path = report.point == DROP_PATH;
@@ -97,11 +100,11 @@ pub fn load_with(
                 .map_err(|e| format!("{why}; {e:#}"));
             if let Ok(f) = &fields {
                 ebpf = load_object(f)?;
-                report = attach_ladder(
+                (report, chosen) = attach_ladder(
                     &mut ebpf,
                     &aya_btf,
                     &points(setup, &fields)[i],
-                    all_rungs,
+                    cfg.all_rungs,
                     forced,
                 );
             }
@@ -118,9 +121,18 @@ pub fn load_with(
             }
             log::info!("no {} ({}): {}", point.what, point.name, why.join("; "));
         }
+        let mut state = PointState::new(point.name, point.demand, chosen);
+        if point.demand.is_some() && !cfg.all_rungs {
+            state.disarm(&mut ebpf)?;
+        }
         reports.push(report);
+        states.push(state);
     }
-    Ok(Probes { ebpf, reports })
+    Ok(Probes {
+        ebpf,
+        reports,
+        points: states,
+    })
 }
 
 /// Monitor mode: the aggregation map's overflow key must exist before the

@@ -1,6 +1,7 @@
 //! kdrop's kernel side from userspace: what the running kernel offers
 //! (setup), the probe points and their ladders (ladder), loading and
 //! attaching (load, attach), the maps (maps), privileges.
+pub mod arm;
 pub mod attach;
 pub mod ladder;
 pub mod load;
@@ -9,11 +10,12 @@ pub mod nf;
 pub mod privileges;
 pub mod setup;
 
+use anyhow::Result;
 use aya::Ebpf;
 
 pub use self::{
-    ladder::{outcome_text, Outcome, ProbeReport, Rung},
-    load::{load, load_with},
+    ladder::{outcome_text, Demand, Outcome, ProbeReport, Rung},
+    load::{load, Config},
     privileges::check_privileges,
     setup::{btf_path, KernelSetup},
 };
@@ -22,6 +24,7 @@ pub use self::{
 pub struct Probes {
     pub ebpf: Ebpf,
     pub reports: Vec<ProbeReport>,
+    points: Vec<arm::PointState>,
 }
 
 impl Probes {
@@ -42,12 +45,63 @@ impl Probes {
             .collect()
     }
 
-    /// `skb:kfree_skb via tp_btf, ...`: the points that attached.
+    /// `skb:kfree_skb via tp_btf, ...; on demand: fib:fib_table_lookup via
+    /// tp_btf (routes), ...`: the points that attached, those always
+    /// attached first.
     pub fn describe(&self) -> String {
-        self.reports
+        let list = |on_demand: bool| {
+            self.reports
+                .iter()
+                .filter(|r| r.demand.is_some() == on_demand)
+                .filter_map(|r| {
+                    let via = format!("{} via {}", r.point, r.chosen()?);
+                    Some(match r.demand {
+                        Some(d) => format!("{via} ({d})"),
+                        None => via,
+                    })
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (always, demand) = (list(false), list(true));
+        if demand.is_empty() {
+            always
+        } else {
+            format!("{always}; on demand: {demand}")
+        }
+    }
+
+    /// Arms every available point of `demand`; how many were armed now.
+    pub fn arm(&mut self, demand: Demand) -> Result<usize> {
+        let mut n = 0;
+        for p in self.points.iter_mut().filter(|p| p.demand == Some(demand)) {
+            n += usize::from(p.arm(&mut self.ebpf)?);
+        }
+        Ok(n)
+    }
+
+    /// Disarms every point of `demand`.
+    pub fn disarm(&mut self, demand: Demand) -> Result<()> {
+        for p in self.points.iter_mut().filter(|p| p.demand == Some(demand)) {
+            p.disarm(&mut self.ebpf)?;
+        }
+        Ok(())
+    }
+
+    /// Does any available point serve `demand`?
+    pub fn serves(&self, demand: Demand) -> bool {
+        self.points
             .iter()
-            .filter_map(|r| Some(format!("{} via {}", r.point, r.chosen()?)))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .any(|p| p.demand == Some(demand) && p.available())
+    }
+
+    /// For each on-demand point that was armed: its name, how often, and
+    /// how long in all.
+    pub fn armed(&self) -> Vec<(&'static str, u32, std::time::Duration)> {
+        self.points
+            .iter()
+            .filter(|p| p.armed_times > 0)
+            .map(|p| (p.name, p.armed_times, p.armed_for()))
+            .collect()
     }
 }

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets};
+use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets, RetransArgs};
 
 use super::nf::NfSetup;
 use crate::{
@@ -44,6 +44,11 @@ pub struct KernelSetup {
     pub fib_validate_source: Result<(), String>,
     /// The netfilter functions whose verdicts kdrop records.
     pub nf: NfSetup,
+    /// Where the retransmission tracepoints pass the socket, and whether
+    /// each can be used.
+    pub retrans_args: RetransArgs,
+    pub retrans_skb: Result<(), String>,
+    pub retrans_synack: Result<(), String>,
 }
 
 impl KernelSetup {
@@ -73,6 +78,7 @@ impl KernelSetup {
             .ok_or_else(|| "fib_validate_source is not in BTF (inlined or renamed?)".to_string());
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let nf = NfSetup::read(&btf, &release);
+        let (retrans_args, retrans_skb, retrans_synack) = facts::retrans_args(&btf, &offsets);
         Ok(Self {
             btf_path,
             btf,
@@ -86,6 +92,9 @@ impl KernelSetup {
             net_dev_queue,
             fib_validate_source,
             nf,
+            retrans_args,
+            retrans_skb,
+            retrans_synack,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! the ctnetlink destroy events and the timers, turn events into records
 //! (`enrich`), hand them to the mode's [`Sink`], and at the end drain every
 //! source (ring, sockets, held records) the same way.
+pub mod arming;
 mod ring;
 
 use std::{
@@ -16,12 +17,25 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use self::ring::Ring;
+use kdrop_common::{Endpoint, Evidence, AF_INET, AF_INET6};
+
+use self::{
+    arming::{demands, Arming, ROUTE_REASONS},
+    ring::Ring,
+};
 use crate::{
-    context::{ctevents::CtEvents, netns, Live, NetnsRegistry},
-    enrich::{realtime_offset_ns, Enricher, Facts},
-    model::{record::DropRecord, stats::Stats},
-    probes::{self, nf, KernelSetup, Probes},
+    context::{
+        ctevents::{CtEvents, StatusBits},
+        netns, Live, NetnsRegistry,
+    },
+    enrich::{monotonic_ns, realtime_offset_ns, Enricher, Facts},
+    kernel::facts::Reasons,
+    model::{
+        packet::{CtEvent, CtSeen, Event},
+        record::DropRecord,
+        stats::Stats,
+    },
+    probes::{self, nf, Demand, KernelSetup, Probes},
 };
 
 /// What a session is asked to do.
@@ -30,6 +44,10 @@ pub struct Options {
     /// Monitor mode's aggregation and cap (zeroed: live tracing).
     pub monitor: MonitorConfig,
     pub ring_kib: u32,
+    /// Listen to conntrack's NEW and DESTROY events (ctnetlink): follows
+    /// forwarded NAT'd handshakes no local socket retransmits, at a cost per
+    /// new connection the kernel tracks (it builds a message for each).
+    pub conntrack_events: bool,
 }
 
 /// What the mode wants after a record.
@@ -72,6 +90,7 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub struct Session {
     probes: Probes,
+    arming: Arming,
     ring: Ring,
     ct_events: CtEvents,
     pub enricher: Enricher<Live>,
@@ -89,7 +108,16 @@ impl Session {
         let sigint = signal(SignalKind::interrupt())?;
         let sigterm = signal(SignalKind::terminate())?;
         let setup = KernelSetup::read()?;
-        let mut probes = probes::load_with(&setup, &o.filter, &o.monitor, o.ring_kib, false)?;
+        let mut probes = probes::load(
+            &setup,
+            &probes::Config {
+                filter: &o.filter,
+                monitor: &o.monitor,
+                evidence: &evidence(&setup.reasons),
+                ring_kib: o.ring_kib,
+                all_rungs: false,
+            },
+        )?;
         let ring = Ring::new(probes.take_events()?)?;
         let nf_rungs: HashMap<&'static str, String> = probes
             .reports
@@ -114,16 +142,21 @@ impl Session {
                 realtime_offset_ns: realtime_offset_ns(),
             },
         );
-        // Subscribed before the readiness line: entries created from then
-        // on are reported when they die unreplied.
-        let ct_events = CtEvents::open(
-            &followed_namespaces(o.filter.netns)?,
-            &o.filter.ports[..o.filter.n_ports as usize],
-            enricher.seen_reply_bit(),
-            o.filter.netns != 0,
-        );
+        // Subscribed before the readiness line: NAT'd entries created from
+        // then on are followed, and reported if they die unreplied.
+        let ct_events = if o.conntrack_events {
+            CtEvents::open(
+                &followed_namespaces(o.filter.netns)?,
+                &o.filter.ports[..o.filter.n_ports as usize],
+                StatusBits::from_names(&enricher.facts.ct_names),
+                o.filter.netns != 0,
+            )
+        } else {
+            CtEvents::default()
+        };
         Ok(Self {
             probes,
+            arming: Arming::default(),
             ring,
             ct_events,
             enricher,
@@ -186,6 +219,8 @@ impl Session {
                     }
                 }
                 _ = tick.tick() => {
+                    self.disarm_quiet()?;
+                    self.probes.follow_sweep(monotonic_ns())?;
                     // What is on the ring first: a held RST's SYN-ACK drop may be.
                     let batch = self.ring.drain();
                     if self.deliver(batch, sink) == Control::Stop {
@@ -197,7 +232,7 @@ impl Session {
                     // buffer already: follow them first.
                     let batch = self.ring.drain();
                     if self.deliver(batch, sink) == Control::Stop
-                        || self.deliver_destroyed(destroyed, sink) == Control::Stop
+                        || self.deliver_ct(destroyed, sink) == Control::Stop
                     {
                         break Ended::Sink;
                     }
@@ -224,7 +259,7 @@ impl Session {
             return;
         }
         let destroyed = self.ct_events.read_all();
-        if self.deliver_destroyed(destroyed, sink) == Control::Stop {
+        if self.deliver_ct(destroyed, sink) == Control::Stop {
             return;
         }
         for r in self.enricher.due(true) {
@@ -235,39 +270,102 @@ impl Session {
         sink.flush();
     }
 
-    fn deliver(
-        &mut self,
-        batch: Vec<crate::model::packet::Event>,
-        sink: &mut impl Sink,
-    ) -> Control {
+    fn deliver(&mut self, batch: Vec<Event>, sink: &mut impl Sink) -> Control {
         for e in &batch {
+            if let Event::Retrans(_) = e {
+                // A local socket retransmits its SYN or SYN-ACK: follow
+                // what its next attempts meet.
+                self.want(Demand::Handshakes);
+            }
             if let Some(r) = self.enricher.on_event(e) {
-                if sink.record(r) == Control::Stop {
+                if self.hand(r, sink) == Control::Stop {
                     return Control::Stop;
                 }
             }
         }
         for r in self.enricher.due(false) {
-            if sink.record(r) == Control::Stop {
+            if self.hand(r, sink) == Control::Stop {
                 return Control::Stop;
             }
         }
         sink.flush()
     }
 
-    fn deliver_destroyed(
-        &mut self,
-        destroyed: Vec<crate::model::packet::Destroyed>,
-        sink: &mut impl Sink,
-    ) -> Control {
-        for d in &destroyed {
+    fn deliver_ct(&mut self, events: Vec<CtEvent>, sink: &mut impl Sink) -> Control {
+        for e in &events {
+            let d = match e {
+                CtEvent::New(seen) => {
+                    self.follow_new(seen);
+                    continue;
+                }
+                CtEvent::Destroyed(d) => d,
+            };
             if let Some(r) = self.enricher.on_destroyed(d) {
-                if sink.record(r) == Control::Stop {
+                if self.hand(r, sink) == Control::Stop {
                     return Control::Stop;
                 }
             }
         }
         sink.flush()
+    }
+
+    /// A NAT'd connection matching the filter started: follow it by its
+    /// client's end, and arm what shows its next transmissions.
+    fn follow_new(&mut self, seen: &CtSeen) {
+        let now = monotonic_ns();
+        for end in self.enricher.on_new(seen, now) {
+            let e = Endpoint::new(
+                if end.is_ipv4() { AF_INET } else { AF_INET6 },
+                &match end.ip() {
+                    std::net::IpAddr::V4(a) => {
+                        let mut b = [0u8; 16];
+                        b[..4].copy_from_slice(&a.octets());
+                        b
+                    }
+                    std::net::IpAddr::V6(a) => a.octets(),
+                },
+                end.port(),
+            );
+            if let Err(e) = self.probes.follow(&e, now) {
+                log::debug!("following {end}: {e:#}");
+            }
+        }
+        self.want(Demand::Handshakes);
+    }
+
+    /// A record to the sink, after arming what its connection's next
+    /// packets need.
+    fn hand(&mut self, r: DropRecord, sink: &mut impl Sink) -> Control {
+        for d in demands(&r) {
+            self.want(d);
+        }
+        sink.record(r)
+    }
+
+    /// Arms `d`'s points unless armed; a point that cannot be attached now
+    /// costs its evidence, not the trace.
+    fn want(&mut self, d: Demand) {
+        if !self.probes.serves(d) || !self.arming.want(d, monotonic_ns()) {
+            return;
+        }
+        match self.probes.arm(d) {
+            Ok(n) => log::debug!("armed {n} point(s) for {d}"),
+            Err(e) => {
+                log::warn!("arming the {d} points: {e:#}");
+                self.arming.forget(d);
+            }
+        }
+    }
+
+    /// Disarms what nothing asked for lately.
+    fn disarm_quiet(&mut self) -> Result<()> {
+        for d in self.arming.quiet(monotonic_ns()) {
+            self.probes
+                .disarm(d)
+                .with_context(|| format!("disarming the {d} points"))?;
+            log::debug!("disarmed the {d} points");
+        }
+        Ok(())
     }
 
     /// The kernel's counters and the session's own, now.
@@ -276,12 +374,32 @@ impl Session {
             drops: self.probes.counters()?,
             egress: self.probes.egress_counters()?,
             verdicts: self.probes.verdict_counters()?,
+            retrans: self.probes.retrans_counters()?,
+            follow: self.probes.follow_stats()?,
+            armed: self
+                .probes
+                .armed()
+                .into_iter()
+                .map(|(p, n, d)| (p.to_string(), n, d))
+                .collect(),
             undecodable: self.ring.undecodable,
-            ct_received: self.ct_events.received,
+            ct_received: self.ct_events.received_destroyed,
             ct_overruns: self.ct_events.overruns,
             elapsed: self.started.elapsed(),
         })
     }
+}
+
+/// Which drop reasons carry route lookups on this kernel.
+fn evidence(reasons: &Reasons) -> Evidence {
+    let mut e = Evidence::zeroed();
+    for name in ROUTE_REASONS {
+        if let Some(v) = reasons.value(name) {
+            e.add(v);
+        }
+    }
+    e.route_without_reason = u32::from(reasons.is_empty());
+    e
 }
 
 async fn next_scrape(scrapes: &mut Option<&mut mpsc::Receiver<Scrape>>) -> Option<Scrape> {

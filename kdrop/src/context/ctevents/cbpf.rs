@@ -1,11 +1,17 @@
-//! The classic BPF filter each destroy-event socket carries: it passes only
-//! TCP entries without SEEN_REPLY and, with `--port`, one of whose ports is
-//! asked for (see the module above for why these tests and not others).
+//! The classic BPF filter each event socket carries: DELETE messages of TCP
+//! entries without SEEN_REPLY; NEW messages (flagged CREATE|EXCL) of TCP
+//! entries without SEEN_REPLY and with a NAT bit; and, with `--port`, only
+//! those one of whose ports is asked for (see the module above for why
+//! these tests and not others).
 use std::os::fd::{AsRawFd as _, OwnedFd};
 
-use super::parse::{
-    ATTRS_AT, CTA_PROTO_DST_PORT, CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_STATUS, CTA_TUPLE_ORIG,
-    CTA_TUPLE_PROTO, CTA_TUPLE_REPLY, IPCTNL_MSG_CT_DELETE, IPPROTO_TCP, NFNL_SUBSYS_CTNETLINK,
+use super::{
+    parse::{
+        ct_type, ATTRS_AT, CTA_PROTO_DST_PORT, CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_STATUS,
+        CTA_TUPLE_ORIG, CTA_TUPLE_PROTO, CTA_TUPLE_REPLY, IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW,
+        IPPROTO_TCP, NLM_F_CREATE, NLM_F_EXCL,
+    },
+    StatusBits,
 };
 
 #[derive(Clone, Copy)]
@@ -17,11 +23,17 @@ enum Ins {
     JneTo(u32, usize),
     /// `if A & k goto label`.
     JsetTo(u32, usize),
+    /// `goto label`.
+    JaTo(usize),
     Label(usize),
 }
 
 const ACCEPT: usize = 0;
 const REJECT: usize = 1;
+const DESTROYED: usize = 2;
+const TUPLES: usize = 3;
+/// Labels of the port tests (four of them) start here.
+const PORTS: usize = 4;
 
 fn ld_abs_h(off: u32) -> Ins {
     Ins::Stmt((libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16, off)
@@ -37,6 +49,10 @@ fn ld_mem(m: u32) -> Ins {
 }
 fn st_mem(m: u32) -> Ins {
     Ins::Stmt(libc::BPF_ST as u16, m)
+}
+/// A &= k.
+fn and(k: u32) -> Ins {
+    Ins::Stmt((libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16, k)
 }
 fn tax() -> Ins {
     Ins::Stmt((libc::BPF_MISC | libc::BPF_TAX) as u16, 0)
@@ -60,25 +76,56 @@ fn ld_payload(size: u32) -> Ins {
     Ins::Stmt((libc::BPF_LD | size | libc::BPF_IND) as u16, 4)
 }
 
-/// The filter: ctnetlink DELETE messages of TCP entries without
-/// SEEN_REPLY, and with `ports`, one of the entry's ports among them.
-/// Messages it cannot read (no status, no tuple) pass: userspace decides.
-pub fn filter_program(ports: &[u16], seen_reply: u32) -> Vec<libc::sock_filter> {
-    let msg_type = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE;
-    // nlmsg_type is in host order; BPF_H loads big-endian.
-    let loaded_type = u32::from(u16::from_be_bytes(msg_type.to_ne_bytes()));
-    let mut p = vec![
-        ld_abs_h(4),
-        Ins::JneTo(loaded_type, REJECT),
-        // CTA_STATUS (be32: BPF_W loads it as the host value).
+/// nlmsg_type and nlmsg_flags are in host order; BPF_H loads big-endian.
+fn as_loaded(v: u16) -> u32 {
+    u32::from(u16::from_be_bytes(v.to_ne_bytes()))
+}
+
+/// The filter: DELETE messages of TCP entries without SEEN_REPLY; NEW
+/// messages flagged CREATE|EXCL of TCP entries without SEEN_REPLY and with
+/// one of `bits.nat`; with `ports`, one of the entry's ports among them.
+/// What it cannot read passes, for userspace to decide: a DELETE message
+/// without a status (still tested on its ports), a message without a
+/// tuple. A NEW message without a status is not known to be NAT'd: it
+/// does not pass.
+pub fn filter_program(ports: &[u16], bits: StatusBits) -> Vec<libc::sock_filter> {
+    let created = NLM_F_CREATE | NLM_F_EXCL;
+    // CTA_STATUS: X = its offset, or 0 (then A = 0 too).
+    let status = [
         ld_imm(ATTRS_AT as u32),
         ldx_imm(CTA_STATUS.into()),
         nlattr(),
-        Ins::JeqTo(0, ACCEPT),
+    ];
+    let mut p = vec![
+        ld_abs_h(4),
+        Ins::JeqTo(as_loaded(ct_type(IPCTNL_MSG_CT_DELETE)), DESTROYED),
+        Ins::JneTo(as_loaded(ct_type(IPCTNL_MSG_CT_NEW)), REJECT),
+        // NEW: an entry created, not an update (ctnetlink_conntrack_event,
+        // https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_netlink.c).
+        ld_abs_h(6),
+        and(as_loaded(created)),
+        Ins::JneTo(as_loaded(created), REJECT),
+    ];
+    p.extend(status);
+    p.extend([
+        Ins::JeqTo(0, REJECT),
+        tax(),
+        // be32: BPF_W loads it as the host value.
+        ld_payload(libc::BPF_W),
+        Ins::JsetTo(bits.seen_reply, REJECT),
+        Ins::JsetTo(bits.nat, TUPLES),
+        Ins::JaTo(REJECT),
+        Ins::Label(DESTROYED),
+    ]);
+    p.extend(status);
+    p.extend([
+        // No status (older kernels sent none on destroy): the ports decide.
+        Ins::JeqTo(0, TUPLES),
         tax(),
         ld_payload(libc::BPF_W),
-        Ins::JsetTo(seen_reply, REJECT),
-    ];
+        Ins::JsetTo(bits.seen_reply, REJECT),
+        Ins::Label(TUPLES),
+    ]);
     // M[0], M[1]: the proto attribute of the original and reply tuples.
     for (slot, tuple) in [(0, CTA_TUPLE_ORIG), (1, CTA_TUPLE_REPLY)] {
         p.extend([
@@ -108,7 +155,7 @@ pub fn filter_program(ports: &[u16], seen_reply: u32) -> Vec<libc::sock_filter> 
             for which in [CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT] {
                 p.extend([ld_mem(slot), ldx_imm(which.into()), nlattr_nest()]);
                 // No such port attribute: on to the next one.
-                let next = 2 + (slot as usize) * 2 + usize::from(which == CTA_PROTO_DST_PORT);
+                let next = PORTS + (slot as usize) * 2 + usize::from(which == CTA_PROTO_DST_PORT);
                 p.extend([Ins::JeqTo(0, next), tax(), ld_payload(libc::BPF_H)]);
                 for port in ports {
                     p.push(Ins::JeqTo((*port).into(), ACCEPT));
@@ -131,7 +178,7 @@ pub fn filter_program(ports: &[u16], seen_reply: u32) -> Vec<libc::sock_filter> 
 fn assemble(p: &[Ins]) -> Vec<libc::sock_filter> {
     let size = |i: &Ins| match i {
         Ins::Label(_) => 0,
-        Ins::Stmt(..) => 1,
+        Ins::Stmt(..) | Ins::JaTo(_) => 1,
         _ => 2,
     };
     let mut at = std::collections::HashMap::new();
@@ -168,6 +215,10 @@ fn assemble(p: &[Ins]) -> Vec<libc::sock_filter> {
             Ins::JeqTo(k, l) => cond(libc::BPF_JEQ, k, true, l),
             Ins::JneTo(k, l) => cond(libc::BPF_JEQ, k, false, l),
             Ins::JsetTo(k, l) => cond(libc::BPF_JSET, k, true, l),
+            Ins::JaTo(l) => {
+                let here = out.len() + 1;
+                out.push(jmp(libc::BPF_JA, (at[&l] - here) as u32, 0, 0));
+            }
             Ins::Label(_) => {}
         }
     }

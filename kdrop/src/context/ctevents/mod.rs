@@ -1,25 +1,55 @@
-//! Conntrack entries that die without ever seeing a reply, from ctnetlink
-//! destroy events (NFNLGRP_CONNTRACK_DESTROY) read in the traced
-//! namespaces.
+//! Conntrack entries as ctnetlink announces them, read in the traced
+//! namespaces: NAT'd TCP entries when they are confirmed
+//! (NFNLGRP_CONNTRACK_NEW), and entries that die without ever seeing a
+//! reply (NFNLGRP_CONNTRACK_DESTROY). One socket per namespace joins both
+//! groups.
+//!
+//! # What the kernel sends
+//! ctnetlink_conntrack_event
+//! (https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_netlink.c)
+//! sends IPCTNL_MSG_CT_DELETE to the destroy group, and IPCTNL_MSG_CT_NEW
+//! with NLM_F_CREATE|NLM_F_EXCL to the new group (an update is
+//! IPCTNL_MSG_CT_NEW without those flags, to another group). A NEW event
+//! carries both tuples, CTA_STATUS and CTA_TIMEOUT; the TCP state only when
+//! IPCT_PROTOINFO is among the events (it is for a SYN's entry on 6.18;
+//! the parser takes it as optional). It is delivered from the cached
+//! events when the entry is confirmed (nf_conntrack_confirm calls
+//! nf_ct_deliver_cached_events,
+//! https://github.com/torvalds/linux/blob/v6.18/include/net/netfilter/nf_conntrack_core.h),
+//! at the last hook the first packet passes (POSTROUTING for a forwarded
+//! or local SYN, LOCAL_IN for a delivered one), so DNAT (PREROUTING or
+//! OUTPUT) and SNAT (POSTROUTING, before confirmation) are already in its
+//! status. A SYN dropped before that hook leaves no NEW event.
 //!
 //! # Filtering in the kernel
 //! Each socket carries a classic BPF filter (SO_ATTACH_FILTER) that runs
-//! on every destroy message before it is queued: it finds attributes with
+//! on every message before it is queued: it finds attributes with
 //! the SKF_AD_NLATTR / SKF_AD_NLATTR_NEST ancillary loads
 //! (bpf_skb_get_nlattr{,_nest},
 //! https://github.com/torvalds/linux/blob/v6.18/net/core/filter.c) and
-//! passes only TCP entries whose CTA_STATUS lacks IPS_SEEN_REPLY and, with
-//! `--port`, one of whose four ports (original and reply, source and
-//! destination: the service and the backend port) is asked for.
+//! passes only TCP entries whose CTA_STATUS lacks IPS_SEEN_REPLY (for NEW
+//! messages: and has a NAT bit) and, with `--port`, one of whose four
+//! ports (original and reply, source and destination: the service and the
+//! backend port) is asked for. The status bits are parameters
+//! ([`StatusBits`]: from BTF, the uapi values as fallback).
 //! What it cannot filter: `--host` (kdrop leaves the CIDR test to
 //! userspace rather than unroll address masks for both families),
 //! `--iface` (a conntrack entry has no interface), and whether kdrop
 //! followed the handshake (userspace state): those happen in userspace.
 //!
+//! # Cost
+//! With a listener on the new group, the kernel builds a message for every
+//! entry confirmed in that namespace and runs the filter on it, whatever
+//! the filter decides (without one, ctnetlink_conntrack_event returns at
+//! nfnetlink_has_listeners); any listener also gives new entries the event
+//! cache extension (below). Both are paid per connection, not per drop: a
+//! TCP connection churn in a namespace with conntrack pays them on every
+//! handshake.
+//!
 //! # nf_conntrack_events
-//! Destroy events exist only for entries that carry the event cache
-//! extension. With `net.netfilter.nf_conntrack_events=2` (the default since
-//! 6.0) the kernel adds it to new entries once someone listens
+//! Events exist only for entries that carry the event cache extension.
+//! With `net.netfilter.nf_conntrack_events=2` (the default since 6.0) the
+//! kernel adds it to new entries once someone listens
 //! (nf_ct_ecache_ext_add,
 //! https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_ecache.c):
 //! entries created before kdrop subscribed die silently. With 0, none are
@@ -38,10 +68,40 @@ pub mod parse;
 
 use self::{
     cbpf::{attach, filter_program},
-    parse::{parse, NFNLGRP_CONNTRACK_DESTROY, RCVBUF},
+    parse::{
+        parse, IPS_DST_NAT, IPS_SEEN_REPLY, IPS_SRC_NAT, NFNLGRP_CONNTRACK_DESTROY,
+        NFNLGRP_CONNTRACK_NEW, RCVBUF,
+    },
 };
 use super::netns::{in_netns, Netns};
-use crate::model::packet::Destroyed;
+use crate::{kernel::facts::CtNames, model::packet::CtEvent};
+
+/// The `enum ip_conntrack_status` bits the kernel filter tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusBits {
+    /// An answered entry: never passes.
+    pub seen_reply: u32,
+    /// Any of these makes a NEW event pass (DST_NAT, SRC_NAT); 0: none does.
+    pub nat: u32,
+}
+
+impl StatusBits {
+    /// The uapi values (nf_conntrack_common.h).
+    pub const UAPI: StatusBits = StatusBits {
+        seen_reply: IPS_SEEN_REPLY,
+        nat: IPS_DST_NAT | IPS_SRC_NAT,
+    };
+
+    /// The bits as this kernel's BTF names them, each falling back to its
+    /// uapi value.
+    pub fn from_names(names: &CtNames) -> Self {
+        let bit = |n: &str, uapi: u32| names.bit(n).unwrap_or(uapi);
+        StatusBits {
+            seen_reply: bit("SEEN_REPLY", IPS_SEEN_REPLY),
+            nat: bit("DST_NAT", IPS_DST_NAT) | bit("SRC_NAT", IPS_SRC_NAT),
+        }
+    }
+}
 
 fn socket_here(prog: &[libc::sock_filter]) -> Result<OwnedFd> {
     // SAFETY: plain socket(2); the fd is owned at once.
@@ -91,16 +151,47 @@ fn socket_here(prog: &[libc::sock_filter]) -> Result<OwnedFd> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error()).context("binding the netlink socket");
     }
-    if set(
-        libc::SOL_NETLINK,
-        libc::NETLINK_ADD_MEMBERSHIP,
-        NFNLGRP_CONNTRACK_DESTROY as libc::c_int,
-    ) != 0
-    {
-        return Err(std::io::Error::last_os_error())
-            .context("joining NFNLGRP_CONNTRACK_DESTROY (is nf_conntrack_netlink available?)");
+    for group in [NFNLGRP_CONNTRACK_DESTROY, NFNLGRP_CONNTRACK_NEW] {
+        membership(&fd, group, true).with_context(|| {
+            format!(
+                "joining {} (is nf_conntrack_netlink available?)",
+                group_name(group)
+            )
+        })?;
     }
     Ok(fd)
+}
+
+fn group_name(group: u32) -> &'static str {
+    match group {
+        NFNLGRP_CONNTRACK_NEW => "NFNLGRP_CONNTRACK_NEW",
+        _ => "NFNLGRP_CONNTRACK_DESTROY",
+    }
+}
+
+/// Joins or leaves a multicast group. The group belongs to the socket's
+/// namespace, whichever namespace the calling thread is in.
+fn membership(fd: &OwnedFd, group: u32, join: bool) -> std::io::Result<()> {
+    let opt = if join {
+        libc::NETLINK_ADD_MEMBERSHIP
+    } else {
+        libc::NETLINK_DROP_MEMBERSHIP
+    };
+    let g = group as libc::c_int;
+    // SAFETY: an int option on our own socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_NETLINK,
+            opt,
+            (&raw const g).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 struct Listener {
@@ -108,12 +199,14 @@ struct Listener {
     netns: u32,
 }
 
-/// Destroy-event sockets in the followed namespaces.
+/// Event sockets in the followed namespaces.
 #[derive(Default)]
 pub struct CtEvents {
     listeners: Vec<Listener>,
-    /// Messages that passed the kernel filter and were read.
-    pub received: u64,
+    /// NEW events that passed the kernel filter and were read.
+    pub received_new: u64,
+    /// Destroy events that passed the kernel filter and were read.
+    pub received_destroyed: u64,
     /// Times the socket buffer overflowed (ENOBUFS): events were lost.
     pub overruns: u64,
     /// What could not be followed, and why (for `kdrop: without ...`).
@@ -127,8 +220,8 @@ impl CtEvents {
     /// Listens in each of `namespaces` (up to MAX_NAMESPACES). Problems in
     /// a namespace the user named are told one by one; in namespaces found
     /// by a scan (they come and go) they are counted in one line.
-    pub fn open(namespaces: &[Netns], ports: &[u16], seen_reply: u32, named: bool) -> Self {
-        let prog = filter_program(ports, seen_reply);
+    pub fn open(namespaces: &[Netns], ports: &[u16], bits: StatusBits, named: bool) -> Self {
+        let prog = filter_program(ports, bits);
         let mut me = CtEvents::default();
         let (mut off, mut failed) = (Vec::new(), 0usize);
         for ns in namespaces.iter().take(MAX_NAMESPACES) {
@@ -161,34 +254,58 @@ impl CtEvents {
                 Ok((Err(e), _)) | Err(e) => Some(format!("{e:#}")),
             };
             if let Some(e) = problem {
-                log::debug!("conntrack destroy events in netns {name}: {e}");
+                log::debug!("conntrack events in netns {name}: {e}");
                 failed += 1;
                 if named {
                     me.notes
-                        .push(format!("conntrack destroy events in netns {name}: {e}"));
+                        .push(format!("conntrack events in netns {name}: {e}"));
                 }
             }
         }
         if !off.is_empty() {
             me.notes.push(format!(
-                "conntrack destroy events in netns {}: net.netfilter.nf_conntrack_events=0 there (kdrop does not change it; 2, the default, reports entries created while kdrop listens)",
+                "conntrack events in netns {}: net.netfilter.nf_conntrack_events=0 there (kdrop does not change it; 2, the default, reports entries created while kdrop listens)",
                 off.join(", ")
             ));
         }
         if failed > 0 && !named {
             me.notes.push(format!(
-                "conntrack destroy events in {failed} namespaces that could not be joined (gone, or no nf_conntrack_netlink)"
+                "conntrack events in {failed} namespaces that could not be joined (gone, or no nf_conntrack_netlink)"
             ));
         }
         if namespaces.len() > MAX_NAMESPACES {
             me.notes.push(format!(
-                "conntrack destroy events in {} more namespaces (kdrop follows at most {MAX_NAMESPACES}; use --netns)",
+                "conntrack events in {} more namespaces (kdrop follows at most {MAX_NAMESPACES}; use --netns)",
                 namespaces.len() - MAX_NAMESPACES
             ));
         }
         me
     }
 
+    /// Joins (`true`, as `open` leaves them) or leaves the new group on
+    /// every socket: NEW events cost the kernel a message per confirmed
+    /// entry in each namespace listened to, so they can be armed only while
+    /// they are needed. Destroy events are not affected.
+    pub fn set_new(&mut self, on: bool) -> Result<()> {
+        for l in &self.listeners {
+            membership(l.fd.get_ref(), NFNLGRP_CONNTRACK_NEW, on).with_context(|| {
+                format!(
+                    "{} {} in netns {}",
+                    if on { "joining" } else { "leaving" },
+                    group_name(NFNLGRP_CONNTRACK_NEW),
+                    l.netns
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Events read, both kinds.
+    pub fn received(&self) -> u64 {
+        self.received_new + self.received_destroyed
+    }
+
+    /// Namespaces listened to.
     pub fn len(&self) -> usize {
         self.listeners.len()
     }
@@ -198,7 +315,7 @@ impl CtEvents {
     }
 
     /// Waits until a socket is readable, then reads all of them.
-    pub async fn next(&mut self) -> Vec<Destroyed> {
+    pub async fn next(&mut self) -> Vec<CtEvent> {
         loop {
             std::future::poll_fn(|cx| {
                 let mut any = false;
@@ -223,7 +340,7 @@ impl CtEvents {
     }
 
     /// Whatever is queued now, without waiting.
-    pub fn read_all(&mut self) -> Vec<Destroyed> {
+    pub fn read_all(&mut self) -> Vec<CtEvent> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         for l in &self.listeners {
@@ -252,10 +369,15 @@ impl CtEvents {
                 }
                 let got = parse(&buf[..n as usize], l.netns);
                 log::debug!(
-                    "conntrack destroy message of {n} bytes in netns {}: {got:?}",
+                    "conntrack message of {n} bytes in netns {}: {got:?}",
                     l.netns
                 );
-                self.received += got.len() as u64;
+                for e in &got {
+                    match e {
+                        CtEvent::New(_) => self.received_new += 1,
+                        CtEvent::Destroyed(_) => self.received_destroyed += 1,
+                    }
+                }
                 out.extend(got);
             }
         }
@@ -263,186 +385,5 @@ impl CtEvents {
     }
 }
 
-/// For tests: sends `msgs` through a socketpair whose reader carries
-/// `prog`, returning the ones the kernel let through.
 #[cfg(test)]
-fn through_filter(prog: &[libc::sock_filter], msgs: &[Vec<u8>]) -> Result<Vec<usize>> {
-    let mut sv = [0; 2];
-    // SAFETY: sv receives two fds.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, sv.as_mut_ptr()) } != 0 {
-        return Err(anyhow::anyhow!(
-            "socketpair: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: both fds are ours.
-    let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-    attach(&rx, prog)?;
-    for (i, m) in msgs.iter().enumerate() {
-        // The index rides in the sequence number.
-        let mut m = m.clone();
-        m[8..12].copy_from_slice(&(i as u32).to_ne_bytes());
-        // SAFETY: m is valid for its length.
-        unsafe { libc::send(tx.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
-    }
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: buf is valid for its length.
-        let n = unsafe {
-            libc::recv(
-                rx.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n <= 0 {
-            break;
-        }
-        got.push(u32::from_ne_bytes(buf[8..12].try_into().unwrap()) as usize);
-    }
-    Ok(got)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse::*;
-    use super::*;
-
-    fn nla(ty: u16, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend(((4 + payload.len()) as u16).to_ne_bytes());
-        v.extend(ty.to_ne_bytes());
-        v.extend(payload);
-        while v.len() % 4 != 0 {
-            v.push(0);
-        }
-        v
-    }
-
-    fn nested(ty: u16, parts: &[Vec<u8>]) -> Vec<u8> {
-        nla(ty | 0x8000, &parts.concat())
-    }
-
-    fn tuple_attr(
-        ty: u16,
-        src: [u8; 4],
-        sport: u16,
-        dst: [u8; 4],
-        dport: u16,
-        proto: u8,
-    ) -> Vec<u8> {
-        nested(
-            ty,
-            &[
-                nested(
-                    CTA_TUPLE_IP,
-                    &[nla(CTA_IP_V4_SRC, &src), nla(CTA_IP_V4_DST, &dst)],
-                ),
-                nested(
-                    CTA_TUPLE_PROTO,
-                    &[
-                        nla(CTA_PROTO_NUM, &[proto]),
-                        nla(CTA_PROTO_SRC_PORT, &sport.to_be_bytes()),
-                        nla(CTA_PROTO_DST_PORT, &dport.to_be_bytes()),
-                    ],
-                ),
-            ],
-        )
-    }
-
-    /// A destroy message as ctnetlink_conntrack_event builds one: client
-    /// 172.16.0.50:45008 -> VIP 10.0.58.158:8005, DNAT'd to 10.0.0.13:8005.
-    fn destroy(status: u32, proto: u8, msg_type: u16) -> Vec<u8> {
-        let attrs = [
-            tuple_attr(
-                CTA_TUPLE_ORIG,
-                [172, 16, 0, 50],
-                45008,
-                [10, 0, 58, 158],
-                8005,
-                proto,
-            ),
-            tuple_attr(
-                CTA_TUPLE_REPLY,
-                [10, 0, 0, 13],
-                8005,
-                [172, 16, 0, 50],
-                45008,
-                proto,
-            ),
-            nla(CTA_ZONE, &0u16.to_be_bytes()),
-            nla(CTA_STATUS, &status.to_be_bytes()),
-            nested(
-                CTA_PROTOINFO,
-                &[nested(
-                    CTA_PROTOINFO_TCP,
-                    &[nla(CTA_PROTOINFO_TCP_STATE, &[1])],
-                )],
-            ),
-            nla(CTA_MARK, &7u32.to_be_bytes()),
-        ]
-        .concat();
-        let mut m = Vec::new();
-        m.extend(((ATTRS_AT + attrs.len()) as u32).to_ne_bytes());
-        m.extend(msg_type.to_ne_bytes());
-        m.extend(0u16.to_ne_bytes());
-        m.extend(0u32.to_ne_bytes());
-        m.extend(0u32.to_ne_bytes());
-        m.extend([libc::AF_INET as u8, 0, 0, 0]);
-        m.extend(attrs);
-        m
-    }
-
-    const DEL: u16 = 0x0102;
-    const CONFIRMED_DNAT: u32 = (1 << 3) | (1 << 5);
-
-    #[test]
-    fn parses_a_destroy_message() {
-        let mut two = destroy(CONFIRMED_DNAT, IPPROTO_TCP, DEL);
-        two.extend(destroy(CONFIRMED_DNAT | IPS_SEEN_REPLY, 17, DEL));
-        let d = parse(&two, 9);
-        assert_eq!(d.len(), 1, "UDP is skipped");
-        assert_eq!(d[0].netns, 9);
-        assert_eq!(d[0].ct.orig.src.to_string(), "172.16.0.50:45008");
-        assert_eq!(d[0].ct.orig.dst.to_string(), "10.0.58.158:8005");
-        assert_eq!(d[0].ct.reply.src.to_string(), "10.0.0.13:8005");
-        assert_eq!(d[0].ct.status, CONFIRMED_DNAT);
-        assert_eq!(d[0].ct.mark, 7);
-        assert_eq!(d[0].tcp_state, Some(1));
-        assert_eq!(tcp_state_name(1), "SYN_SENT");
-        // Not a DELETE, or cut short: nothing, and no panic.
-        assert!(parse(&destroy(CONFIRMED_DNAT, IPPROTO_TCP, 0x0100), 9).is_empty());
-        let m = destroy(CONFIRMED_DNAT, IPPROTO_TCP, DEL);
-        for cut in 0..m.len() {
-            let _ = parse(&m[..cut], 9);
-        }
-    }
-
-    /// The filter runs in this kernel: the messages are sent through a
-    /// socketpair whose receiving end carries it.
-    #[test]
-    fn the_kernel_filter_passes_only_unreplied_tcp_on_the_ports_asked_for() {
-        let msgs = [
-            destroy(CONFIRMED_DNAT, IPPROTO_TCP, DEL), // 0: passes
-            destroy(CONFIRMED_DNAT | IPS_SEEN_REPLY, IPPROTO_TCP, DEL), // 1: answered
-            destroy(CONFIRMED_DNAT, 17, DEL),          // 2: UDP
-            destroy(CONFIRMED_DNAT, IPPROTO_TCP, 0x0100), // 3: a NEW event
-        ];
-        let any = filter_program(&[], IPS_SEEN_REPLY);
-        assert_eq!(through_filter(&any, &msgs).unwrap(), [0]);
-        // The service port, the backend port (reply source), the client port.
-        for port in [8005, 45008] {
-            let f = filter_program(&[1, port, 2], IPS_SEEN_REPLY);
-            assert_eq!(through_filter(&f, &msgs).unwrap(), [0], "port {port}");
-        }
-        let other = filter_program(&[80, 443], IPS_SEEN_REPLY);
-        assert!(through_filter(&other, &msgs).unwrap().is_empty());
-        // Sixteen ports: far jumps still resolve.
-        let many: Vec<u16> = (1..=15).chain([8005]).collect();
-        let f = filter_program(&many, IPS_SEEN_REPLY);
-        assert!(f.len() > 64);
-        assert_eq!(through_filter(&f, &msgs).unwrap(), [0]);
-    }
-}
+pub(crate) mod tests;

@@ -1,12 +1,16 @@
 //! Conntrack as the namespace shows it: its statistics
 //! (/proc/net/stat/nf_conntrack and the count/max sysctls) and, for one
-//! reply tuple, the entry that holds it (`conntrack -L`).
-use std::path::Path;
-
-use super::snapshot::{run, which};
+//! reply tuple, the entry that holds it (a ctnetlink lookup).
 use crate::{
-    context::netns::in_netns,
-    model::{netfilter::ConntrackStats, packet::Tuple},
+    context::{
+        conntrack_lookup::{lookup, Side},
+        ctevents::parse::{tcp_state_name, IPS_SEEN_REPLY},
+        netns::Netns,
+    },
+    model::{
+        netfilter::ConntrackStats,
+        packet::{CtSeen, Tuple},
+    },
 };
 
 pub fn read_conntrack() -> Option<ConntrackStats> {
@@ -49,69 +53,31 @@ pub fn parse_conntrack_stat(text: &str) -> Option<ConntrackStats> {
     Some(s)
 }
 
-/// The entry of the namespace at `path` whose reply tuple is `reply`
-/// (`conntrack -L` filtered on it), as `orig A -> B, state S`: who holds
-/// the tuple a clashing entry wanted.
-pub fn reply_holder(path: &Path, reply: &Tuple) -> Option<String> {
-    let bin = which("conntrack")?;
-    let family = if reply.src.is_ipv4() { "ipv4" } else { "ipv6" };
-    let args: Vec<String> = [
-        "-L",
-        "-f",
-        family,
-        "-p",
-        "tcp",
-        "--reply-src",
-        &reply.src.ip().to_string(),
-        "--reply-port-src",
-        &reply.src.port().to_string(),
-        "--reply-dst",
-        &reply.dst.ip().to_string(),
-        "--reply-port-dst",
-        &reply.dst.port().to_string(),
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
-    let text = in_netns(path, move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&bin, &args)
-    })
-    .ok()?
-    .ok()?;
-    text.lines().find_map(parse_conntrack_line)
+/// The entry of the namespace whose reply tuple is `reply` (a ctnetlink
+/// lookup), as `orig A -> B, state S[, unreplied]`: who holds the tuple a
+/// clashing entry wanted.
+pub fn reply_holder(ns: &Netns, reply: &Tuple) -> Option<String> {
+    match lookup(ns, Side::Reply, reply, 0) {
+        Ok(found) => found.as_ref().map(describe_holder),
+        Err(e) => {
+            log::debug!("who holds {} -> {}: {e:#}", reply.src, reply.dst);
+            None
+        }
+    }
 }
 
-/// `tcp 6 117 SYN_SENT src=A dst=B sport=1 dport=2 [UNREPLIED] src=...`
-/// → `orig A:1 -> B:2, state SYN_SENT`.
-pub fn parse_conntrack_line(line: &str) -> Option<String> {
-    let toks: Vec<&str> = line.split_whitespace().collect();
-    let state = toks.get(3).filter(|t| !t.contains('='));
-    let kv = |key: &str| {
-        toks.iter()
-            .find_map(|t| t.strip_prefix(key)?.strip_prefix('='))
-    };
-    let host = |h: &str| {
-        if h.contains(':') {
-            format!("[{h}]")
-        } else {
-            h.to_string()
-        }
-    };
-    let mut out = format!(
-        "orig {}:{} -> {}:{}",
-        host(kv("src")?),
-        kv("sport")?,
-        host(kv("dst")?),
-        kv("dport")?
-    );
-    if let Some(s) = state {
-        out.push_str(&format!(", state {s}"));
+/// `orig A:1 -> B:2, state SYN_SENT, unreplied`, as `conntrack -L` would
+/// show the entry (UNREPLIED: no IPS_SEEN_REPLY, the uapi bit the tool
+/// tests too).
+pub fn describe_holder(e: &CtSeen) -> String {
+    let mut out = format!("orig {} -> {}", e.ct.orig.src, e.ct.orig.dst);
+    if let Some(s) = e.tcp_state {
+        out.push_str(&format!(", state {}", tcp_state_name(s)));
     }
-    if line.contains("[UNREPLIED]") {
+    if e.ct.status & IPS_SEEN_REPLY == 0 {
         out.push_str(", unreplied");
     }
-    Some(out)
+    out
 }
 
 #[cfg(test)]
@@ -134,18 +100,39 @@ mod tests {
     }
 
     #[test]
-    fn conntrack_lines() {
+    fn holder_text_is_what_conntrack_l_showed() {
+        use crate::model::packet::Ct;
+        let e = |orig: (&str, &str), state, status| CtSeen {
+            netns: 1,
+            ct: Ct {
+                orig: Tuple {
+                    src: orig.0.parse().unwrap(),
+                    dst: orig.1.parse().unwrap(),
+                },
+                reply: Tuple {
+                    src: orig.1.parse().unwrap(),
+                    dst: orig.0.parse().unwrap(),
+                },
+                status,
+                mark: 0,
+                zone: 0,
+                ctinfo: 0,
+            },
+            tcp_state: state,
+            timeout_s: Some(117),
+        };
+        // The texts the `conntrack -L` parser gave for the same entries.
         assert_eq!(
-            parse_conntrack_line("tcp      6 117 SYN_SENT src=10.98.1.2 dst=10.98.2.2 sport=41001 dport=8006 [UNREPLIED] src=10.98.2.2 dst=10.98.2.1 sport=8006 dport=40000 mark=0 use=1").unwrap(),
+            describe_holder(&e(("10.98.1.2:41001", "10.98.2.2:8006"), Some(1), 8)),
             "orig 10.98.1.2:41001 -> 10.98.2.2:8006, state SYN_SENT, unreplied"
         );
         assert_eq!(
-            parse_conntrack_line("tcp 6 431999 ESTABLISHED src=fd00::1 dst=fd00::2 sport=1 dport=2 src=fd00::2 dst=fd00::1 sport=2 dport=1 [ASSURED] mark=0 use=1").unwrap(),
+            describe_holder(&e(("[fd00::1]:1", "[fd00::2]:2"), Some(3), 8 | 2 | 4)),
             "orig [fd00::1]:1 -> [fd00::2]:2, state ESTABLISHED"
         );
         assert_eq!(
-            parse_conntrack_line("conntrack v1.4.7: 0 flow entries"),
-            None
+            describe_holder(&e(("10.0.0.1:1", "10.0.0.2:2"), None, 2)),
+            "orig 10.0.0.1:1 -> 10.0.0.2:2"
         );
     }
 }

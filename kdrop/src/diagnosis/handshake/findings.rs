@@ -9,6 +9,42 @@ use crate::model::{
     routing::Tables,
 };
 
+/// Deletes the entry whose original tuple is `t` (in the namespace `ns`
+/// runs commands in): a retry of the same 5-tuple would otherwise keep the
+/// entry made before the repair, and its translation.
+pub fn clear_entry(ns: &str, t: &Tuple) -> String {
+    format!(
+        "{ns}conntrack -D{} -p tcp --orig-src {} --orig-port-src {} --orig-dst {} --orig-port-dst {}",
+        family_flag(t),
+        t.src.ip(),
+        t.src.port(),
+        t.dst.ip(),
+        t.dst.port()
+    )
+}
+
+/// `conntrack -L` of the entry whose original tuple is `t`.
+pub fn show_entry(ns: &str, t: &Tuple) -> String {
+    format!(
+        "{ns}conntrack -L{} -p tcp --orig-src {} --orig-port-src {} --orig-dst {} --orig-port-dst {}",
+        family_flag(t),
+        t.src.ip(),
+        t.src.port(),
+        t.dst.ip(),
+        t.dst.port()
+    )
+}
+
+/// `-f ipv6` for an IPv6 tuple: conntrack(8) lists and deletes IPv4 by
+/// default.
+fn family_flag(t: &Tuple) -> &'static str {
+    if t.src.is_ipv4() {
+        ""
+    } else {
+        " -f ipv6"
+    }
+}
+
 /// A conntrack entry as evidence: both tuples and the status bits.
 pub(crate) fn ct_text(ct: &Ct, status: &[String]) -> String {
     format!(
@@ -21,116 +57,7 @@ pub(crate) fn ct_text(ct: &Ct, status: &[String]) -> String {
     )
 }
 
-/// Bridge facts for the hairpin case, read from the namespace that did the
-/// DNAT.
-#[derive(Clone, Debug, Default)]
-pub struct BridgeFacts {
-    pub br_netfilter_loaded: bool,
-    /// net.bridge.bridge-nf-call-iptables in that namespace (None: absent).
-    pub call_iptables: Option<u32>,
-}
-
-/// A SYN-ACK refused (NO_SOCKET) whose tuple is the reply side of a DNAT'd
-/// entry: the reply skipped de-NAT, so the client has no socket for it.
-#[allow(clippy::too_many_arguments)]
-pub fn hairpin(
-    syn_ack: &Tuple,
-    flow: &Flow,
-    status: &[String],
-    t: &Tables,
-    bridge: &BridgeFacts,
-    kernel: &str,
-    dnat_ns: &str,
-) -> Option<Finding> {
-    let ct = flow.ct?;
-    let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
-    let port = t.link(flow.ifindex);
-    let br = port
-        .and_then(|p| p.master)
-        .and_then(|m| t.link(m))
-        .filter(|b| b.kind.as_deref() == Some("bridge"));
-    let mut evidence = vec![
-        kernel.to_string(),
-        format!("conntrack: {}", ct_text(&ct, status)),
-    ];
-    let (same_bridge, br_name) = match (port, br) {
-        (Some(p), Some(b)) => {
-            let client_on_bridge = t
-                .addrs
-                .iter()
-                .any(|a| a.index == b.index && same_subnet(a.addr, client.ip(), a.prefix_len));
-            evidence.push(format!(
-                "the DNAT'd SYN left by {}, a port of bridge {}{}",
-                p.name,
-                b.name,
-                if client_on_bridge {
-                    format!("; {} is on {}'s subnet too: the reply is bridged straight back, never routed", client.ip(), b.name)
-                } else {
-                    String::new()
-                }
-            ));
-            (client_on_bridge, b.name.clone())
-        }
-        _ => (false, String::new()),
-    };
-    evidence.push(format!(
-        "br_netfilter {}; net.bridge.bridge-nf-call-iptables = {}: bridged packets skip \
-         netfilter, so the reply is not un-DNAT'd",
-        if bridge.br_netfilter_loaded {
-            "loaded"
-        } else {
-            "not loaded"
-        },
-        bridge
-            .call_iptables
-            .map_or("absent".to_string(), |v| v.to_string())
-    ));
-    let mut fix = Vec::new();
-    if !bridge.br_netfilter_loaded && bridge.call_iptables.is_none() {
-        fix.push("modprobe br_netfilter".to_string());
-    }
-    fix.push(format!(
-        "{dnat_ns}sysctl -w net.bridge.bridge-nf-call-iptables=1"
-    ));
-    if same_bridge {
-        fix.push(format!(
-            "{dnat_ns}iptables -t nat -A POSTROUTING -s {} -d {}/32 -p tcp --dport {} -j MASQUERADE",
-            client.ip(),
-            backend.ip(),
-            backend.port()
-        ));
-    }
-    Some(Finding {
-        cause: "hairpin_no_reverse_nat",
-        summary: format!(
-            "hairpin: the SYN-ACK from {} matches the reply side of a DNAT'd connection ({} -> {} => {}) but arrived un-NAT'd{}",
-            syn_ack.src,
-            client,
-            service,
-            backend,
-            if br_name.is_empty() {
-                String::new()
-            } else {
-                format!(": both ends are on bridge {br_name}")
-            }
-        ),
-        evidence,
-        fix,
-    })
-}
-
-fn same_subnet(a: IpAddr, b: IpAddr, len: u8) -> bool {
-    match (a, b) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => {
-            let len = u32::from(len.min(32));
-            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-            u32::from(a) & mask == u32::from(b) & mask
-        }
-        _ => false,
-    }
-}
-
-fn transmissions(flow: &Flow) -> String {
+pub(super) fn transmissions(flow: &Flow) -> String {
     let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
     if flow.syns == 1 {
         return "1 transmission of the SYN, not answered".into();
@@ -139,55 +66,6 @@ fn transmissions(flow: &Flow) -> String {
         "{} transmissions of the same SYN over {secs:.1}s, none answered",
         flow.syns
     )
-}
-
-/// Incident 4: this host's SYN to a VIP went to the load balancer, came back
-/// in and was DNAT'd to a backend without SNAT.
-pub fn looped_back(first: &Flow, back: &Flow, status: &[String], t: &Tables, ns: &str) -> Finding {
-    let client = first.orig.src;
-    let vip = first.orig.dst;
-    let ct = back.ct.expect("a looped-back flow is DNAT'd");
-    let backend = ct.reply.src;
-    let out_dev = t.link_name(first.ifindex);
-    let back_dev = t.link_name(back.ifindex);
-    Finding {
-        cause: "lb_loopback_without_snat",
-        summary: format!(
-            "SYN {client} -> {vip} left by {out_dev} to the load balancer, came back as {client} -> {} and was DNAT'd to {backend} without SNAT: the reply goes straight to {} and bypasses the load balancer",
-            ct.orig.dst,
-            client.ip()
-        ),
-        evidence: vec![
-            format!("{} (to {vip}, out of {out_dev})", transmissions(first)),
-            format!(
-                "the same client address and port came back in: conntrack {} -> {}, reply {} -> {}, status [{}], sent out {back_dev}",
-                ct.orig.src,
-                ct.orig.dst,
-                ct.reply.src,
-                ct.reply.dst,
-                status.join(",")
-            ),
-            format!(
-                "no SNAT: {backend} answers {} directly from its own address, not from {vip}, so the client's socket never sees its SYN-ACK",
-                client.ip()
-            ),
-        ],
-        fix: vec![
-            format!(
-                "{ns}iptables -t nat -I PREROUTING -s {}/32 -d {}/32 -p tcp --dport {} -j DNAT --to-destination {backend}",
-                client.ip(),
-                vip.ip(),
-                vip.port()
-            ),
-            format!(
-                "{ns}iptables -t nat -I POSTROUTING -s {}/32 -d {}/32 -p tcp --dport {} -j MASQUERADE",
-                client.ip(),
-                backend.ip(),
-                backend.port()
-            ),
-            "Kubernetes: externalTrafficPolicy: Cluster, or a kube-proxy that serves LoadBalancer IPs locally for in-cluster clients".into(),
-        ],
-    }
 }
 
 /// The evidence line of a RST answering a SYN-ACK: where each left.
@@ -236,7 +114,7 @@ pub fn reset(r: &Reset, seen: &str) -> Finding {
                 client.ip()
             ),
         ],
-        fix: vec![],
+        ..Finding::default()
     }
 }
 
@@ -251,37 +129,15 @@ pub fn unanswered(
     let dev = t.link_name(flow.ifindex);
     let sent = transmissions(flow);
     match flow.ct {
-        Some(ct) if ct.status & bits.dst_nat != 0 && ct.status & bits.src_nat == 0 => {
-            let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
-            Finding {
-                cause: "asymmetric_return_path",
-                summary: format!(
-                    "SYN {client} -> {service} was DNAT'd to {backend} and sent out {dev}, but no \
-                     reply came back through this host: asymmetric return path"
-                ),
-                evidence: vec![
-                    format!("conntrack: {} (UNREPLIED)", ct_text(&ct, status)),
-                    sent,
-                    format!(
-                        "no SNAT: {backend} sees {} as the source and answers it directly, \
-                         bypassing this host, so the reply is never un-DNAT'd",
-                        client.ip()
-                    ),
-                ],
-                fix: vec![
-                    format!(
-                        "{dnat_ns}iptables -t nat -A POSTROUTING -d {}/32 -p tcp --dport {} -j MASQUERADE",
-                        backend.ip(),
-                        backend.port()
-                    ),
-                    format!(
-                        "or route {} back through this host on {}'s side",
-                        client.ip(),
-                        backend.ip()
-                    ),
-                ],
-            }
-        }
+        Some(ct) if ct.status & bits.dst_nat != 0 && ct.status & bits.src_nat == 0 => asymmetric(
+            &ct,
+            &dev,
+            vec![
+                format!("conntrack: {} (UNREPLIED)", ct_text(&ct, status)),
+                sent,
+            ],
+            dnat_ns,
+        ),
         _ => Finding {
             cause: "unanswered",
             summary: format!(
@@ -295,7 +151,69 @@ pub fn unanswered(
                 }
             ),
             evidence: vec![sent],
-            fix: vec![],
+            ..Finding::default()
         },
+    }
+}
+
+/// A DNAT'd SYN (`ct`, no SNAT) sent out `dev` whose reply did not come back
+/// through this host; `seen` is what showed it (first evidence).
+pub fn asymmetric(ct: &Ct, dev: &str, mut seen: Vec<String>, dnat_ns: &str) -> Finding {
+    let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
+    seen.push(format!(
+        "no SNAT: {backend} sees {} as the source and answers it directly, bypassing this \
+         host, so the reply is never un-DNAT'd",
+        client.ip()
+    ));
+    Finding {
+        cause: "asymmetric_return_path",
+        summary: format!(
+            "SYN {client} -> {service} was DNAT'd to {backend} and sent out {dev}, but no reply \
+             came back through this host: asymmetric return path"
+        ),
+        evidence: seen,
+        fix: vec![
+            format!(
+                "{dnat_ns}{} -t nat -A POSTROUTING -d {}/{} -p tcp --dport {} -j MASQUERADE",
+                iptables_for(backend.ip()),
+                backend.ip(),
+                host_prefix(backend.ip()),
+                backend.port()
+            ),
+            clear_entry(dnat_ns, &ct.orig),
+        ],
+        fix_notes: vec![
+            format!(
+                "with the masquerade {backend} answers this host, which un-NATs the reply; the \
+                 entry made before it has no SNAT, so the client's retries from {client} fail \
+                 until it is deleted (the second command)"
+            ),
+            format!(
+                "or, outside this node: route {} back through this host on {}'s side (the \
+                 router or gateway between them)",
+                client.ip(),
+                backend.ip()
+            ),
+        ],
+        inspect: vec![show_entry(dnat_ns, &ct.orig)],
+        ..Finding::default()
+    }
+}
+
+/// The iptables command of an address's family.
+pub(super) fn iptables_for(a: IpAddr) -> &'static str {
+    if a.is_ipv4() {
+        "iptables"
+    } else {
+        "ip6tables"
+    }
+}
+
+/// The prefix length of one host of an address's family.
+pub(super) fn host_prefix(a: IpAddr) -> u8 {
+    if a.is_ipv4() {
+        32
+    } else {
+        128
     }
 }

@@ -2,10 +2,15 @@
 //! (with the conntrack entry they carry) in, handshakes that died silently
 //! out. Pure: recorded packets and context in, findings out.
 pub mod findings;
+pub mod loopback;
+pub mod refused;
 pub mod tracker;
+pub mod verdict;
 
 pub use self::{
-    findings::{hairpin, looped_back, reset, reset_seen, unanswered, BridgeFacts},
+    findings::{reset, reset_seen, unanswered},
+    loopback::{lb_loopback, looped_back},
+    refused::{BridgeFacts, Refused, Translator},
     tracker::{CtBits, Dead, Flow, Reset, Tracker, RESET_GRACE_NS, UNANSWERED_AFTER},
 };
 
@@ -58,7 +63,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn tables() -> Tables {
+    pub(crate) fn tables() -> Tables {
         Tables {
             links: vec![
                 Link {
@@ -181,16 +186,25 @@ pub(crate) mod tests {
         tr.on_egress(&p, &BITS);
         let syn_ack = tuple("10.244.1.9:80", "10.244.1.5:43534");
         let flow = tr.dnat_reply(&syn_ack).unwrap();
-        let f = hairpin(
-            &syn_ack,
-            flow,
-            &["CONFIRMED".into(), "DST_NAT".into()],
-            &tables(),
-            &BridgeFacts::default(),
-            "kernel: drop reason NO_SOCKET at tcp_v4_rcv+0x1",
-            "",
-        )
-        .unwrap();
+        let t = tables();
+        let d = Translator {
+            flow: flow.clone(),
+            status: vec!["CONFIRMED".into(), "DST_NAT".into()],
+            tables: &t,
+            bridge: BridgeFacts::default(),
+            exec: String::new(),
+            netns: "node".into(),
+            dev: "vethb".into(),
+        };
+        let refused = Refused {
+            syn_ack,
+            kernel: "kernel: drop reason NO_SOCKET at tcp_v4_rcv+0x1".into(),
+            waits_for: Some("100.67.30.133:80".parse().unwrap()),
+            dnat: Some(d.clone()),
+            back: None,
+            back_stale: None,
+        };
+        let f = refused::explain(&refused, &BITS).unwrap();
         assert_eq!(f.cause, "hairpin_no_reverse_nat");
         assert_eq!(
             f.summary,
@@ -206,6 +220,29 @@ pub(crate) mod tests {
         assert!(tr
             .dnat_reply(&tuple("10.244.1.9:81", "10.244.1.5:43534"))
             .is_none());
+    }
+
+    /// Incident 5 traced everywhere: the DNAT'd SYN leaves the node, then a
+    /// router on the way to the backend (client -> backend, no NAT of its
+    /// own): the same handshake further on, not a loop.
+    #[test]
+    fn the_dnatted_syn_seen_further_on_is_not_a_loop() {
+        let mut tr = Tracker::default();
+        let router = |ts| Packet {
+            netns: 8,
+            tuple: tuple("172.16.0.50:40000", "10.0.0.13:80"),
+            ct: None,
+            ..syn(ts, None)
+        };
+        let mut dead = None;
+        for ts in [0, 1_000_000_000, 3_000_000_000] {
+            dead = dead.or(tr.on_egress(&syn(ts, Some(dnat_ct(8))), &BITS));
+            dead = dead.or(tr.on_egress(&router(ts + 1_000_000), &BITS));
+        }
+        let Some(Dead::Unanswered(f)) = dead else {
+            panic!("{dead:?}")
+        };
+        assert_eq!(f.orig, dnat_ct(8).orig);
     }
 
     #[test]
@@ -245,7 +282,10 @@ pub(crate) mod tests {
         let (first, came_back) = *pair;
         assert_eq!(first.orig.dst.to_string(), "203.0.113.80:80");
         assert_eq!(came_back.orig.dst.to_string(), "10.70.0.10:30080");
-        let f = looped_back(&first, &came_back, &["DST_NAT".into()], &tables(), "");
+        let f = lb_loopback(
+            &looped_back(&first, &came_back, &["DST_NAT".into()], &tables()),
+            "",
+        );
         assert_eq!(f.cause, "lb_loopback_without_snat");
         assert_eq!(
             f.summary,
@@ -256,6 +296,29 @@ pub(crate) mod tests {
         assert_eq!(f.fix[0], "iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d 203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.9:80");
         // Reported once, for the pair.
         assert_eq!(tr.on_egress(&back(9_000_000_000), &BITS), None);
+    }
+
+    #[test]
+    fn a_new_nat_entry_is_the_first_transmission_and_names_the_hairpin_reply() {
+        let mut tr = Tracker::default();
+        let ct = dnat_ct(8);
+        let ends = tr.on_new(&ct, 9, 100, &BITS);
+        assert_eq!(ends, [ct.orig.src]);
+        // Its reply side is known before any packet was seen leaving.
+        assert_eq!(tr.dnat_reply(&ct.reply).map(|f| f.orig), Some(ct.orig));
+        // The first SYN seen leaving after the event is the same transmission...
+        assert_eq!(tr.on_egress(&syn(50, Some(ct)), &BITS), None);
+        // ...the retransmissions are the second and third.
+        assert_eq!(tr.on_egress(&syn(1_000_000_000, Some(ct)), &BITS), None);
+        let Some(Dead::Unanswered(f)) = tr.on_egress(&syn(3_000_000_000, Some(ct)), &BITS) else {
+            panic!()
+        };
+        assert_eq!((f.syns, f.netns), (3, 7));
+        // SNAT: the client's end after it is followed too.
+        let mut snat = ct;
+        snat.reply.dst = tuple("10.0.0.12:61000", "10.0.0.12:61000").src;
+        let ends = Tracker::default().on_new(&snat, 9, 100, &BITS);
+        assert_eq!(ends.len(), 2);
     }
 
     #[test]

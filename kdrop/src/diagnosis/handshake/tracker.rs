@@ -103,22 +103,30 @@ impl Tracker {
             return None;
         }
         let flow = self.count(p, bits)?;
-        // The same client endpoint with another destination, DNAT'd without
-        // SNAT: the SYN looped back through a load balancer.
+        // The same client endpoint with another destination, one of the two
+        // DNAT'd without SNAT: the SYN looped back through a load balancer.
+        // Whichever reached the count first (a flow followed from its
+        // conntrack entry may be counted before the one seen leaving).
+        let dnat_only = |f: &Flow| {
+            f.ct.is_some_and(|c| c.status & bits.dst_nat != 0 && c.status & bits.src_nat == 0)
+        };
+        // Not the DNAT'd SYN itself seen further on (a router between the
+        // DNAT and the backend follows it as client -> backend).
+        let translated = |a: &Flow, b: &Flow| a.ct.is_some_and(|c| c.reply.src == b.orig.dst);
         let looped = self
             .flows
             .values()
             .find(|o| {
                 o.orig.src == flow.orig.src
                     && o.orig.dst != flow.orig.dst
-                    && o.ct.is_some_and(|c| {
-                        c.status & bits.dst_nat != 0 && c.status & bits.src_nat == 0
-                    })
+                    && dnat_only(o) != dnat_only(&flow)
+                    && !translated(o, &flow)
+                    && !translated(&flow, o)
             })
             .cloned();
         let (first, back) = match looped {
             None => return Some(Dead::Unanswered(Box::new(flow))),
-            Some(o) if o.first_ns >= flow.first_ns => (flow, o),
+            Some(o) if dnat_only(&o) => (flow, o),
             Some(o) => (o, flow),
         };
         for key in [first.orig, back.orig] {
@@ -194,6 +202,50 @@ impl Tracker {
             return Some(f.clone());
         }
         None
+    }
+
+    /// A NAT'd conntrack entry was created (ctnetlink NEW event, `now_ns`
+    /// when it was read): the SYN that created it is the handshake's first
+    /// transmission, followed from here as if seen leaving. Returns the
+    /// client's ends to follow (before and after SNAT).
+    pub fn on_new(
+        &mut self,
+        ct: &Ct,
+        netns: u32,
+        now_ns: u64,
+        bits: &CtBits,
+    ) -> Vec<std::net::SocketAddr> {
+        let key = ct.orig;
+        if self.flows.len() >= MAX_FLOWS && !self.flows.contains_key(&key) {
+            self.expire(now_ns.saturating_add(FORGET_AFTER_NS));
+        }
+        // The SYN as it left this namespace: to whoever answers, from the
+        // client's address after SNAT.
+        let wire = ct.reply.reversed();
+        let f = self.flows.entry(key).or_insert_with(|| Flow {
+            orig: key,
+            ct: None,
+            first_ns: now_ns,
+            last_ns: now_ns,
+            syns: 1,
+            answered: false,
+            reported: false,
+            netns,
+            ifindex: 0,
+            wire,
+        });
+        f.ct = Some(*ct);
+        if ct.status & bits.seen_reply != 0 {
+            f.answered = true;
+        }
+        if ct.status & bits.dst_nat != 0 {
+            self.dnat_replies.insert(ct.reply, key);
+        }
+        let mut ends = vec![ct.orig.src];
+        if ct.reply.dst != ct.orig.src {
+            ends.push(ct.reply.dst);
+        }
+        ends
     }
 
     /// A conntrack entry died without a reply (ctnetlink destroy event): the

@@ -1,5 +1,7 @@
 //! An [`Attribution`] as a diagnosis [`Finding`]: which rule, policy or
-//! conntrack drop, the evidence, and the commands that show its counters.
+//! conntrack drop, the evidence, the repair (an ACCEPT for the service where
+//! the drop would meet it, or the rule deleted), and the commands that show
+//! the counters.
 use crate::{
     diagnosis::reason::{reason_evidence, DropFacts},
     model::{
@@ -18,6 +20,92 @@ fn iptables_tool(backend: Backend, family: Option<Family>) -> &'static str {
     }
 }
 
+/// `10.0.0.1:80` → (`10.0.0.1`, `80`); `[2001:db8::1]:80` → (`2001:db8::1`, `80`).
+fn split_endpoint(e: &str) -> (&str, &str) {
+    let (h, p) = e.rsplit_once(':').unwrap_or((e, ""));
+    (h.trim_start_matches('[').trim_end_matches(']'), p)
+}
+
+/// How to let this packet's service through, and how to look.
+struct Repair {
+    fix: Vec<String>,
+    fix_or: Vec<Vec<String>>,
+    notes: Vec<String>,
+    inspect: Vec<String>,
+}
+
+/// The repair for a rule or policy drop: an ACCEPT for the packet's
+/// destination and port where the drop would meet it (before the rule, or
+/// at the end of the chain for its policy); deleting the rule as the other.
+fn repair(a: &Attribution, f: &DropFacts, ns: &str) -> Repair {
+    let family = a.family.map_or("", |x| x.name());
+    let table = a.table.as_deref().unwrap_or("");
+    let chain = a.chain.as_deref().unwrap_or("");
+    let (dst, port) = split_endpoint(&f.dst);
+    let v6 = dst.contains(':');
+    let mut r = Repair {
+        fix: Vec::new(),
+        fix_or: Vec::new(),
+        notes: Vec::new(),
+        inspect: Vec::new(),
+    };
+    match a.backend {
+        Some(Backend::Nftables) => {
+            r.inspect
+                .push(format!("{ns}nft -a list chain {family} {table} {chain}"));
+            let l3 = if v6 { "ip6" } else { "ip" };
+            let accept = format!("{l3} daddr {dst} tcp dport {port} accept");
+            match (a.dropped_by, a.handle) {
+                (DroppedBy::Rule, Some(h)) => {
+                    r.fix.push(format!(
+                        "{ns}nft insert rule {family} {table} {chain} position {h} {accept}"
+                    ));
+                    r.fix_or.push(vec![format!(
+                        "{ns}nft delete rule {family} {table} {chain} handle {h}"
+                    )]);
+                }
+                (DroppedBy::Policy, _) => r.fix.push(format!(
+                    "{ns}nft add rule {family} {table} {chain} {accept}"
+                )),
+                _ => {}
+            }
+        }
+        Some(b) => {
+            let tool = iptables_tool(b, a.family);
+            r.inspect.push(format!(
+                "{ns}{tool} -t {table} -L {chain} -v -n -x --line-numbers"
+            ));
+            r.inspect.push(format!("{ns}{tool}-save -c -t {table}"));
+            let accept = format!("-p tcp -d {dst} --dport {port} -j ACCEPT");
+            match a.dropped_by {
+                DroppedBy::Rule => {
+                    if let Some(n) = a.rule_number {
+                        r.fix
+                            .push(format!("{ns}{tool} -t {table} -I {chain} {n} {accept}"));
+                    }
+                    // The rule as `iptables -S` writes it: `-A CHAIN spec`.
+                    if let Some(spec) = a.rule.as_deref().and_then(|t| t.strip_prefix("-A ")) {
+                        r.fix_or
+                            .push(vec![format!("{ns}{tool} -t {table} -D {spec}")]);
+                    }
+                }
+                DroppedBy::Policy => r
+                    .fix
+                    .push(format!("{ns}{tool} -t {table} -A {chain} {accept}")),
+                _ => {}
+            }
+        }
+        None => {}
+    }
+    if !r.fix.is_empty() {
+        r.notes.push(format!(
+            "the first repair lets TCP to {dst}:{port} through, from any client; deleting the \
+             rule lets everything it dropped through"
+        ));
+    }
+    r
+}
+
 pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
     let ns = f
         .netns
@@ -28,20 +116,7 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
     let chain = a.chain.as_deref().unwrap_or("");
     let hook = a.hook.map_or_else(String::new, |h| format!(", {h} hook"));
     let backend = a.backend.map_or("", |b| b.name());
-    let mut fix = Vec::new();
-    match a.backend {
-        Some(Backend::Nftables) => {
-            fix.push(format!("{ns}nft -a list chain {family} {table} {chain}"))
-        }
-        Some(b) => {
-            let tool = iptables_tool(b, a.family);
-            fix.push(format!(
-                "{ns}{tool} -t {table} -L {chain} -v -n -x --line-numbers"
-            ));
-            fix.push(format!("{ns}{tool}-save -c -t {table}"));
-        }
-        None => {}
-    }
+    let mut r = repair(a, f, &ns);
     let rule = a.rule.as_deref().unwrap_or("");
     let which = match (a.rule_number, a.handle) {
         (_, Some(h)) => format!("rule (handle {h})"),
@@ -50,7 +125,13 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
     };
     let (cause, summary) = match a.dropped_by {
         DroppedBy::Rule if a.ctstate_invalid => {
-            fix.push(format!("{ns}conntrack -S"));
+            r.inspect.push(format!("{ns}conntrack -S"));
+            r.notes.push(
+                "conntrack calls a packet INVALID when it fits no connection it tracks (a \
+                 reply it never saw the start of, a sequence number out of window): a path that \
+                 skips this host one way, or an entry that expired, is the usual cause"
+                    .into(),
+            );
             (
                 "conntrack_invalid",
                 format!(
@@ -70,8 +151,8 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
             ),
         ),
         DroppedBy::Conntrack => {
-            fix.push(format!("{ns}conntrack -S"));
-            fix.push(format!(
+            r.inspect.push(format!("{ns}conntrack -S"));
+            r.inspect.push(format!(
                 "{ns}sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max"
             ));
             (
@@ -110,7 +191,10 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
         cause,
         summary,
         evidence,
-        fix,
+        fix: r.fix,
+        fix_or: r.fix_or,
+        fix_notes: r.notes,
+        inspect: r.inspect,
     }
 }
 
@@ -168,8 +252,19 @@ mod tests {
                 "its counter went 0 -> 1"
             ]
         );
+        // An ACCEPT for the service where the rule would meet it...
         assert_eq!(
             f.fix,
+            ["ip netns exec srv iptables-legacy -t filter -I INPUT 2 -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"]
+        );
+        // ...or the rule deleted, as iptables -S wrote it.
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec srv iptables-legacy -t filter -D INPUT -p tcp -m tcp --dport 80 -j DROP"]]
+        );
+        // Listing is inspecting, not repairing.
+        assert_eq!(
+            f.inspect,
             [
                 "ip netns exec srv iptables-legacy -t filter -L INPUT -v -n -x --line-numbers",
                 "ip netns exec srv iptables-legacy-save -c -t filter"
@@ -185,8 +280,8 @@ mod tests {
         a.family = Some(Family::Ip6);
         let f = explain(&a, &facts());
         assert_eq!(f.cause, "conntrack_invalid");
-        assert!(f.fix[0].starts_with("ip netns exec srv ip6tables-nft -t filter"));
-        assert_eq!(f.fix.last().unwrap(), "ip netns exec srv conntrack -S");
+        assert!(f.inspect[0].starts_with("ip netns exec srv ip6tables-nft -t filter"));
+        assert_eq!(f.inspect.last().unwrap(), "ip netns exec srv conntrack -S");
 
         let mut p = rule();
         p.dropped_by = DroppedBy::Policy;
@@ -198,6 +293,10 @@ mod tests {
         assert_eq!(
             f.summary,
             "no rule accepted it: policy DROP of iptables-legacy chain filter/FORWARD (ip, FORWARD hook)"
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv iptables-legacy -t filter -A FORWARD -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"]
         );
 
         let mut n = rule();
@@ -214,13 +313,19 @@ mod tests {
             f.summary,
             "nftables rule (handle 4) in kdt/input (inet, INPUT hook) dropped it: tcp dport 80 counter drop"
         );
-        assert_eq!(f.fix, ["nft -a list chain inet kdt input"]);
+        assert_eq!(f.inspect, ["nft -a list chain inet kdt input"]);
+        assert_eq!(
+            f.fix,
+            ["nft insert rule inet kdt input position 4 ip daddr 10.0.0.2 tcp dport 80 accept"]
+        );
+        assert_eq!(f.fix_or, [["nft delete rule inet kdt input handle 4"]]);
 
         let mut c = rule();
         c.dropped_by = DroppedBy::Conntrack;
         c.backend = None;
         let f = explain(&c, &facts);
         assert_eq!(f.cause, "conntrack_drop");
-        assert_eq!(f.fix[0], "conntrack -S");
+        assert!(f.fix.is_empty());
+        assert_eq!(f.inspect[0], "conntrack -S");
     }
 }

@@ -1,0 +1,239 @@
+//! One conntrack entry by tuple, asked of a namespace's table through
+//! ctnetlink: an IPCTNL_MSG_CT_GET request, one answer (the entry, or an
+//! error), no dump and no `conntrack` binary.
+//!
+//! ctnetlink_get_conntrack
+//! (https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_netlink.c)
+//! parses CTA_TUPLE_ORIG, else CTA_TUPLE_REPLY (nested CTA_TUPLE_IP and
+//! CTA_TUPLE_PROTO, the family from nfgenmsg), looks it up with
+//! nf_conntrack_find_get in the zone of CTA_ZONE (the default zone
+//! without it), and answers with ctnetlink_fill_info (an
+//! IPCTNL_MSG_CT_NEW message: both tuples, status, timeout, TCP state,
+//! mark, zone) or -ENOENT. The hash holds both directions of every entry,
+//! so the kernel finds the tuple on either side; one entry at most holds a
+//! tuple in a zone. The answer is kept only when the tuple is on the side
+//! asked for.
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+
+use anyhow::{bail, Context as _, Result};
+
+use super::{
+    ctevents::parse::{
+        ct_type, entry, messages, ATTRS_AT, CTA_IP_V4_DST, CTA_IP_V4_SRC, CTA_IP_V6_DST,
+        CTA_IP_V6_SRC, CTA_PROTO_DST_PORT, CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_TUPLE_IP,
+        CTA_TUPLE_ORIG, CTA_TUPLE_PROTO, CTA_TUPLE_REPLY, CTA_ZONE, IPCTNL_MSG_CT_GET,
+        IPCTNL_MSG_CT_NEW, IPPROTO_TCP, NLA_F_NESTED, NLM_F_REQUEST,
+    },
+    netns::{in_netns, Netns},
+};
+use crate::model::packet::{CtSeen, Tuple};
+
+/// Which tuple of the entry the one asked for is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// As the first packet went (client to service).
+    Orig,
+    /// As the answer comes (backend to client, after NAT).
+    Reply,
+}
+
+/// The TCP entry of `ns`'s conntrack table, in `zone` (0: the default),
+/// whose `side` tuple is `tuple`; `Ok(None)` when there is none.
+pub fn lookup(ns: &Netns, side: Side, tuple: &Tuple, zone: u16) -> Result<Option<CtSeen>> {
+    let req = request(side, tuple, zone, SEQ)?;
+    let answer = in_netns(&ns.path, move || round_trip(&req))?
+        .with_context(|| format!("conntrack lookup of {} -> {}", tuple.src, tuple.dst))?;
+    let found = match answer {
+        Answer::Entry(attrs) => entry(&attrs, ns.inode),
+        Answer::NotFound => None,
+    };
+    Ok(found.filter(|e| match side {
+        Side::Orig => e.ct.orig == *tuple,
+        Side::Reply => e.ct.reply == *tuple,
+    }))
+}
+
+/// The sequence number of the request: the socket is new, and carries
+/// nothing else.
+const SEQ: u32 = 1;
+
+fn nla(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+    out.extend(((4 + payload.len()) as u16).to_ne_bytes());
+    out.extend(ty.to_ne_bytes());
+    out.extend(payload);
+    out.resize(out.len().next_multiple_of(4), 0);
+}
+
+fn nest(out: &mut Vec<u8>, ty: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+    let at = out.len();
+    out.extend([0u8; 4]);
+    inner(out);
+    let len = (out.len() - at) as u16;
+    out[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+    out[at + 2..at + 4].copy_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+}
+
+/// The GET request: nlmsghdr, nfgenmsg (family, NFNETLINK_V0, res_id 0),
+/// the tuple, and the zone when it is not the default one.
+fn request(side: Side, t: &Tuple, zone: u16, seq: u32) -> Result<Vec<u8>> {
+    let (family, src, dst, (ks, kd)) = match (t.src.ip(), t.dst.ip()) {
+        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => (
+            libc::AF_INET,
+            s.octets().to_vec(),
+            d.octets().to_vec(),
+            (CTA_IP_V4_SRC, CTA_IP_V4_DST),
+        ),
+        (std::net::IpAddr::V6(s), std::net::IpAddr::V6(d)) => (
+            libc::AF_INET6,
+            s.octets().to_vec(),
+            d.octets().to_vec(),
+            (CTA_IP_V6_SRC, CTA_IP_V6_DST),
+        ),
+        _ => bail!("tuple {} -> {} mixes address families", t.src, t.dst),
+    };
+    let mut m = vec![0u8; ATTRS_AT];
+    m[4..6].copy_from_slice(&ct_type(IPCTNL_MSG_CT_GET).to_ne_bytes());
+    m[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    m[16] = family as u8;
+    let which = match side {
+        Side::Orig => CTA_TUPLE_ORIG,
+        Side::Reply => CTA_TUPLE_REPLY,
+    };
+    nest(&mut m, which, |m| {
+        nest(m, CTA_TUPLE_IP, |m| {
+            nla(m, ks, &src);
+            nla(m, kd, &dst);
+        });
+        nest(m, CTA_TUPLE_PROTO, |m| {
+            nla(m, CTA_PROTO_NUM, &[IPPROTO_TCP]);
+            nla(m, CTA_PROTO_SRC_PORT, &t.src.port().to_be_bytes());
+            nla(m, CTA_PROTO_DST_PORT, &t.dst.port().to_be_bytes());
+        });
+    });
+    if zone != 0 {
+        nla(&mut m, CTA_ZONE, &zone.to_be_bytes());
+    }
+    let len = m.len() as u32;
+    m[..4].copy_from_slice(&len.to_ne_bytes());
+    Ok(m)
+}
+
+enum Answer {
+    /// The entry's attributes.
+    Entry(Vec<u8>),
+    NotFound,
+}
+
+/// Sends `req` to ctnetlink from the calling thread's namespace and reads
+/// its answer. Without NLM_F_ACK the kernel sends the entry alone, or an
+/// NLMSG_ERROR.
+fn round_trip(req: &[u8]) -> Result<Answer> {
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_NETFILTER,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("netlink socket");
+    }
+    // SAFETY: fd was just returned by socket(2).
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The kernel answers at once; the bound only guards against a hang.
+    let tv = libc::timeval {
+        tv_sec: 2,
+        tv_usec: 0,
+    };
+    // SAFETY: a timeval option on our own socket.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    // Unbound and unconnected: netlink sends to the kernel (port id 0).
+    // SAFETY: req is valid for its length.
+    let n = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if n != req.len() as isize {
+        return Err(std::io::Error::last_os_error()).context("sending the ctnetlink request");
+    }
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e).context("reading the ctnetlink answer");
+        }
+        for m in messages(&buf[..n as usize]).filter(|m| m.seq == SEQ) {
+            match m.error() {
+                Some(e) if e == -libc::ENOENT => return Ok(Answer::NotFound),
+                Some(0) => continue,
+                Some(e) => {
+                    return Err(std::io::Error::from_raw_os_error(-e)).context(
+                        "ctnetlink refused the lookup (is nf_conntrack_netlink available?)",
+                    )
+                }
+                None if m.ty == ct_type(IPCTNL_MSG_CT_NEW) => {
+                    return Ok(Answer::Entry(m.attrs().unwrap_or_default().to_vec()))
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::ctevents::tests::{nla as attr, tuple_attr};
+
+    #[test]
+    fn the_request_is_a_get_with_the_tuple_nested_as_ctnetlink_parses_it() {
+        let t = Tuple {
+            src: "10.0.0.13:8005".parse().unwrap(),
+            dst: "172.16.0.50:45008".parse().unwrap(),
+        };
+        let m = request(Side::Reply, &t, 0, 7).unwrap();
+        // Built independently by the tests' message builder.
+        let mut want = Vec::new();
+        want.extend(0u32.to_ne_bytes());
+        want.extend(((1u16 << 8) | 1).to_ne_bytes());
+        want.extend(1u16.to_ne_bytes());
+        want.extend(7u32.to_ne_bytes());
+        want.extend(0u32.to_ne_bytes());
+        want.extend([libc::AF_INET as u8, 0, 0, 0]);
+        want.extend(tuple_attr(2, t.src, t.dst, 6));
+        let len = want.len() as u32;
+        want[..4].copy_from_slice(&len.to_ne_bytes());
+        assert_eq!(m, want);
+        // Zone 3, IPv6, the original side.
+        let t6 = Tuple {
+            src: "[fd00:1::1]:40000".parse().unwrap(),
+            dst: "[fd00:1::100]:80".parse().unwrap(),
+        };
+        let m = request(Side::Orig, &t6, 3, 1).unwrap();
+        assert_eq!(m[16], libc::AF_INET6 as u8);
+        let mut tail = tuple_attr(1, t6.src, t6.dst, 6);
+        tail.extend(attr(18, &3u16.to_be_bytes()));
+        assert!(m.ends_with(&tail));
+        assert_eq!(
+            u32::from_ne_bytes(m[..4].try_into().unwrap()) as usize,
+            m.len()
+        );
+        let mixed = Tuple {
+            src: t.src,
+            dst: t6.dst,
+        };
+        assert!(request(Side::Orig, &mixed, 0, 1).is_err());
+    }
+}

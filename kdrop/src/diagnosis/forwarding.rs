@@ -1,0 +1,553 @@
+//! A packet the node could not send on: no route for its destination, or a
+//! next hop that does not answer ARP. Pure: the kernel's own lookups for
+//! the packet (or the same lookup asked through netlink), the namespace's
+//! rules and routes and the neighbour entry in; a finding out.
+//!
+//! Where the kernel drops them, as of v6.18: a forwarded packet with no
+//! route is IP_INNOROUTES in `ip_error` (ENETUNREACH from `fib_lookup`,
+//! https://github.com/torvalds/linux/blob/v6.18/net/ipv4/route.c), a
+//! locally sent one IP_OUTNOROUTES in `__ip_queue_xmit`; a packet queued
+//! for a neighbour whose resolution failed is NEIGH_FAILED in
+//! `neigh_invalidate` (net/core/neighbour.c), with skb->dev the egress
+//! device.
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::routing::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
+use crate::model::{
+    finding::Finding,
+    neighbour::Neighbour,
+    packet::Lookup,
+    routing::{Route, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL},
+};
+
+/// Drop reasons this module explains.
+pub const REASONS: [&str; 3] = ["IP_INNOROUTES", "IP_OUTNOROUTES", "NEIGH_FAILED"];
+
+/// A packet that could not be sent on, with what the kernel said.
+#[derive(Clone, Debug)]
+pub struct Stuck<'a> {
+    pub reason: &'a str,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// The input device (0: sent by this host).
+    pub iif: u32,
+    pub mark: u32,
+    /// The drop as evidence (reason and place).
+    pub kernel: String,
+    /// The kernel's lookups for this packet (fib:fib_table_lookup).
+    pub fib: &'a [Lookup],
+    /// The same lookup asked now through netlink, when the kernel's were
+    /// not recorded (the probe is armed on demand, after the first drop).
+    pub asked: Option<&'a (RouteQuery, RouteLookup)>,
+    /// The entry of the next hop the route chose (NEIGH_FAILED).
+    pub neighbour: Option<&'a Neighbour>,
+    /// `ip netns exec NAME ` or empty.
+    pub netns_exec: &'a str,
+    /// The namespace as text.
+    pub netns: &'a str,
+}
+
+/// The route that sends the packet on: device and next hop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextHop {
+    pub table: Option<u32>,
+    pub oif: u32,
+    /// The gateway, or the destination itself on a connected route.
+    pub addr: IpAddr,
+    pub via_gateway: bool,
+}
+
+/// Where the packet would go: the kernel's forward lookup that answered,
+/// else the lookup asked now.
+pub fn next_hop(s: &Stuck) -> Option<NextHop> {
+    let own = s
+        .fib
+        .iter()
+        .rfind(|l| l.src == s.src && l.dst == s.dst && l.err == 0 && l.res_ifindex != 0)
+        .map(|l| NextHop {
+            table: Some(l.table),
+            oif: l.res_ifindex,
+            addr: l.gw.map_or(IpAddr::V4(s.dst), IpAddr::V4),
+            via_gateway: l.gw.is_some(),
+        });
+    own.or_else(|| match s.asked {
+        Some((_, RouteLookup::Found(a))) => Some(NextHop {
+            table: Some(a.table),
+            oif: a.oif?,
+            addr: a.gateway.unwrap_or(IpAddr::V4(s.dst)),
+            via_gateway: a.gateway.is_some(),
+        }),
+        _ => None,
+    })
+}
+
+pub fn explain(s: &Stuck, t: &Tables) -> Option<Finding> {
+    match s.reason {
+        "IP_INNOROUTES" | "IP_OUTNOROUTES" => Some(no_route(s, t)),
+        "NEIGH_FAILED" => Some(neighbour_failed(s, t)),
+        _ => None,
+    }
+}
+
+fn flow<'a>(s: &Stuck, iif: &'a str) -> Flow<'a> {
+    Flow {
+        src: s.src,
+        dst: s.dst,
+        mark: s.mark,
+        iif,
+    }
+}
+
+/// The rules a lookup for the packet walks, in priority order.
+fn walked<'a>(t: &'a Tables, f: &Flow) -> Vec<&'a Rule> {
+    let mut rules: Vec<&Rule> = t
+        .rules
+        .iter()
+        .filter(|r| r.family == 2 && rule_matches(r, f))
+        .collect();
+    rules.sort_by_key(|r| r.priority);
+    rules
+}
+
+/// Leading bits `a` and `b` share.
+fn common_bits(a: Ipv4Addr, b: Ipv4Addr) -> u32 {
+    (u32::from(a) ^ u32::from(b)).leading_zeros()
+}
+
+/// Routes of `tables` nearest to `dst` (the longest shared prefix with
+/// their network), at most three.
+fn nearest<'a>(t: &'a Tables, tables: &[u32], dst: Ipv4Addr) -> Vec<&'a Route> {
+    let mut v: Vec<(u32, &Route)> = t
+        .routes
+        .iter()
+        .filter(|r| tables.contains(&r.table) && r.kind == 1)
+        .filter_map(|r| match r.dst {
+            Some(IpAddr::V4(net)) => Some((common_bits(net, dst).min(u32::from(r.dst_len)), r)),
+            _ => None,
+        })
+        .collect();
+    v.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.dst_len.cmp(&a.1.dst_len)));
+    v.into_iter().take(3).map(|(_, r)| r).collect()
+}
+
+fn no_route(s: &Stuck, t: &Tables) -> Finding {
+    let iif_name = if s.iif == 0 {
+        "lo".to_string()
+    } else {
+        t.link_name(s.iif)
+    };
+    let f = flow(s, &iif_name);
+    let rules = walked(t, &f);
+    let mut evidence = vec![s.kernel.clone()];
+    // The kernel's own lookups for the packet, or the same one asked now.
+    let own: Vec<&Lookup> = s
+        .fib
+        .iter()
+        .filter(|l| l.src == s.src && l.dst == s.dst)
+        .collect();
+    if !own.is_empty() {
+        evidence.push(format!(
+            "the kernel's lookups for {} -> {}: {}",
+            s.src,
+            s.dst,
+            own.iter()
+                .map(|l| format!(
+                    "table {} {}",
+                    table_name(l.table),
+                    match l.err {
+                        0 => "matched".to_string(),
+                        // -EAGAIN: fib_table_lookup found no match in this
+                        // table (net/ipv4/fib_trie.c, v6.18).
+                        -11 => "found nothing".to_string(),
+                        e => format!("failed (error {e})"),
+                    }
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    } else if let Some((q, answer)) = s.asked {
+        evidence.push(format!(
+            "kernel, asked now through netlink (ip route get {}{}{}): {}",
+            q.dst,
+            q.src.map(|a| format!(" from {a}")).unwrap_or_default(),
+            q.iif
+                .map(|i| format!(" iif {}", t.link_name(i)))
+                .unwrap_or_default(),
+            match answer {
+                RouteLookup::Failed { name, .. } => name.clone(),
+                RouteLookup::Found(a) => format!("a route in table {}", table_name(a.table)),
+            }
+        ));
+    }
+    let mut looked = Vec::new();
+    for r in &rules {
+        let found = (r.action == FR_ACT_TO_TBL)
+            .then(|| lookup(&t.routes, r.table, s.dst))
+            .flatten();
+        evidence.push(format!(
+            "rule {}: {}",
+            rule_text(r),
+            match (r.action, found) {
+                (FR_ACT_TO_TBL, Some(route)) => format!("holds {}", route_text(route, t)),
+                (FR_ACT_TO_TBL, None) =>
+                    format!("table {} holds nothing for {}", table_name(r.table), s.dst),
+                _ => "ends the lookup".into(),
+            }
+        ));
+        if r.action == FR_ACT_TO_TBL {
+            looked.push(r.table);
+        }
+    }
+    let near = nearest(t, &looked, s.dst);
+    if !near.is_empty() {
+        evidence.push(format!(
+            "nearest routes: {}",
+            near.iter()
+                .map(|r| format!("{} (table {})", route_text(r, t), table_name(r.table)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    let has_default = t
+        .routes
+        .iter()
+        .any(|r| looked.contains(&r.table) && r.dst.is_none() && r.dst_len == 0);
+    if !has_default {
+        evidence.push(format!(
+            "no default route in table{} {}",
+            if looked.len() == 1 { "" } else { "s" },
+            looked
+                .iter()
+                .map(|t| table_name(*t))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    // A table that holds a route for it but no rule for this packet reads.
+    let elsewhere = t
+        .routes
+        .iter()
+        .filter(|r| !looked.contains(&r.table) && r.table != 255 && r.kind == 1)
+        .filter(|r| lookup(&t.routes, r.table, s.dst) == Some(*r))
+        .max_by_key(|r| r.dst_len);
+    let ns = s.netns_exec;
+    let mut fix = Vec::new();
+    let mut notes = Vec::new();
+    match elsewhere {
+        Some(r) => {
+            evidence.push(format!(
+                "table {} holds {}, but no rule sends this packet there",
+                table_name(r.table),
+                route_text(r, t)
+            ));
+            let to = match r.dst {
+                Some(a) => format!("{a}/{}", r.dst_len),
+                None => format!("{}/32", s.dst),
+            };
+            fix.push(format!(
+                "{ns}ip rule add to {to} lookup {}",
+                table_name(r.table)
+            ));
+            notes.push(format!(
+                "the rule sends every packet to {to} to table {}; narrow it (from, iif, fwmark) \
+                 if only some should go there",
+                table_name(r.table)
+            ));
+        }
+        None => notes.push(format!(
+            "add a route for {} where it is reached: `{ns}ip route add <prefix of {}> via <next \
+             hop> dev <device>`; kdrop cannot know the next hop",
+            s.dst, s.dst
+        )),
+    }
+    Finding {
+        cause: "no_route",
+        summary: format!(
+            "no route to {} in netns {}: {} -> {} {}; rule{} {} looked in table{} {}, and none \
+             holds a route for it",
+            s.dst,
+            s.netns,
+            s.src,
+            s.dst,
+            if s.iif == 0 {
+                "sent by this host".to_string()
+            } else {
+                format!("arriving on {iif_name}")
+            },
+            if rules.len() == 1 { "" } else { "s" },
+            rules
+                .iter()
+                .map(|r| r.priority.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if looked.len() == 1 { "" } else { "s" },
+            looked
+                .iter()
+                .map(|t| table_name(*t))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        evidence,
+        fix,
+        fix_notes: notes,
+        inspect: vec![
+            format!(
+                "{ns}ip route get {}{}",
+                s.dst,
+                if s.iif == 0 {
+                    String::new()
+                } else {
+                    format!(" from {} iif {iif_name}", s.src)
+                }
+            ),
+            format!("{ns}ip rule show"),
+            format!("{ns}ip route show table all"),
+        ],
+        ..Finding::default()
+    }
+}
+
+fn neighbour_failed(s: &Stuck, t: &Tables) -> Finding {
+    let ns = s.netns_exec;
+    let hop = next_hop(s);
+    let mut evidence = vec![s.kernel.clone()];
+    let dev = hop.map(|h| t.link_name(h.oif));
+    let route = hop.and_then(|h| {
+        let table = h.table?;
+        lookup(&t.routes, table, s.dst).map(|r| (table, r))
+    });
+    if let Some((table, r)) = route {
+        evidence.push(format!(
+            "the route that chose it: {} (table {})",
+            route_text(r, t),
+            table_name(table)
+        ));
+    }
+    match s.neighbour {
+        Some(n) => evidence.push(format!(
+            "neighbour {} dev {}: {}{}",
+            n.dst,
+            n.dev,
+            n.state_text(),
+            n.probes
+                .map(|p| format!(", {p} solicitations unanswered"))
+                .unwrap_or_default()
+        )),
+        None => evidence.push(
+            "no neighbour entry is left for it (the failed one was garbage-collected)".into(),
+        ),
+    }
+    let summary = match (hop, &dev) {
+        (Some(h), Some(dev)) if h.via_gateway => format!(
+            "next hop {} on {dev} does not answer ARP{}: {} -> {} cannot be sent on",
+            h.addr,
+            s.neighbour
+                .map(|n| format!(" (neighbour {})", n.state_text()))
+                .unwrap_or_default(),
+            s.src,
+            s.dst
+        ),
+        (Some(h), Some(dev)) => format!(
+            "{} does not answer ARP on {dev}{}: it is on {dev}'s subnet (no gateway), and no \
+             host answers for it",
+            h.addr,
+            s.neighbour
+                .map(|n| format!(" (neighbour {})", n.state_text()))
+                .unwrap_or_default()
+        ),
+        _ => format!("the next hop for {} does not answer ARP", s.dst),
+    };
+    let notes = match (hop, &dev) {
+        (Some(h), Some(dev)) if h.via_gateway => vec![format!(
+            "{} is down or not on {dev}'s segment: bring it back, or route {} through a next \
+             hop that answers (`{ns}ip route replace <prefix> via <next hop> dev <device>`)",
+            h.addr, s.dst
+        )],
+        (Some(h), Some(dev)) => vec![format!(
+            "{} is down or not on the segment of {dev}; if it moved, the route or address of \
+             {dev} is stale",
+            h.addr
+        )],
+        _ => vec![],
+    };
+    let mut inspect = vec![format!("{ns}ip route get {} from {}", s.dst, s.src)];
+    if let (Some(h), Some(dev)) = (hop, &dev) {
+        inspect.insert(0, format!("{ns}ip neigh show dev {dev} to {}", h.addr));
+    }
+    Finding {
+        cause: "neighbour_failed",
+        summary,
+        evidence,
+        fix_notes: notes,
+        inspect,
+        ..Finding::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diagnosis::routing::tests::{link, route, rule};
+
+    fn tables() -> Tables {
+        Tables {
+            links: vec![link(1, "lo"), link(2, "eth0"), link(3, "ens6")],
+            addrs: vec![],
+            routes: vec![
+                route(254, Some(("10.0.0.0", 24)), None, 2),
+                route(254, Some(("10.123.0.0", 16)), Some("10.123.2.3"), 3),
+                route(100, Some(("10.50.0.0", 16)), Some("10.0.0.1"), 2),
+            ],
+            rules: vec![rule(0, 255), rule(32766, 254), rule(32767, 253)],
+        }
+    }
+
+    fn stuck<'a>(reason: &'a str, dst: &str, fib: &'a [Lookup]) -> Stuck<'a> {
+        Stuck {
+            reason,
+            src: "10.0.0.7".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            iif: 2,
+            mark: 0,
+            kernel: format!("kernel drop reason {reason} at ip_error+0x1"),
+            fib,
+            asked: None,
+            neighbour: None,
+            netns_exec: "ip netns exec node ",
+            netns: "node",
+        }
+    }
+
+    #[test]
+    fn no_route_names_the_rules_the_tables_and_the_nearest_routes() {
+        let t = tables();
+        let f = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &[]), &t).unwrap();
+        assert_eq!(f.cause, "no_route");
+        assert_eq!(
+            f.summary,
+            "no route to 10.99.0.5 in netns node: 10.0.0.7 -> 10.99.0.5 arriving on eth0; rules \
+             0, 32766, 32767 looked in tables local, main, default, and none holds a route for it"
+        );
+        assert_eq!(
+            f.evidence[1..4],
+            [
+                "rule 0: from all lookup local: table local holds nothing for 10.99.0.5",
+                "rule 32766: from all lookup main: table main holds nothing for 10.99.0.5",
+                "rule 32767: from all lookup default: table default holds nothing for 10.99.0.5",
+            ]
+        );
+        // 10.99.0.5 shares 9 bits with 10.123.0.0 (0x63 vs 0x7b), 8 with 10.0.0.0.
+        assert_eq!(
+            f.evidence[4],
+            "nearest routes: 10.123.0.0/16 via 10.123.2.3 dev ens6 (table main); 10.0.0.0/24 dev eth0 (table main)"
+        );
+        assert_eq!(
+            f.evidence[5],
+            "no default route in tables local, main, default"
+        );
+        // Nothing on the node knows the next hop: no fix, a note.
+        assert!(f.fix.is_empty());
+        assert!(f.fix_notes[0].starts_with("add a route for 10.99.0.5"));
+        assert_eq!(
+            f.inspect[0],
+            "ip netns exec node ip route get 10.99.0.5 from 10.0.0.7 iif eth0"
+        );
+    }
+
+    #[test]
+    fn a_route_in_a_table_no_rule_reads_is_repaired_by_a_rule() {
+        let t = tables();
+        let f = explain(&stuck("IP_INNOROUTES", "10.50.1.1", &[]), &t).unwrap();
+        assert_eq!(
+            f.evidence.last().unwrap(),
+            "table 100 holds 10.50.0.0/16 via 10.0.0.1 dev eth0, but no rule sends this packet there"
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip rule add to 10.50.0.0/16 lookup 100"]
+        );
+    }
+
+    #[test]
+    fn the_kernels_own_lookups_are_the_evidence_when_it_recorded_them() {
+        let t = tables();
+        let l = |table, err| Lookup {
+            ts_ns: 1,
+            table,
+            err,
+            iif: 2,
+            oif: 0,
+            mark: 0,
+            src: "10.0.0.7".parse().unwrap(),
+            dst: "10.99.0.5".parse().unwrap(),
+            res_ifindex: 0,
+            gw: None,
+            scope: 0,
+        };
+        let fib = [l(255, -11), l(254, -11), l(253, -11)];
+        let f = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &fib), &t).unwrap();
+        assert_eq!(
+            f.evidence[1],
+            "the kernel's lookups for 10.0.0.7 -> 10.99.0.5: table local found nothing, table main \
+             found nothing, table default found nothing"
+        );
+    }
+
+    #[test]
+    fn a_dead_next_hop_names_the_egress_device_the_gateway_and_its_route() {
+        let t = tables();
+        let fib = [Lookup {
+            ts_ns: 1,
+            table: 254,
+            err: 0,
+            iif: 2,
+            oif: 0,
+            mark: 0,
+            src: "10.0.0.7".parse().unwrap(),
+            dst: "10.123.9.9".parse().unwrap(),
+            res_ifindex: 3,
+            gw: Some("10.123.2.3".parse().unwrap()),
+            scope: 0,
+        }];
+        let n = Neighbour {
+            dst: "10.123.2.3".parse().unwrap(),
+            ifindex: 3,
+            dev: "ens6".into(),
+            state: crate::model::neighbour::NUD_FAILED,
+            lladdr: None,
+            router: false,
+            probes: Some(6),
+        };
+        let mut s = stuck("NEIGH_FAILED", "10.123.9.9", &fib);
+        assert_eq!(
+            next_hop(&s),
+            Some(NextHop {
+                table: Some(254),
+                oif: 3,
+                addr: "10.123.2.3".parse().unwrap(),
+                via_gateway: true
+            })
+        );
+        s.neighbour = Some(&n);
+        let f = explain(&s, &t).unwrap();
+        assert_eq!(f.cause, "neighbour_failed");
+        assert_eq!(
+            f.summary,
+            "next hop 10.123.2.3 on ens6 does not answer ARP (neighbour FAILED): 10.0.0.7 -> \
+             10.123.9.9 cannot be sent on"
+        );
+        assert_eq!(
+            f.evidence[1],
+            "the route that chose it: 10.123.0.0/16 via 10.123.2.3 dev ens6 (table main)"
+        );
+        assert_eq!(
+            f.evidence[2],
+            "neighbour 10.123.2.3 dev ens6: FAILED, 6 solicitations unanswered"
+        );
+        assert!(f.fix.is_empty());
+        assert_eq!(
+            f.inspect[0],
+            "ip netns exec node ip neigh show dev ens6 to 10.123.2.3"
+        );
+    }
+}

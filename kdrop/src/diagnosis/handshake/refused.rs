@@ -1,0 +1,492 @@
+//! A SYN-ACK the client refused (no socket waits for it, so it answers with
+//! a RST): the reply of a DNAT'd handshake that reached the client with
+//! the wrong source. Three ways it happens, told apart by what the node
+//! shows:
+//! - hairpin (incident 2): the namespace that DNAT'd the SYN bridges the
+//!   reply straight back to the client, past netfilter;
+//! - LB loopback (incident 4): the client waits for a VIP, but its SYN came
+//!   back into this node as client -> NodePort and was DNAT'd again without
+//!   SNAT, so the reply is un-NAT'd at most to the NodePort;
+//! - asymmetric return (incident 5): the DNAT'd SYN left the namespace that
+//!   translated it, and the reply went to the client another way.
+use std::net::{IpAddr, SocketAddr};
+
+use super::{
+    findings::{asymmetric, clear_entry, ct_text, host_prefix, iptables_for, show_entry},
+    loopback::{lb_loopback, Loopback},
+    tracker::{CtBits, Flow},
+};
+use crate::model::{
+    finding::Finding,
+    packet::{Ct, Tuple},
+    routing::{Link, Tables},
+};
+
+/// Bridge facts for the hairpin case, read from the namespace that did the
+/// DNAT.
+#[derive(Clone, Debug, Default)]
+pub struct BridgeFacts {
+    pub br_netfilter_loaded: bool,
+    /// net.bridge.bridge-nf-call-iptables in that namespace (None: absent).
+    pub call_iptables: Option<u32>,
+}
+
+/// A namespace holding a DNAT'd entry of the handshake, with what the
+/// findings need of it.
+#[derive(Clone, Debug)]
+pub struct Translator<'a> {
+    /// The handshake as that namespace tracked it (`ct` is set: DNAT'd).
+    pub flow: Flow,
+    pub status: Vec<String>,
+    pub tables: &'a Tables,
+    pub bridge: BridgeFacts,
+    /// `ip netns exec <name> ` (empty: kdrop's own namespace).
+    pub exec: String,
+    /// The namespace as text (name or inode).
+    pub netns: String,
+    /// The device its DNAT'd SYN left by (or would, by its routes).
+    pub dev: String,
+}
+
+/// What kdrop found around one refused SYN-ACK.
+#[derive(Clone, Debug)]
+pub struct Refused<'a> {
+    /// The SYN-ACK (server -> client).
+    pub syn_ack: Tuple,
+    /// The refusal (the drop, or the RST that answered it), as evidence.
+    pub kernel: String,
+    /// The address the client's SYN-SENT socket waits for, when the client
+    /// is on this node (sock_diag).
+    pub waits_for: Option<SocketAddr>,
+    /// The DNAT'd entry whose reply side is this SYN-ACK.
+    pub dnat: Option<Translator<'a>>,
+    /// A DNAT'd entry whose original side is the client's end -> the
+    /// SYN-ACK's source: the client's SYN came back into that namespace.
+    pub back: Option<Translator<'a>>,
+    /// `back`'s namespace's own entry for the client's SYN to the address it
+    /// waits for (it forwarded that SYN out), and the device it left by.
+    pub back_stale: Option<(Tuple, Option<String>)>,
+}
+
+fn dnat_only(ct: &Ct, bits: &CtBits) -> bool {
+    ct.status & bits.dst_nat != 0 && ct.status & bits.src_nat == 0
+}
+
+/// The refused SYN-ACK explained, or None when nothing the node shows
+/// explains it.
+pub fn explain(r: &Refused, bits: &CtBits) -> Option<Finding> {
+    let vip = r
+        .waits_for
+        .or_else(|| r.dnat.as_ref().and_then(|d| d.flow.ct).map(|c| c.orig.dst));
+    if let (Some(back), Some(vip)) = (&r.back, vip) {
+        let ct = back.flow.ct?;
+        if ct.orig.dst != vip && dnat_only(&ct, bits) {
+            return Some(loopback(r, back, &ct, vip));
+        }
+    }
+    let d = r.dnat.as_ref()?;
+    let ct = d.flow.ct?;
+    if let Some((how, bridge)) = hairpin_bridge(d, &ct) {
+        return Some(hairpin(r, d, &ct, &how, &bridge));
+    }
+    dnat_only(&ct, bits).then(|| {
+        asymmetric(
+            &ct,
+            &d.dev,
+            vec![
+                r.kernel.clone(),
+                format!(
+                    "conntrack in netns {}: {}",
+                    d.netns,
+                    ct_text(&ct, &d.status)
+                ),
+                format!(
+                    "{} -> {} reached {} without passing back through netns {}, whose entry \
+                     would have turned it into {} -> {}",
+                    r.syn_ack.src,
+                    r.syn_ack.dst,
+                    ct.orig.src.ip(),
+                    d.netns,
+                    ct.orig.dst,
+                    ct.orig.src
+                ),
+            ],
+            &d.exec,
+        )
+    })
+}
+
+fn loopback(r: &Refused, back: &Translator, ct: &Ct, vip: SocketAddr) -> Finding {
+    let mut seen = vec![r.kernel.clone()];
+    if let Some(w) = r.waits_for {
+        seen.push(format!(
+            "the client's socket {} waits in SYN-SENT for {w}, not for {}",
+            ct.orig.src, r.syn_ack.src
+        ));
+    }
+    if let Some(d) = r
+        .dnat
+        .as_ref()
+        .filter(|d| d.flow.ct.is_some_and(|c| c.orig.dst == vip))
+    {
+        seen.push(format!(
+            "the load balancer (netns {}) DNAT'd it: {}",
+            d.netns,
+            ct_text(&d.flow.ct.expect("filtered"), &d.status)
+        ));
+    }
+    let (stale, out_dev) = match &r.back_stale {
+        Some((t, dev)) => {
+            seen.push(format!(
+                "netns {} forwarded {} -> {} out{}: its conntrack holds that entry",
+                back.netns,
+                t.src,
+                t.dst,
+                dev.as_ref().map(|d| format!(" of {d}")).unwrap_or_default()
+            ));
+            (Some(*t), dev.clone())
+        }
+        None => (None, None),
+    };
+    seen.push(format!(
+        "the same client address and port came back into netns {}: conntrack {}, sent out {}",
+        back.netns,
+        ct_text(ct, &back.status),
+        back.dev
+    ));
+    lb_loopback(
+        &Loopback {
+            client: ct.orig.src,
+            vip,
+            came_back_as: ct.orig.dst,
+            backend: ct.reply.src,
+            out_dev,
+            seen,
+            stale,
+        },
+        &back.exec,
+    )
+}
+
+/// The bridge that carries the reply straight back to the client in the
+/// DNAT's namespace, and how kdrop knows: both ends on its subnet, the
+/// DNAT'd SYN seen leaving by one of its ports or the backend on its subnet.
+fn hairpin_bridge(d: &Translator, ct: &Ct) -> Option<(String, String)> {
+    let t = d.tables;
+    let (client, backend) = (ct.orig.src.ip(), ct.reply.src.ip());
+    let on_subnet = |b: &Link, ip: IpAddr| {
+        t.addrs
+            .iter()
+            .any(|a| a.index == b.index && same_subnet(a.addr, ip, a.prefix_len))
+    };
+    let is_bridge = |l: &&Link| l.kind.as_deref() == Some("bridge");
+    let port = t.link(d.flow.ifindex);
+    let (how, br) = match port.and_then(|p| t.link(p.master?)).filter(is_bridge) {
+        Some(b) => (
+            format!("left by {}, a port of bridge {}", port?.name, b.name),
+            b,
+        ),
+        None => {
+            let b = t
+                .links
+                .iter()
+                .filter(is_bridge)
+                .find(|b| on_subnet(b, backend))?;
+            (
+                format!("went to {backend}, on bridge {}'s subnet", b.name),
+                b,
+            )
+        }
+    };
+    on_subnet(br, client).then(|| (how, br.name.clone()))
+}
+
+/// Hairpin: the DNAT'd SYN and its reply cross one bridge of the DNAT's
+/// namespace, and bridged packets skip netfilter there.
+fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding {
+    let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
+    let dnat_ns = &d.exec;
+    let bridge = &d.bridge;
+    let evidence = vec![
+        r.kernel.clone(),
+        format!("conntrack: {}", ct_text(ct, &d.status)),
+        format!(
+            "the DNAT'd SYN {how}; {} is on {br}'s subnet too: the reply is bridged straight \
+             back, never routed",
+            client.ip()
+        ),
+        format!(
+            "br_netfilter {}; net.bridge.bridge-nf-call-{} = {}: bridged packets skip \
+             netfilter, so the reply is not un-DNAT'd",
+            if bridge.br_netfilter_loaded {
+                "loaded"
+            } else {
+                "not loaded"
+            },
+            call_sysctl(client.ip()),
+            bridge
+                .call_iptables
+                .map_or("absent".to_string(), |v| v.to_string())
+        ),
+    ];
+    let mut fix = Vec::new();
+    if !bridge.br_netfilter_loaded && bridge.call_iptables.is_none() {
+        fix.push("modprobe br_netfilter".to_string());
+    }
+    fix.push(format!(
+        "{dnat_ns}sysctl -w net.bridge.bridge-nf-call-{}=1",
+        call_sysctl(client.ip())
+    ));
+    Finding {
+        cause: "hairpin_no_reverse_nat",
+        summary: format!(
+            "hairpin: the SYN-ACK from {} matches the reply side of a DNAT'd connection ({} -> \
+             {} => {}) but arrived un-NAT'd: both ends are on bridge {br}",
+            r.syn_ack.src, client, service, backend,
+        ),
+        evidence,
+        fix,
+        fix_or: vec![vec![
+            format!(
+                "{dnat_ns}{} -t nat -A POSTROUTING -s {} -d {}/{} -p tcp --dport {} -j MASQUERADE",
+                iptables_for(backend.ip()),
+                client.ip(),
+                backend.ip(),
+                host_prefix(backend.ip()),
+                backend.port()
+            ),
+            clear_entry(dnat_ns, &ct.orig),
+        ]],
+        fix_notes: vec![
+            format!(
+                "with bridge-nf-call-{}=1 the SYN-ACK crosses netfilter on the bridge and is \
+                 un-DNAT'd; every bridged packet then passes it",
+                call_sysctl(client.ip())
+            ),
+            format!(
+                "with the masquerade, {} answers the node, which un-NATs the reply; the entry \
+                 made before it has no SNAT, so retries from the same port fail until it is \
+                 deleted",
+                backend.ip()
+            ),
+        ],
+        inspect: vec![
+            format!(
+                "{dnat_ns}sysctl net.bridge.bridge-nf-call-{}",
+                call_sysctl(client.ip())
+            ),
+            show_entry(dnat_ns, &ct.orig),
+        ],
+    }
+}
+
+/// The br_netfilter switch of an address's family.
+fn call_sysctl(a: IpAddr) -> &'static str {
+    if a.is_ipv4() {
+        "iptables"
+    } else {
+        "ip6tables"
+    }
+}
+
+pub(super) fn same_subnet(a: IpAddr, b: IpAddr, len: u8) -> bool {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let len = u32::from(len.min(32));
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let len = u32::from(len.min(128));
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len)
+            };
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diagnosis::handshake::tests::{tables, tuple, BITS};
+
+    fn flow(netns: u32, ifindex: u32, ct: Ct) -> Flow {
+        Flow {
+            orig: ct.orig,
+            ct: Some(ct),
+            first_ns: 0,
+            last_ns: 0,
+            syns: 1,
+            answered: false,
+            reported: false,
+            netns,
+            ifindex,
+            wire: Tuple {
+                src: ct.orig.src,
+                dst: ct.reply.src,
+            },
+        }
+    }
+
+    fn ct(orig: (&str, &str), reply: (&str, &str), status: u32) -> Ct {
+        Ct {
+            orig: tuple(orig.0, orig.1),
+            reply: tuple(reply.0, reply.1),
+            status,
+            mark: 0,
+            zone: 0,
+            ctinfo: 2,
+        }
+    }
+
+    fn translator<'a>(t: &'a Tables, ns: &str, f: Flow) -> Translator<'a> {
+        Translator {
+            flow: f,
+            status: vec!["DST_NAT".into()],
+            tables: t,
+            bridge: BridgeFacts::default(),
+            exec: format!("ip netns exec {ns} "),
+            netns: ns.into(),
+            dev: "eth0".into(),
+        }
+    }
+
+    /// Incident 5 from the client: the SYN-ACK comes straight from the
+    /// backend; the namespace that DNAT'd it has no bridge to both ends.
+    #[test]
+    fn a_reply_that_bypassed_the_dnat_without_a_bridge_is_asymmetric() {
+        let no_bridge = Tables::default();
+        let c = ct(
+            ("172.16.0.50:45005", "10.0.58.158:80"),
+            ("10.0.0.13:8080", "172.16.0.50:45005"),
+            BITS.dst_nat,
+        );
+        let r = Refused {
+            syn_ack: tuple("10.0.0.13:8080", "172.16.0.50:45005"),
+            kernel: "kernel: NO_SOCKET".into(),
+            waits_for: Some("10.0.58.158:80".parse().unwrap()),
+            dnat: Some(translator(&no_bridge, "nodeb", flow(9, 0, c))),
+            back: None,
+            back_stale: None,
+        };
+        let f = explain(&r, &BITS).unwrap();
+        assert_eq!(f.cause, "asymmetric_return_path");
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec nodeb iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 8080 -j MASQUERADE",
+                "ip netns exec nodeb conntrack -D -p tcp --orig-src 172.16.0.50 --orig-port-src 45005 --orig-dst 10.0.58.158 --orig-port-dst 80",
+            ]
+        );
+        assert!(f.evidence[2].contains("without passing back through netns nodeb"));
+        // With SNAT too, nothing the node shows explains it.
+        let mut snat = r.clone();
+        snat.dnat.as_mut().unwrap().flow.ct.as_mut().unwrap().status |= BITS.src_nat;
+        assert_eq!(explain(&snat, &BITS), None);
+    }
+
+    /// A bridge in the DNAT's namespace is not enough: the client must be
+    /// on it for the reply to be bridged back.
+    #[test]
+    fn a_client_off_the_bridge_is_no_hairpin() {
+        let t = tables();
+        let c = ct(
+            ("192.0.2.7:40000", "100.67.30.133:80"),
+            ("10.244.1.9:8080", "192.0.2.7:40000"),
+            BITS.dst_nat,
+        );
+        let r = Refused {
+            syn_ack: tuple("10.244.1.9:8080", "192.0.2.7:40000"),
+            kernel: "k".into(),
+            waits_for: None,
+            dnat: Some(translator(&t, "node", flow(7, 6, c))),
+            back: None,
+            back_stale: None,
+        };
+        assert_eq!(explain(&r, &BITS).unwrap().cause, "asymmetric_return_path");
+    }
+
+    /// Incident 4: the client waits for the VIP; its SYN came back into
+    /// the node as client -> NodePort and was DNAT'd to a local pod. The
+    /// load balancer's entry (a namespace here) DNAT'd VIP -> NodePort.
+    #[test]
+    fn a_client_waiting_for_another_address_looped_back_through_the_lb() {
+        let t = tables();
+        let lb_tables = Tables::default();
+        let lb = ct(
+            ("10.244.2.5:46004", "203.0.113.80:80"),
+            ("10.70.0.10:30080", "10.244.2.5:46004"),
+            BITS.dst_nat,
+        );
+        let node = ct(
+            ("10.244.2.5:46004", "10.70.0.10:30080"),
+            ("10.244.2.9:8080", "10.244.2.5:46004"),
+            BITS.dst_nat,
+        );
+        let to_vip = tuple("10.244.2.5:46004", "203.0.113.80:80");
+        let mut back = translator(&t, "node", flow(7, 6, node));
+        back.dev = "veth9".into();
+        let r = Refused {
+            syn_ack: tuple("10.70.0.10:30080", "10.244.2.5:46004"),
+            kernel: "kernel: NO_SOCKET in netns pod-a".into(),
+            waits_for: Some("203.0.113.80:80".parse().unwrap()),
+            dnat: Some(translator(&lb_tables, "lb", flow(3, 0, lb))),
+            back: Some(back),
+            back_stale: Some((to_vip, Some("eth0".into()))),
+        };
+        let f = explain(&r, &BITS).unwrap();
+        assert_eq!(f.cause, "lb_loopback_without_snat");
+        assert_eq!(
+            f.summary,
+            "SYN 10.244.2.5:46004 -> 203.0.113.80:80 left by eth0 to the load balancer, came \
+             back as 10.244.2.5:46004 -> 10.70.0.10:30080 and was DNAT'd to 10.244.2.9:8080 \
+             without SNAT: the reply goes straight to 10.244.2.5 and bypasses the load balancer"
+        );
+        // In the node's namespace, not the client's or the load balancer's.
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec node iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d 203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.9:8080",
+                "ip netns exec node conntrack -D -p tcp --orig-src 10.244.2.5 --orig-port-src 46004 --orig-dst 203.0.113.80 --orig-port-dst 80",
+            ]
+        );
+        assert!(f.evidence[1].contains("waits in SYN-SENT for 203.0.113.80:80"));
+        assert!(f.evidence[2].starts_with("the load balancer (netns lb) DNAT'd it"));
+        // The node alone (the load balancer elsewhere, its entry unseen):
+        // the same verdict from the client's socket.
+        let node_only = Refused {
+            dnat: None,
+            back_stale: None,
+            ..r.clone()
+        };
+        let f = explain(&node_only, &BITS).unwrap();
+        assert_eq!(f.cause, "lb_loopback_without_snat");
+        assert_eq!(
+            f.fix.len(),
+            1,
+            "no entry of the node to delete: {:?}",
+            f.fix
+        );
+        // The client waits for the address the node DNAT'd: no loop.
+        let same = Refused {
+            waits_for: Some("10.70.0.10:30080".parse().unwrap()),
+            dnat: None,
+            ..r
+        };
+        assert_eq!(explain(&same, &BITS), None);
+    }
+
+    #[test]
+    fn subnets_of_both_families() {
+        let a = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(same_subnet(a("10.1.2.3"), a("10.1.2.200"), 24));
+        assert!(!same_subnet(a("10.1.2.3"), a("10.1.3.3"), 24));
+        assert!(same_subnet(a("fd00:1::1"), a("fd00:1::ff"), 64));
+        assert!(!same_subnet(a("fd00:1::1"), a("fd00:2::1"), 64));
+        assert!(!same_subnet(a("10.1.2.3"), a("fd00:1::1"), 0));
+    }
+}

@@ -1,0 +1,181 @@
+//! One verdict per handshake. A failed connection attempt leaves several
+//! records (its SYN's drop, the SYN-ACK refused in the client, the RST, the
+//! retransmissions counted, the conntrack entry that dies): they share a
+//! handshake id, and the strongest cause any of them found is the
+//! handshake's verdict. A record whose own cause is weaker carries the
+//! verdict, with its own observation added as evidence: no second,
+//! contradicting cause.
+use std::{collections::HashMap, net::SocketAddr};
+
+use crate::model::finding::Finding;
+
+/// Handshakes idle this long are forgotten (a later attempt from the same
+/// client port is a new handshake).
+const FORGET_AFTER_NS: u64 = 120_000_000_000;
+/// At most this many handshakes are remembered.
+const MAX_HANDSHAKES: usize = 65_536;
+
+/// How much a cause says, weakest first. A cause the kernel named for
+/// this very packet (a drop reason with its context) outranks one inferred
+/// from what did not happen (no reply), which outranks saying nothing.
+pub fn rank(cause: &str) -> u8 {
+    match cause {
+        "unanswered" | "no_reason" => 0,
+        "no_socket" | "syn_ack_reset" | "netfilter" | "otherhost" => 1,
+        "asymmetric_return_path" => 2,
+        _ => 3,
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Handshake {
+    id: u64,
+    verdict: Finding,
+    last_ns: u64,
+}
+
+/// Handshakes by their client's end (address and port as the client sent
+/// them, before any NAT on the way).
+#[derive(Debug, Default)]
+pub struct Verdicts {
+    by_client: HashMap<SocketAddr, Handshake>,
+    next_id: u64,
+}
+
+impl Verdicts {
+    /// Files `found` (the cause a record found by itself) under the
+    /// handshake of `client` at `now_ns`; returns the handshake's id and the
+    /// finding the record carries: `found` when it is the strongest yet, else
+    /// the handshake's verdict with `found`'s summary added as evidence.
+    pub fn fold(&mut self, client: SocketAddr, found: Finding, now_ns: u64) -> (u64, Finding) {
+        if self.by_client.len() >= MAX_HANDSHAKES && !self.by_client.contains_key(&client) {
+            let cutoff = now_ns.saturating_sub(FORGET_AFTER_NS);
+            self.by_client.retain(|_, h| h.last_ns >= cutoff);
+            if self.by_client.len() >= MAX_HANDSHAKES {
+                self.by_client.clear();
+            }
+        }
+        if let Some(h) = self.by_client.get_mut(&client) {
+            if now_ns.saturating_sub(h.last_ns) < FORGET_AFTER_NS {
+                h.last_ns = now_ns;
+                // The same cause again (a retransmission): the record keeps
+                // its own evidence (the kernel's lookups for that packet),
+                // and it is the newest word on the handshake.
+                if found.cause == h.verdict.cause || rank(found.cause) > rank(h.verdict.cause) {
+                    h.verdict = found.clone();
+                    return (h.id, found);
+                }
+                let mut verdict = h.verdict.clone();
+                if found.cause != verdict.cause || found.summary != verdict.summary {
+                    verdict.evidence.push(format!(
+                        "this packet of the same handshake, by itself: {} [{}]",
+                        found.summary, found.cause
+                    ));
+                }
+                return (h.id, verdict);
+            }
+        }
+        self.new_handshake(client, found, now_ns)
+    }
+
+    /// The id and verdict of `client`'s handshake, if it has one that is
+    /// still current: for a record that found nothing by itself.
+    pub fn join(&mut self, client: SocketAddr, now_ns: u64) -> Option<(u64, Finding)> {
+        let h = self.by_client.get_mut(&client)?;
+        if now_ns.saturating_sub(h.last_ns) >= FORGET_AFTER_NS {
+            return None;
+        }
+        h.last_ns = h.last_ns.max(now_ns);
+        Some((h.id, h.verdict.clone()))
+    }
+
+    fn new_handshake(&mut self, client: SocketAddr, found: Finding, now_ns: u64) -> (u64, Finding) {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.by_client.insert(
+            client,
+            Handshake {
+                id,
+                verdict: found.clone(),
+                last_ns: now_ns,
+            },
+        );
+        (id, found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(cause: &'static str, summary: &str) -> Finding {
+        Finding {
+            cause,
+            summary: summary.into(),
+            evidence: vec!["own".into()],
+            ..Finding::default()
+        }
+    }
+
+    #[test]
+    fn a_weaker_cause_carries_the_verdict_and_adds_what_it_saw() {
+        let mut v = Verdicts::default();
+        let client: SocketAddr = "10.244.1.5:43534".parse().unwrap();
+        let (id, f) = v.fold(client, finding("hairpin_no_reverse_nat", "hairpin"), 1);
+        assert_eq!((id, f.cause), (1, "hairpin_no_reverse_nat"));
+        // The same handshake's SYN, counted unanswered three times later:
+        // not a second, contradicting cause.
+        let (id2, f) = v.fold(
+            client,
+            finding("asymmetric_return_path", "asym"),
+            3_000_000_000,
+        );
+        assert_eq!(id2, id);
+        assert_eq!(f.cause, "hairpin_no_reverse_nat");
+        assert_eq!(
+            f.evidence.last().unwrap(),
+            "this packet of the same handshake, by itself: asym [asymmetric_return_path]"
+        );
+        // A stronger cause upgrades the verdict.
+        let other: SocketAddr = "10.244.1.5:43600".parse().unwrap();
+        let (a, f) = v.fold(other, finding("unanswered", "u"), 1);
+        assert_eq!(f.cause, "unanswered");
+        let (b, f) = v.fold(other, finding("lb_loopback_without_snat", "lb"), 2);
+        assert_eq!((a, f.cause), (b, "lb_loopback_without_snat"));
+        assert_ne!(a, id);
+        // The same cause again keeps the record's own evidence.
+        let mut again = finding("lb_loopback_without_snat", "lb");
+        again.evidence = vec!["the kernel's own lookups".into()];
+        let (_, f) = v.fold(other, again, 3);
+        assert_eq!(f.evidence, ["the kernel's own lookups"]);
+    }
+
+    #[test]
+    fn a_record_without_a_finding_joins_its_handshake() {
+        let mut v = Verdicts::default();
+        let client: SocketAddr = "10.245.2.5:46702".parse().unwrap();
+        assert_eq!(v.join(client, 1), None, "no handshake yet");
+        let (id, _) = v.fold(client, finding("lb_loopback_without_snat", "lb"), 1);
+        let (joined, f) = v.join(client, 2).unwrap();
+        assert_eq!((joined, f.cause), (id, "lb_loopback_without_snat"));
+        // Not a forgotten one.
+        assert_eq!(v.join(client, 2 + FORGET_AFTER_NS), None);
+    }
+
+    #[test]
+    fn a_later_attempt_from_the_same_port_is_a_new_handshake() {
+        let mut v = Verdicts::default();
+        let client: SocketAddr = "192.0.2.1:40000".parse().unwrap();
+        let (a, _) = v.fold(client, finding("rp_filter_strict", "s"), 1);
+        let (b, f) = v.fold(client, finding("no_socket", "n"), 1 + FORGET_AFTER_NS);
+        assert_ne!(a, b);
+        assert_eq!(f.cause, "no_socket");
+    }
+
+    #[test]
+    fn ranks() {
+        assert!(rank("rp_filter_strict") > rank("asymmetric_return_path"));
+        assert!(rank("asymmetric_return_path") > rank("syn_ack_reset"));
+        assert!(rank("syn_ack_reset") > rank("unanswered"));
+    }
+}

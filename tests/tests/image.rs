@@ -1,0 +1,271 @@
+//! The image `cargo xtask image` builds, run as the kubelet would run
+//! deploy/base/daemonset.yaml's pod: through containerd's CRI, with the
+//! DaemonSet's security context (non-root, its capabilities only,
+//! read-only root), host network and PID namespaces and its host mounts.
+//! Inside it kdrop traces drops provoked in a pod containerd created and
+//! in a test namespace, names the pod as containerd recorded it and serves
+//! /metrics, which a real Prometheus scrapes and the Grafana dashboard's
+//! queries read.
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    bound,
+    containerd::{Containerd, NODE_POD_GW},
+    cri::{cart_pod, recorded, Cri, Pod},
+    expected_reason_label,
+    manifest::{daemonset_pod, deploy_dir},
+    prom::Prometheus,
+    scrape::{http_get_in, scrape_until, value},
+    send_syn, Pair,
+};
+use serde_json::Value;
+
+/// The OCI archive `cargo xtask image` (and `cargo xtask test`) writes.
+fn image_archive() -> PathBuf {
+    let path = std::env::var_os("KDROP_IMAGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| deploy_dir().join("../target/image/kdrop.oci.tar"));
+    assert!(
+        path.exists(),
+        "{} missing: build it with `cargo xtask image` (cargo xtask test does)",
+        path.display()
+    );
+    path
+}
+
+/// The contents of a container's CRI log lines (`<time> <stream> <tag> <text>`).
+fn log_lines(cri: &Cri, pod: &Pod, container: &str) -> Vec<String> {
+    std::fs::read_to_string(cri.log_path(pod, container))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.splitn(4, ' ').nth(3).map(str::to_string))
+        .collect()
+}
+
+/// Waits for a log line `want` accepts (the log file is the container's
+/// only output; kdrop writes its readiness line there), failing early if
+/// the container exits.
+fn wait_log(cri: &mut Cri, pod: &Pod, id: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
+    let limit = bound(Duration::from_secs(20));
+    let deadline = Instant::now() + limit;
+    loop {
+        let lines = log_lines(cri, pod, "kdrop");
+        if let Some(l) = lines.iter().find(|l| want(l)) {
+            return l.clone();
+        }
+        let running = cri.container_running(id);
+        assert!(
+            running && Instant::now() < deadline,
+            "{what}: not within {limit:?} (running: {running}); kdrop's log:\n{}",
+            lines.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Capability bits of `/proc/PID/status` (include/uapi/linux/capability.h).
+fn cap_bit(name: &str) -> u64 {
+    match name {
+        "DAC_READ_SEARCH" => 1 << 2,
+        "NET_ADMIN" => 1 << 12,
+        "SYS_ADMIN" => 1 << 21,
+        "SYS_PTRACE" => 1 << 19,
+        "PERFMON" => 1 << 38,
+        "BPF" => 1 << 39,
+        other => panic!("capability {other} not known to this test"),
+    }
+}
+
+#[test]
+fn the_image_runs_as_the_daemonset_and_names_a_pods_drop() {
+    let archive = image_archive();
+    let ctd = Containerd::start("image");
+    ctd.import_test_images();
+    ctd.import(&archive);
+    let mut cri = ctd.cri();
+    let (cart, cart_id) = cart_pod(&mut cri);
+    let r = recorded(&mut cri, &cart, &cart_id);
+    // A namespace of the test's on the node, there before kdrop starts (a
+    // series' labels are fixed when kdrop first sees it).
+    let pair = Pair::new("img", 67);
+
+    // The node's address (status.hostIP) is its address on the pod network
+    // here; the runtime's state is under the test's directory, not /run.
+    let task_dir = ctd.state().join("io.containerd.runtime.v2.task");
+    let task_dir = task_dir.to_str().unwrap();
+    let (pod_spec, container) = daemonset_pod(
+        (
+            "kdrop",
+            "kdrop-x7k2p",
+            "9c1d2e3f-4a5b-4c6d-8e7f-0a1b2c3d4e5f",
+        ),
+        NODE_POD_GW,
+        &[("/run/containerd/io.containerd.runtime.v2.task", task_dir)],
+    );
+    assert!(pod_spec.host_network && pod_spec.host_pid, "{pod_spec:?}");
+    let kdrop_pod = cri.run_pod(&pod_spec);
+    let kdrop_id = cri.start_container(&kdrop_pod, &container);
+    let ready = wait_log(&mut cri, &kdrop_pod, &kdrop_id, "kdrop: tracing", |l| {
+        l.starts_with("kdrop: tracing")
+    });
+    let listen = format!("{NODE_POD_GW}:9464");
+    assert!(
+        ready.contains(&format!("http://{listen}/metrics")),
+        "{ready}"
+    );
+
+    // The process is what the DaemonSet asks for: user 65534, exactly its
+    // capabilities, a read-only root.
+    let pid = cri.container_pid(&kdrop_id);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_string())
+            .unwrap()
+    };
+    assert!(field("Uid:").starts_with("65534\t65534"), "{status}");
+    let want: u64 = container.cap_add.iter().map(|c| cap_bit(c)).sum();
+    assert_eq!(
+        u64::from_str_radix(&field("CapEff:"), 16).unwrap(),
+        want,
+        "{:?}: {status}",
+        container.cap_add
+    );
+    assert_eq!(u64::from_str_radix(&field("CapBnd:"), 16).unwrap(), want);
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/"))
+        .expect("a root mount");
+    assert!(
+        root.split(' ')
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "ro"),
+        "{root}"
+    );
+
+    // Drops: a SYN into the pod (NO_SOCKET in the pod's namespace), and one
+    // in a namespace of the test's own on the node.
+    let to_pod = send_syn(
+        &ctd.node,
+        format!("{NODE_POD_GW}:46802").parse().unwrap(),
+        format!("{}:8082", r.ip).parse().unwrap(),
+    );
+    let in_ns = send_syn(&pair.client, pair.client_v4(46803), pair.server_v4(8083));
+
+    let metrics: SocketAddr = listen.parse().unwrap();
+    let node = ctd.node.path();
+    let reason = expected_reason_label("NO_SOCKET");
+    let m = scrape_until(
+        || http_get_in(&node, metrics, "/metrics"),
+        "both drops",
+        |m| {
+            value(
+                m,
+                "kdrop_drops_total",
+                &[("port", "8082"), ("reason", reason)],
+            )
+            .is_some()
+                && value(
+                    m,
+                    "kdrop_drops_total",
+                    &[("port", "8083"), ("reason", reason)],
+                )
+                .is_some()
+        },
+    );
+    // The pod's namespace is named by the runtime's pin under /run/netns.
+    let netns_name = std::fs::read_dir("/run/netns")
+        .unwrap()
+        .flatten()
+        .find(|e| kdrop::context::netns::inode_of(&e.path()).ok() == Some(r.netns))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .expect("the pod's pinned namespace");
+    let pod_labels = [
+        ("reason", reason),
+        ("netns", netns_name.as_str()),
+        ("pod", r.pod.as_str()),
+        ("container", r.container.as_str()),
+        ("port", "8082"),
+    ];
+    assert_eq!(value(&m, "kdrop_drops_total", &pod_labels), Some(1), "{m}");
+    let ns_labels = [
+        ("reason", reason),
+        ("netns", pair.server.name.as_str()),
+        ("pod", ""),
+        ("container", ""),
+        ("port", "8083"),
+    ];
+    assert_eq!(value(&m, "kdrop_drops_total", &ns_labels), Some(1), "{m}");
+
+    // The detailed event, a JSON line on kdrop's stdout (the container log).
+    let line = wait_log(
+        &mut cri,
+        &kdrop_pod,
+        &kdrop_id,
+        "the pod's JSON event",
+        |l| l.starts_with('{') && l.contains("\"sport\":46802"),
+    );
+    let e: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (&e["pod"], &e["container"]),
+        (&r.pod.clone().into(), &r.container.clone().into())
+    );
+    assert_eq!(e["netns"], r.netns);
+    // The pod found by its address too, without setns or ptrace: through
+    // the sandbox's pid containerd wrote and /proc/PID/net.
+    assert_eq!(e["backend_pod"], r.pod.as_str(), "{e}");
+    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.starts_with(&format!("pod {}: ", r.pod)),
+        "{summary}"
+    );
+    drop((to_pod, in_ns));
+
+    dashboard_queries_return_series(&ctd, metrics);
+}
+
+/// Every query of the Grafana dashboard, run by a real Prometheus scraping
+/// the kdrop of this test, returns series (its variables at "All").
+fn dashboard_queries_return_series(ctd: &Containerd, metrics: SocketAddr) {
+    let prom = Prometheus::start(&ctd.node, metrics, "127.0.0.1:9090".parse().unwrap());
+    let path = deploy_dir().join("monitoring/dashboard.json");
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut queries: Vec<String> = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("a PromQL expr").to_string())
+        .collect();
+    assert!(queries.len() >= 5, "{queries:?}");
+    // The node variable's own query, as Grafana runs it (label_values is
+    // Grafana's: the series it reads must exist).
+    let var = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "node")
+        .expect("a node variable");
+    let metric = var["definition"]
+        .as_str()
+        .and_then(|d| d.strip_prefix("label_values("))
+        .and_then(|d| d.split(',').next())
+        .expect("label_values(<metric>, node)");
+    queries.push(metric.to_string());
+    for q in queries {
+        let q = q
+            .replace("$__rate_interval", "1m")
+            .replace("$node", var["allValue"].as_str().unwrap());
+        let series = prom.series_of(&q);
+        println!("{q}: {} series", series.len());
+    }
+}

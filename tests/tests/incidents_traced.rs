@@ -1,0 +1,387 @@
+//! Incidents 2, 4 and 5 traced as a user traces them: with only the
+//! Service's port (80; every backend listens on 8080, so NAT changes the
+//! port on the way), then with no filter at all. Every record of the failed
+//! handshake, in whichever namespace kdrop saw it, must carry one cause, the
+//! right one, under one handshake id; the fix, run as printed, must let the
+//! same client port connect. The topologies are the oracle: the test built
+//! them knowing what is broken.
+use std::{collections::BTreeSet, net::SocketAddr, path::Path, time::Duration};
+
+use integration_tests::{connect_from, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
+use serde_json::Value;
+
+fn ipt(ns: &Ns, args: &str) {
+    ns.exec("iptables", &args.split(' ').collect::<Vec<_>>())
+        .unwrap();
+}
+
+fn ns(test: &str, role: &str) -> Ns {
+    Ns::new(&ns_name(&format!("{test}-{role}"))).unwrap()
+}
+
+/// Pods on the node's bridge cni0 (`net`.1/24), each behind a veth.
+fn pods_on_bridge(node: &Ns, net: &str, pods: &[(&Ns, u8)]) {
+    node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
+    node.ip(&["link", "set", "cni0", "up"]).unwrap();
+    node.ip(&["addr", "add", &format!("{net}.1/24"), "dev", "cni0"])
+        .unwrap();
+    for (pod, last) in pods {
+        let port = format!("veth{last}");
+        veth(
+            pod,
+            "eth0",
+            &format!("02:00:00:00:61:{last:02x}"),
+            node,
+            &port,
+            &format!("02:00:00:00:62:{last:02x}"),
+        )
+        .unwrap();
+        node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
+        pod.ip(&["addr", "add", &format!("{net}.{last}/24"), "dev", "eth0"])
+            .unwrap();
+        pod.ip(&["route", "add", "default", "via", &format!("{net}.1")])
+            .unwrap();
+    }
+}
+
+/// Pods routed by the node with no bridge (Calico's way): a /32 on each
+/// veth, the node answering ARP for the pods' gateway 169.254.1.1.
+fn pods_routed(node: &Ns, net: &str, pods: &[(&Ns, u8)]) {
+    for (pod, last) in pods {
+        let port = format!("cali{last}");
+        veth(
+            pod,
+            "eth0",
+            &format!("02:00:00:00:63:{last:02x}"),
+            node,
+            &port,
+            &format!("02:00:00:00:64:{last:02x}"),
+        )
+        .unwrap();
+        node.sysctl(&format!("net/ipv4/conf/{port}/proxy_arp"), "1")
+            .unwrap();
+        pod.ip(&["addr", "add", &format!("{net}.{last}/32"), "dev", "eth0"])
+            .unwrap();
+        pod.ip(&["route", "add", "169.254.1.1", "dev", "eth0"])
+            .unwrap();
+        pod.ip(&["route", "add", "default", "via", "169.254.1.1"])
+            .unwrap();
+        node.ip(&["route", "add", &format!("{net}.{last}/32"), "dev", &port])
+            .unwrap();
+    }
+}
+
+/// Is this record about the handshake of `client` (its SYN, the SYN-ACK
+/// to it, or a packet of it after NAT that names the client's end)?
+fn of(e: &Value, client: SocketAddr) -> bool {
+    let end = |a: &str, p: &str| e[a] == client.ip().to_string() && e[p] == client.port();
+    end("saddr", "sport") || end("daddr", "dport")
+}
+
+/// Every record of `client`'s handshake: read until its "unanswered"
+/// record (the SYN's third transmission, 3 s after the first), then what
+/// kdrop drained at exit.
+fn records(k: Kdrop, client: SocketAddr) -> Vec<Value> {
+    let seen = std::cell::RefCell::new(Vec::new());
+    k.expect_event_within(
+        "the handshake's unanswered record",
+        Duration::from_secs(10),
+        |e| {
+            if of(e, client) {
+                seen.borrow_mut().push(e.clone());
+            }
+            of(e, client) && e["kind"] == "unanswered"
+        },
+    );
+    let mut out = seen.into_inner();
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+    out.extend(done.events().into_iter().filter(|e| of(e, client)));
+    out
+}
+
+/// One handshake, one cause, one id; returns the verdict (the first
+/// record's finding).
+fn one_verdict(recs: &[Value], cause: &str) -> Value {
+    assert!(!recs.is_empty());
+    let causes: BTreeSet<String> = recs
+        .iter()
+        .map(|e| e["finding"]["cause"].as_str().unwrap_or("none").to_string())
+        .collect();
+    assert_eq!(causes, BTreeSet::from([cause.to_string()]), "{recs:#?}");
+    let ids: BTreeSet<u64> = recs
+        .iter()
+        .map(|e| e["handshake"].as_u64().expect("a handshake id"))
+        .collect();
+    assert_eq!(ids.len(), 1, "{recs:#?}");
+    recs[0]["finding"].clone()
+}
+
+/// Applies the whole fix after closing the stuck socket, then connects from
+/// the same client address and port.
+fn fix_then_connect(
+    f: &Value,
+    client_ns: &Ns,
+    syn: std::os::fd::OwnedFd,
+    src: SocketAddr,
+    dst: SocketAddr,
+) {
+    drop(syn);
+    for cmd in strs(&f["fix"]) {
+        run_fix(&cmd);
+    }
+    connect_from(client_ns, src, dst).expect("the same 5-tuple after the fix");
+}
+
+const SERVICE: u16 = 80;
+const BACKEND_PORT: u16 = 8080;
+
+/// Incident 2: pod A -> ClusterIP:80, DNAT'd to pod B:8080 on the same
+/// bridge, bridged replies skip netfilter.
+fn incident2(test: &str, args: &[&str], sport: u16) {
+    let node = ns(test, "node");
+    let a = ns(test, "a");
+    let b = ns(test, "b");
+    pods_on_bridge(&node, "10.245.1", &[(&a, 5), (&b, 9)]);
+    node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    ipt(
+        &node,
+        "-t nat -A PREROUTING -d 100.67.31.133 -p tcp --dport 80 -j DNAT --to-destination 10.245.1.9:8080",
+    );
+    if Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        node.sysctl("net/bridge/bridge-nf-call-iptables", "0")
+            .unwrap();
+    }
+    let _l = listen(&b, format!("10.245.1.9:{BACKEND_PORT}").parse().unwrap());
+    let k = Kdrop::start(args);
+    let src: SocketAddr = format!("10.245.1.5:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("100.67.31.133:{SERVICE}").parse().unwrap();
+    let syn = send_syn(&a, src, dst);
+    let recs = records(k, src);
+    let f = one_verdict(&recs, "hairpin_no_reverse_nat");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "hairpin: the SYN-ACK from 10.245.1.9:8080 matches the reply side of a DNAT'd \
+             connection (10.245.1.5:{sport} -> 100.67.31.133:80 => 10.245.1.9:8080) but arrived \
+             un-NAT'd: both ends are on bridge cni0"
+        )
+    );
+    assert!(
+        strs(&f["fix"]).last().unwrap().starts_with(&format!(
+            "ip netns exec {} sysctl -w net.bridge.bridge-nf-call-iptables=1",
+            node.name
+        )),
+        "{f}"
+    );
+    fix_then_connect(&f, &a, syn, src, dst);
+}
+
+#[test]
+fn incident2_traced_by_the_service_port() {
+    incident2("tr2p", &["--json", "--port", "80"], 43701);
+}
+
+#[test]
+fn incident2_traced_unfiltered() {
+    incident2("tr2a", &["--json"], 43702);
+}
+
+/// Incident 4: pod A -> the LB's VIP:80; the LB DNATs it to the node's
+/// NodePort 30080 keeping the client's address; the node DNATs it to pod B
+/// (routed pods, no bridge) without SNAT.
+fn incident4(test: &str, args: &[&str], sport: u16) {
+    let node = ns(test, "node");
+    let lb = ns(test, "lb");
+    let a = ns(test, "a");
+    let b = ns(test, "b");
+    veth(
+        &node,
+        "eth0",
+        "02:00:00:00:65:01",
+        &lb,
+        "lb0",
+        "02:00:00:00:65:02",
+    )
+    .unwrap();
+    node.ip(&["addr", "add", "10.71.0.10/24", "dev", "eth0"])
+        .unwrap();
+    node.ip(&["route", "add", "default", "via", "10.71.0.1"])
+        .unwrap();
+    pods_routed(&node, "10.245.2", &[(&a, 5), (&b, 9)]);
+    node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    ipt(
+        &node,
+        "-t nat -A PREROUTING -d 10.71.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.245.2.9:8080",
+    );
+    lb.ip(&["addr", "add", "10.71.0.1/24", "dev", "lb0"])
+        .unwrap();
+    lb.ip(&["route", "add", "10.245.2.0/24", "via", "10.71.0.10"])
+        .unwrap();
+    lb.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    lb.sysctl("net/ipv4/conf/all/send_redirects", "0").unwrap();
+    lb.sysctl("net/ipv4/conf/lb0/send_redirects", "0").unwrap();
+    ipt(
+        &lb,
+        "-t nat -A PREROUTING -d 203.0.113.81 -p tcp --dport 80 -j DNAT --to-destination 10.71.0.10:30080",
+    );
+    let _l = listen(&b, format!("10.245.2.9:{BACKEND_PORT}").parse().unwrap());
+    let k = Kdrop::start(args);
+    let src: SocketAddr = format!("10.245.2.5:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("203.0.113.81:{SERVICE}").parse().unwrap();
+    let syn = send_syn(&a, src, dst);
+    let recs = records(k, src);
+    let f = one_verdict(&recs, "lb_loopback_without_snat");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "SYN 10.245.2.5:{sport} -> 203.0.113.81:80 left by eth0 to the load balancer, came \
+             back as 10.245.2.5:{sport} -> 10.71.0.10:30080 and was DNAT'd to 10.245.2.9:8080 \
+             without SNAT: the reply goes straight to 10.245.2.5 and bypasses the load balancer"
+        )
+    );
+    // In the node's namespace (not the pod's, not the load balancer's),
+    // with the node's stale entry of the same 5-tuple deleted.
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [
+            format!(
+                "ip netns exec {} iptables -t nat -I PREROUTING -s 10.245.2.5/32 -d 203.0.113.81/32 -p tcp --dport 80 -j DNAT --to-destination 10.245.2.9:8080",
+                node.name
+            ),
+            format!(
+                "ip netns exec {} conntrack -D -p tcp --orig-src 10.245.2.5 --orig-port-src {sport} --orig-dst 203.0.113.81 --orig-port-dst 80",
+                node.name
+            ),
+        ]
+    );
+    assert!(
+        strs(&f["fix_notes"])
+            .iter()
+            .any(|n| n.starts_with("externalTrafficPolicy: Cluster does not repair this")),
+        "{f}"
+    );
+    fix_then_connect(&f, &a, syn, src, dst);
+}
+
+#[test]
+fn incident4_traced_by_the_service_port() {
+    incident4("tr4p", &["--json", "--port", "80"], 46701);
+}
+
+#[test]
+fn incident4_traced_unfiltered() {
+    incident4("tr4a", &["--json"], 46702);
+}
+
+/// Incident 5: an office client -> a router -> node B, which DNATs the
+/// VIP:80 to a backend:8080 on the router's other port; the backend
+/// answers through the router, bypassing node B.
+fn incident5(test: &str, args: &[&str], sport: u16) {
+    let client = ns(test, "cl");
+    let router = ns(test, "rt");
+    let node = ns(test, "nb");
+    let pod = ns(test, "pod");
+    veth(
+        &client,
+        "c0",
+        "02:00:00:00:66:01",
+        &router,
+        "r0",
+        "02:00:00:00:66:02",
+    )
+    .unwrap();
+    veth(
+        &node,
+        "eth0",
+        "02:00:00:00:66:03",
+        &router,
+        "rb",
+        "02:00:00:00:66:04",
+    )
+    .unwrap();
+    veth(
+        &pod,
+        "eth0",
+        "02:00:00:00:66:05",
+        &router,
+        "ra",
+        "02:00:00:00:66:06",
+    )
+    .unwrap();
+    router
+        .ip(&["link", "add", "vpc", "type", "bridge"])
+        .unwrap();
+    for port in ["rb", "ra"] {
+        router.ip(&["link", "set", port, "master", "vpc"]).unwrap();
+    }
+    router.ip(&["link", "set", "vpc", "up"]).unwrap();
+    router
+        .ip(&["addr", "add", "10.1.0.1/24", "dev", "vpc"])
+        .unwrap();
+    router
+        .ip(&["addr", "add", "172.17.0.1/24", "dev", "r0"])
+        .unwrap();
+    router
+        .ip(&["route", "add", "10.1.58.0/24", "via", "10.1.0.12"])
+        .unwrap();
+    router.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    client
+        .ip(&["addr", "add", "172.17.0.50/24", "dev", "c0"])
+        .unwrap();
+    client
+        .ip(&["route", "add", "default", "via", "172.17.0.1"])
+        .unwrap();
+    node.ip(&["addr", "add", "10.1.0.12/24", "dev", "eth0"])
+        .unwrap();
+    node.ip(&["route", "add", "default", "via", "10.1.0.1"])
+        .unwrap();
+    node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    ipt(
+        &node,
+        "-t nat -A PREROUTING -d 10.1.58.158 -p tcp --dport 80 -j DNAT --to-destination 10.1.0.13:8080",
+    );
+    pod.ip(&["addr", "add", "10.1.0.13/24", "dev", "eth0"])
+        .unwrap();
+    pod.ip(&["route", "add", "default", "via", "10.1.0.1"])
+        .unwrap();
+    let _l = listen(&pod, format!("10.1.0.13:{BACKEND_PORT}").parse().unwrap());
+    let k = Kdrop::start(args);
+    let src: SocketAddr = format!("172.17.0.50:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("10.1.58.158:{SERVICE}").parse().unwrap();
+    let syn = send_syn(&client, src, dst);
+    let recs = records(k, src);
+    let f = one_verdict(&recs, "asymmetric_return_path");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "SYN 172.17.0.50:{sport} -> 10.1.58.158:80 was DNAT'd to 10.1.0.13:8080 and sent \
+             out eth0, but no reply came back through this host: asymmetric return path"
+        )
+    );
+    assert_eq!(
+        strs(&f["fix"]),
+        [
+            format!(
+                "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.1.0.13/32 -p tcp --dport 8080 -j MASQUERADE",
+                node.name
+            ),
+            format!(
+                "ip netns exec {} conntrack -D -p tcp --orig-src 172.17.0.50 --orig-port-src {sport} --orig-dst 10.1.58.158 --orig-port-dst 80",
+                node.name
+            ),
+        ]
+    );
+    fix_then_connect(&f, &client, syn, src, dst);
+}
+
+#[test]
+fn incident5_traced_by_the_service_port() {
+    incident5("tr5p", &["--json", "--port", "80"], 45701);
+}
+
+#[test]
+fn incident5_traced_unfiltered() {
+    incident5("tr5a", &["--json"], 45702);
+}

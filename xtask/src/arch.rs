@@ -1,0 +1,291 @@
+//! `cargo xtask lint`'s check of the house (ARCHITECTURE.md): the module
+//! graph of `kdrop/src`, read from its `crate::` paths outside tests, has no
+//! cycle; `diagnosis` and `model` do no I/O; the modes reach no other
+//! mode's internals; no source file holds more than 600 lines of non-test
+//! code.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// Most lines of non-test code in one source file.
+pub const MAX_LINES: usize = 600;
+
+/// Modules that are pure: events and snapshots in, findings out.
+const PURE: [&str; 2] = ["diagnosis", "model"];
+
+/// What I/O looks like in Rust source: the pure modules use none of it.
+const IO: [&str; 12] = [
+    "std::fs",
+    "std::process",
+    "std::net::TcpStream",
+    "std::net::UdpSocket",
+    "std::thread",
+    "std::time::Instant",
+    "SystemTime",
+    "libc::",
+    "tokio",
+    "aya::",
+    "crate::context",
+    "crate::probes",
+];
+
+/// The modes: each reaches the session and below, never another mode.
+const MODES: [&str; 4] = ["trace", "monitor", "lab", "check"];
+
+/// A source file's code before its `#[cfg(test)]` module.
+fn non_test(src: &str) -> &str {
+    match src.find("#[cfg(test)]") {
+        Some(i) => &src[..i],
+        None => src,
+    }
+}
+
+/// The top-level module a file under `src/` belongs to (`diagnosis` for
+/// `diagnosis/routing.rs`, `trace` for `trace.rs`; `lib`/`main` for the
+/// crate root).
+fn top_module(rel: &Path) -> String {
+    let first = rel
+        .components()
+        .next()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// The top-level modules a file's code names through `crate::`, including
+/// those of `use crate::{a, b::c}` groups.
+pub fn crate_refs(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Top-level names of the group, up to its matching brace.
+            let mut depth = 1;
+            let mut name = String::new();
+            let mut at_top = true;
+            for ch in group.chars() {
+                match ch {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    break;
+                }
+                if depth == 1 && ch == ',' {
+                    if !name.is_empty() {
+                        out.insert(std::mem::take(&mut name));
+                    }
+                    at_top = true;
+                    continue;
+                }
+                if at_top {
+                    if ch.is_alphanumeric() || ch == '_' {
+                        name.push(ch);
+                    } else if !name.is_empty() {
+                        out.insert(std::mem::take(&mut name));
+                        at_top = false;
+                    }
+                }
+            }
+            if !name.is_empty() {
+                out.insert(name);
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// A cycle in `graph`, as the modules along it, if there is one.
+pub fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in graph.get(n).into_iter().flatten() {
+            match state.get(m.as_str()) {
+                Some(1) => {
+                    let at = stack.iter().position(|s| s == m).unwrap_or(0);
+                    let mut cycle = stack[at..].to_vec();
+                    cycle.push(m.clone());
+                    return Some(cycle);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(m, graph, state, stack) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in graph.keys() {
+        if !state.contains_key(n.as_str()) {
+            if let Some(c) = visit(n, graph, &mut state, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = entry?.path();
+        if p.is_dir() {
+            rust_files(&p, out)?;
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// The checks, over the workspace at `root`; every problem found is listed.
+pub fn check(root: &Path) -> Result<()> {
+    let mut problems = Vec::new();
+    // File sizes: every crate's sources.
+    for krate in [
+        "kdrop",
+        "kdrop-common",
+        "kdrop-ebpf",
+        "xtask",
+        "synflood",
+        "tests",
+    ] {
+        let mut files = Vec::new();
+        rust_files(&root.join(krate).join("src"), &mut files)?;
+        for f in files {
+            let src = fs::read_to_string(&f)?;
+            let n = non_test(&src).lines().count();
+            if n > MAX_LINES {
+                problems.push(format!(
+                    "{}: {n} lines of non-test code (at most {MAX_LINES})",
+                    f.strip_prefix(root).unwrap_or(&f).display()
+                ));
+            }
+        }
+    }
+    // The module graph of kdrop/src.
+    let src = root.join("kdrop/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files)?;
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap_or(f);
+        let top = top_module(rel);
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = fs::read_to_string(f)?;
+        let code = non_test(&text);
+        let refs = crate_refs(code);
+        // Names that are items of the crate root, not modules.
+        let refs: BTreeSet<String> = refs
+            .into_iter()
+            .filter(|r| r != &top && r != "UserError")
+            .collect();
+        if PURE.contains(&top.as_str()) {
+            for pat in IO {
+                if code.contains(pat) {
+                    problems.push(format!("{}: {top} is pure, but uses {pat}", rel.display()));
+                }
+            }
+        }
+        if MODES.contains(&top.as_str()) {
+            for other in refs.iter().filter(|r| MODES.contains(&r.as_str())) {
+                problems.push(format!(
+                    "{}: the {top} mode reaches into the {other} mode",
+                    rel.display()
+                ));
+            }
+        }
+        graph.entry(top).or_default().extend(refs);
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        problems.push(format!(
+            "kdrop/src: the modules form a cycle: {}",
+            cycle.join(" -> ")
+        ));
+    }
+    if !problems.is_empty() {
+        bail!("the house is out of shape:\n  {}", problems.join("\n  "));
+    }
+    let edges: Vec<String> = graph
+        .iter()
+        .map(|(m, to)| {
+            format!(
+                "{m} -> {}",
+                to.iter().cloned().collect::<Vec<_>>().join(" ")
+            )
+        })
+        .collect();
+    eprintln!(
+        "xtask: module graph of kdrop/src (no cycles):\n  {}",
+        edges.join("\n  ")
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crate_paths_and_groups() {
+        let code = "use crate::{\n    context::{netns, Live},\n    model::record::DropRecord,\n    UserError,\n};\nlet x = crate::output::text::line(); crate::filter::resolve();";
+        let got: Vec<String> = crate_refs(code).into_iter().collect();
+        assert_eq!(got, ["UserError", "context", "filter", "model", "output"]);
+    }
+
+    #[test]
+    fn cycles_are_found() {
+        let g = |edges: &[(&str, &str)]| {
+            let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for (a, b) in edges {
+                m.entry(a.to_string()).or_default().insert(b.to_string());
+            }
+            m
+        };
+        assert_eq!(find_cycle(&g(&[("a", "b"), ("b", "c")])), None);
+        let c = find_cycle(&g(&[("a", "b"), ("b", "c"), ("c", "a")])).unwrap();
+        assert_eq!(c.first(), c.last());
+        assert_eq!(c.len(), 4);
+    }
+
+    #[test]
+    fn tests_do_not_count() {
+        assert_eq!(
+            non_test("a\nb\n#[cfg(test)]\nmod tests {}\n")
+                .lines()
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn this_workspace_is_in_shape() {
+        check(&crate::root()).unwrap();
+    }
+}
