@@ -20,9 +20,7 @@ pub use super::routes::{lookup, route_text, rule_matches, rule_text, table_name,
 use crate::model::{
     finding::Finding,
     packet::Lookup,
-    routing::{
-        Confs, Route, RouteLookup, RouteQuery, RouteType, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL,
-    },
+    routing::{Confs, RouteLookup, RouteQuery, RouteType, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
 };
 
 pub const LOOPBACK_IFINDEX: u32 = 1;
@@ -549,7 +547,7 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::routing::{Addr, Conf, Link, RouteAnswer, RTN_UNICAST};
+    use crate::model::routing::{Addr, Conf, Link, Route, RouteAnswer, RTN_UNICAST};
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()

@@ -1,0 +1,145 @@
+//! Connections and single SYNs with exact 5-tuples, from inside a namespace.
+use std::{
+    net::SocketAddr,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+use kdrop::context::netns::in_netns;
+
+use crate::*;
+
+fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: zeroed sockaddr_storage is valid; we fill one variant.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in.
+            unsafe { std::ptr::write((&raw mut ss).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as u16,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut ss).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// A full handshake `src -> dst` from inside `ns` with a fixed source
+/// address and port, bounded by 3 s.
+pub fn connect_from(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> std::io::Result<()> {
+    let fd = send_syn(ns, src, dst);
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 3000) };
+    if n == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no handshake in 3 s",
+        ));
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: err/len are valid out-parameters for SO_ERROR.
+    unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&raw mut err).cast(),
+            &mut len,
+        )
+    };
+    if err != 0 {
+        return Err(std::io::Error::from_raw_os_error(err));
+    }
+    Ok(())
+}
+
+/// Sends one SYN `src -> dst` from inside `ns` with a non-blocking connect
+/// from a fixed source port, so the test knows the exact 5-tuple. The socket
+/// stays open (no retransmission decisions are taken for the test) until the
+/// returned fd is dropped.
+pub fn send_syn(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
+    send_syn_at(&ns.path(), src, dst)
+}
+
+/// `send_syn` from the namespace at `netns` (a pod's, which the test does
+/// not own).
+pub fn send_syn_at(netns: &Path, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
+    in_netns(netns, move || -> std::io::Result<OwnedFd> {
+        let family = if src.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket calls; the fd is owned right away. CLOEXEC: a
+        // command another test spawns meanwhile must not inherit it (its copy
+        // would keep the handshake alive after the test closes it).
+        let fd = unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let one: libc::c_int = 1;
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&raw const one).cast(),
+                size_of::<libc::c_int>() as u32,
+            )
+        };
+        let (s, slen) = sockaddr(&src);
+        if unsafe { libc::bind(fd, (&raw const s).cast(), slen) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (d, dlen) = sockaddr(&dst);
+        if unsafe { libc::connect(fd, (&raw const d).cast(), dlen) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINPROGRESS) {
+                return Err(e);
+            }
+        }
+        Ok(owned)
+    })
+    .expect("entering the client namespace")
+    .unwrap_or_else(|e| panic!("SYN {src} -> {dst}: {e}"))
+}
+
+/// A listener inside `ns`.
+pub fn listen(ns: &Ns, addr: SocketAddr) -> std::net::TcpListener {
+    in_netns(&ns.path(), move || std::net::TcpListener::bind(addr))
+        .expect("entering the namespace")
+        .unwrap_or_else(|e| panic!("listening on {addr}: {e}"))
+}

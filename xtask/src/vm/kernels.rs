@@ -1,0 +1,205 @@
+//! The Debian kernels the matrix boots: fetched through apt with a private
+//! sources list, extracted and depmod'ed under .cache/kernels/.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{root, run as run_cmd};
+
+/// A Debian kernel the matrix boots.
+pub struct Kernel {
+    /// What `--kernel` takes.
+    pub name: &'static str,
+    /// The Debian release whose `linux-image-amd64` it is.
+    pub suite: &'static str,
+}
+
+pub const KERNELS: &[Kernel] = &[
+    Kernel {
+        name: "5.10",
+        suite: "bullseye",
+    },
+    Kernel {
+        name: "6.1",
+        suite: "bookworm",
+    },
+    Kernel {
+        name: "6.12",
+        suite: "trixie",
+    },
+];
+
+pub fn select(names: &[String]) -> Result<Vec<&'static Kernel>> {
+    if names.is_empty() || names.iter().any(|n| n == "all") {
+        return Ok(KERNELS.iter().collect());
+    }
+    let mut out: Vec<&'static Kernel> = Vec::new();
+    for n in names {
+        let k = KERNELS.iter().find(|k| k.name == n).with_context(|| {
+            let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+            format!(
+                "unknown kernel {n}: choose from {} or all",
+                known.join(", ")
+            )
+        })?;
+        if !out.iter().any(|o| o.name == k.name) {
+            out.push(k);
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// Kernel packages
+
+pub(super) fn cache_dir() -> PathBuf {
+    root().join(".cache")
+}
+
+/// A kernel extracted and ready to boot.
+pub struct Booted {
+    /// `uname -r` of the kernel, e.g. `6.1.0-56-amd64`.
+    pub release: String,
+    pub vmlinuz: PathBuf,
+}
+
+/// The kernel from the cache, or fetched, extracted and depmod'ed into it.
+pub(super) fn prepare(k: &Kernel) -> Result<Booted> {
+    let dir = cache_dir().join("kernels").join(k.name);
+    let stamp = dir.join("ready");
+    let rootfs = dir.join("root");
+    if let Ok(release) = fs::read_to_string(&stamp) {
+        let release = release.trim().to_string();
+        let vmlinuz = rootfs.join(format!("boot/vmlinuz-{release}"));
+        if vmlinuz.is_file() {
+            eprintln!("xtask vm: {} cached ({release})", k.name);
+            return Ok(Booted { release, vmlinuz });
+        }
+    }
+    let deb = download(k, &dir)?;
+    let tmp = dir.join("root.tmp");
+    let _ = fs::remove_dir_all(&tmp);
+    let _ = fs::remove_dir_all(&rootfs);
+    run_cmd(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
+    fs::rename(&tmp, &rootfs)?;
+    // Debian 12's package keeps modules in lib/modules, Debian 13's in
+    // usr/lib/modules (xz-compressed); virtme-ng finds either next to the
+    // kernel image and shares them with the guest. modules.dep is not in the
+    // package: depmod makes it.
+    let base = [rootfs.clone(), rootfs.join("usr")]
+        .into_iter()
+        .find(|b| b.join("lib/modules").is_dir())
+        .context("the kernel package has no lib/modules")?;
+    let release = fs::read_dir(base.join("lib/modules"))?
+        .flatten()
+        .find_map(|e| e.file_name().into_string().ok())
+        .context("no kernel release under lib/modules")?;
+    run_cmd(Command::new("depmod").arg("-b").arg(&base).arg(&release))?;
+    let vmlinuz = rootfs.join(format!("boot/vmlinuz-{release}"));
+    if !vmlinuz.is_file() {
+        bail!("{} has no {}", deb.display(), vmlinuz.display());
+    }
+    fs::write(&stamp, format!("{release}\n"))?;
+    Ok(Booted { release, vmlinuz })
+}
+
+/// The mirror this machine's apt already uses for Debian (its own release's
+/// suite), so the private sources reach the same place.
+fn debian_mirror() -> Result<String> {
+    let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let codename = os
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_default();
+    let out = Command::new("apt-get")
+        .args(["indextargets", "--format", "$(SITE) $(RELEASE)"])
+        .output()
+        .context("running apt-get indextargets")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sites: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(site, _)| site.starts_with("http"))
+        .collect();
+    sites
+        .iter()
+        .find(|(_, rel)| *rel == codename)
+        .or_else(|| sites.iter().find(|(_, rel)| !rel.contains('-')))
+        .map(|(site, _)| site.trim_end_matches('/').to_string())
+        .context("apt has no Debian mirror configured (apt-get indextargets lists none)")
+}
+
+/// `linux-image-amd64`'s kernel package of `k.suite`, through apt with a
+/// private sources list, lists and cache: `<dir>/<package>.deb`.
+fn download(k: &Kernel, dir: &Path) -> Result<PathBuf> {
+    if let Some(deb) = cached_deb(dir) {
+        return Ok(deb);
+    }
+    let apt = dir.join("apt");
+    for sub in ["lists/partial", "cache/archives/partial", "sources.list.d"] {
+        fs::create_dir_all(apt.join(sub))?;
+    }
+    let mirror = debian_mirror()?;
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    fs::write(
+        apt.join("sources.list"),
+        format!("deb [signed-by={keyring}] {mirror} {} main\n", k.suite),
+    )?;
+    let opts: Vec<String> = [
+        ("Dir::Etc::SourceList", apt.join("sources.list")),
+        ("Dir::Etc::SourceParts", apt.join("sources.list.d")),
+        ("Dir::State::Lists", apt.join("lists")),
+        ("Dir::Cache", apt.join("cache")),
+    ]
+    .iter()
+    .map(|(k, v)| format!("{k}={}", v.display()))
+    .chain([
+        // Only the package index: no AppStream metadata, no sandbox user
+        // (the directories are root's).
+        "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false".to_string(),
+        "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".to_string(),
+        "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false".to_string(),
+        "APT::Sandbox::User=root".to_string(),
+    ])
+    .flat_map(|o| ["-o".to_string(), o])
+    .collect();
+    eprintln!("xtask vm: fetching {}'s kernel from {mirror}", k.suite);
+    run_cmd(Command::new("apt-get").args(&opts).args(["-qq", "update"]))?;
+    let out = Command::new("apt-cache")
+        .args(&opts)
+        .args(["depends", "linux-image-amd64"])
+        .output()
+        .context("running apt-cache")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let package = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-"))
+        .with_context(|| format!("{} has no linux-image-amd64: {text}", k.suite))?
+        .to_string();
+    run_cmd(
+        Command::new("apt-get")
+            .args(&opts)
+            .args(["-qq", "download", &package])
+            .current_dir(dir),
+    )?;
+    cached_deb(dir).with_context(|| format!("apt-get download {package} left no .deb"))
+}
+
+fn cached_deb(dir: &Path) -> Option<PathBuf> {
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "deb")
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("linux-image-"))
+        })
+}
