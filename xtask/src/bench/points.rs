@@ -18,6 +18,9 @@ pub fn parse(line: &str) -> Vec<Point> {
     let rest = line.split_once("kdrop: tracing ").map_or(line, |(_, r)| r);
     // The monitor's `(monitor: ...)` tail holds commas of its own.
     let rest = rest.split_once(" (monitor").map_or(rest, |(r, _)| r);
+    // `; on demand: ...` lists points attached only when a drop asks for
+    // their evidence: healthy traffic never meets them.
+    let rest = rest.split_once("; ").map_or(rest, |(r, _)| r);
     rest.split(", ")
         .filter_map(|item| {
             let (name, after) = item.split_once(" via ")?;
@@ -66,6 +69,17 @@ pub fn bpftrace(points: &[Point]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn on_demand_points_are_not_attachments() {
+        let p = parse(
+            "kdrop: tracing skb:kfree_skb via tp_btf, tcp:tcp_retransmit_skb via tp_btf; \
+             on demand: fib:fib_table_lookup via tp_btf (routes), conntrack destroy events in 1 namespace",
+        );
+        let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["skb:kfree_skb", "tcp:tcp_retransmit_skb"]);
+        assert!(p.iter().all(|p| p.rung == "tp_btf"), "{p:?}");
+    }
 
     #[test]
     fn points_of_readiness_lines() {
