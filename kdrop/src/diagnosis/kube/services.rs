@@ -6,7 +6,7 @@
 //! `"ns/svc:port cluster IP"` on the KUBE-SERVICES jump, `ns/svc:port` on a
 //! KUBE-NODEPORTS jump and on a KUBE-SEP-* DNAT.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::{IpAddr, SocketAddr},
 };
 
@@ -214,6 +214,8 @@ pub struct Services {
     /// drop (kube-proxy before 1.25): true when it is for want of a local
     /// endpoint, false for a load-balancer source range.
     pub mark_drops: HashMap<(String, String, String), bool>,
+    /// The namespace's own addresses: a node port is reached on these.
+    pub local: HashSet<IpAddr>,
 }
 
 impl Services {

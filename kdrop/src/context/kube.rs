@@ -1,0 +1,72 @@
+//! kube-proxy's Service names per namespace, read from the namespace's
+//! netfilter snapshots (the ones taken around drops, or one taken here):
+//! rebuilt when a newer snapshot exists, re-read when the one it came from
+//! is older than [`FRESH`] (kube-proxy rewrites its rules on every
+//! endpoint change).
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use super::{netfilter::NetfilterContext, netns::Netns};
+use crate::{diagnosis::kube::Services, model::netfilter::Snapshot};
+
+const FRESH: Duration = Duration::from_secs(2);
+
+struct Entry {
+    snap: Arc<Snapshot>,
+    read: Instant,
+    services: Arc<Services>,
+}
+
+#[derive(Default)]
+pub struct KubeCache {
+    by_ns: HashMap<u32, Entry>,
+}
+
+fn build(snap: &Snapshot) -> Services {
+    let mut s = Services::from_tables(&snap.tables);
+    s.local = snap
+        .ifaces
+        .iter()
+        .flat_map(|i| i.addrs.iter().copied())
+        .collect();
+    s
+}
+
+impl KubeCache {
+    /// The names in `ns`, empty when kube-proxy wrote nothing there.
+    pub fn get(&mut self, nf: &mut NetfilterContext, ns: &Netns) -> Option<Arc<Services>> {
+        let latest = nf.latest(ns.inode);
+        if let Some(e) = self.by_ns.get(&ns.inode) {
+            let same = latest.as_ref().is_some_and(|l| Arc::ptr_eq(l, &e.snap));
+            if same && e.read.elapsed() < FRESH {
+                return Some(Arc::clone(&e.services));
+            }
+        }
+        let newer = latest.filter(|l| {
+            self.by_ns
+                .get(&ns.inode)
+                .is_none_or(|e| !Arc::ptr_eq(l, &e.snap))
+        });
+        // No snapshot newer than the one read: read the rules now.
+        let snap = match newer {
+            Some(s) => s,
+            None => nf.around(ns, u64::MAX)?.1,
+        };
+        let services = Arc::new(build(&snap));
+        if self.by_ns.len() > 256 {
+            self.by_ns.clear();
+        }
+        self.by_ns.insert(
+            ns.inode,
+            Entry {
+                snap,
+                read: Instant::now(),
+                services: Arc::clone(&services),
+            },
+        );
+        Some(services)
+    }
+}
