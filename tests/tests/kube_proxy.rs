@@ -10,13 +10,14 @@
 use std::{io::ErrorKind, net::SocketAddr, path::PathBuf};
 
 use integration_tests::{
-    connect_from, expected_reason, inode, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop,
-    Ns,
+    connect_from, expected_reason, inode, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
 };
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/kube-proxy").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/kube-proxy")
+        .join(name)
 }
 
 /// A rule line of the fixture's `iptables-save` output: what the kernel
@@ -48,18 +49,38 @@ impl Cluster {
         let client = Ns::new(&ns_name(&format!("kp{tag}-c"))).unwrap();
         let node = Ns::new(&ns_name(&format!("kp{tag}-n"))).unwrap();
         let backend = Ns::new(&ns_name(&format!("kp{tag}-b"))).unwrap();
-        veth(&client, "c0", "02:00:00:00:07:01", &node, "n0", "02:00:00:00:07:02").unwrap();
-        veth(&node, "n1", "02:00:00:00:07:03", &backend, "b0", "02:00:00:00:07:04").unwrap();
+        veth(
+            &client,
+            "c0",
+            "02:00:00:00:07:01",
+            &node,
+            "n0",
+            "02:00:00:00:07:02",
+        )
+        .unwrap();
+        veth(
+            &node,
+            "n1",
+            "02:00:00:00:07:03",
+            &backend,
+            "b0",
+            "02:00:00:00:07:04",
+        )
+        .unwrap();
         for a in ["10.0.1.2/24", "192.168.7.2/24"] {
             client.ip(&["addr", "add", a, "dev", "c0"]).unwrap();
         }
-        client.ip(&["route", "add", "default", "via", "10.0.1.1"]).unwrap();
+        client
+            .ip(&["route", "add", "default", "via", "10.0.1.1"])
+            .unwrap();
         for a in ["10.0.1.1/24", "192.168.7.1/24"] {
             node.ip(&["addr", "add", a, "dev", "n0"]).unwrap();
         }
-        node.ip(&["addr", "add", "10.180.0.254/24", "dev", "n1"]).unwrap();
+        node.ip(&["addr", "add", "10.180.0.254/24", "dev", "n1"])
+            .unwrap();
         // Cluster IPs are routed like any address off the node.
-        node.ip(&["route", "add", "default", "via", "10.180.0.1"]).unwrap();
+        node.ip(&["route", "add", "default", "via", "10.180.0.1"])
+            .unwrap();
         node.sysctl("net/ipv4/ip_forward", "1").unwrap();
         for a in ["10.180.0.1/24", "10.180.0.2/24", "10.180.0.6/24"] {
             backend.ip(&["addr", "add", a, "dev", "b0"]).unwrap();
@@ -180,7 +201,10 @@ fn no_local_endpoint_drop() {
         "svc2",
     );
     let notes = strs(&e["finding"]["fix_notes"]).join("\n");
-    assert!(notes.contains("run a ready endpoint of the Service on this node"), "{notes}");
+    assert!(
+        notes.contains("run a ready endpoint of the Service on this node"),
+        "{notes}"
+    );
     assert_eq!(e["service"], "ns2/svc2:80", "{e}");
     k.stop(libc::SIGINT);
     // The note's repair: svc2's endpoint 10.180.0.2 runs on this node.
@@ -198,7 +222,21 @@ fn cluster_ip_names_its_service() {
     c.node
         .exec(
             "iptables-legacy",
-            &["-I", "FORWARD", "1", "-d", "10.180.0.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "DROP"],
+            &[
+                "-I",
+                "FORWARD",
+                "1",
+                "-d",
+                "10.180.0.1/32",
+                "-p",
+                "tcp",
+                "-m",
+                "tcp",
+                "--dport",
+                "80",
+                "-j",
+                "DROP",
+            ],
         )
         .unwrap();
     let k = Kdrop::start(&["--json", "--port", "80"]);
@@ -207,8 +245,7 @@ fn cluster_ip_names_its_service() {
     let e = node_drop(&k, &c, src, backend);
     assert_eq!(e["netfilter"]["chain"], "FORWARD", "{e}");
     assert_eq!(
-        e["netfilter"]["rule"],
-        "-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP",
+        e["netfilter"]["rule"], "-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP",
         "{e}"
     );
     assert_eq!(e["service"], "ns1/svc1:80", "{e}");

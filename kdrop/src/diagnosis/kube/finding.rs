@@ -39,7 +39,12 @@ fn listing(a: &Attribution, ns: &str) -> Option<String> {
 }
 
 fn service(svc: &SvcPort) -> String {
-    format!("Service {}/{} {}", svc.namespace, svc.name, svc.port_phrase())
+    format!(
+        "Service {}/{} {}",
+        svc.namespace,
+        svc.name,
+        svc.port_phrase()
+    )
 }
 
 /// `its node port 3001`, `its cluster IP 172.30.0.46:80`.

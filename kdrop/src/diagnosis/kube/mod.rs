@@ -36,7 +36,12 @@ pub enum KubeDrop {
 
 /// What kube-proxy's rule that dropped a packet to `dst` means; `local`:
 /// `dst` is one of the namespace's own addresses (a node port).
-pub fn classify(a: &Attribution, services: &Services, dst: SocketAddr, local: bool) -> Option<KubeDrop> {
+pub fn classify(
+    a: &Attribution,
+    services: &Services,
+    dst: SocketAddr,
+    local: bool,
+) -> Option<KubeDrop> {
     let rule = KubeRule::parse(a.rule.as_deref()?)?;
     let frontend = services.frontend(dst, local);
     let named = |svc: Option<SvcPort>| {
@@ -91,7 +96,9 @@ pub fn classify(a: &Attribution, services: &Services, dst: SocketAddr, local: bo
             })
         }
         "KUBE-FIREWALL" if remark.is_empty() && rule.comment.is_some() => None,
-        "KUBE-FIREWALL" if rule.comment.as_deref() == Some("block incoming localnet connections") => {
+        "KUBE-FIREWALL"
+            if rule.comment.as_deref() == Some("block incoming localnet connections") =>
+        {
             Some(KubeDrop::Localnet)
         }
         _ => None,

@@ -31,8 +31,7 @@ impl SvcPort {
         let (name, port_name) = rest.split_once(':').unwrap_or((rest, ""));
         let dns = |x: &str| {
             !x.is_empty()
-                && x
-                    .chars()
+                && x.chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         };
         (dns(namespace) && dns(name)).then(|| SvcPort {
@@ -197,9 +196,15 @@ impl KubeRule {
 /// The hash kube-proxy ends a per-service chain with (`KUBE-SVC-<hash>`,
 /// `KUBE-EXT-`, `KUBE-SVL-`, `KUBE-FW-`, `KUBE-XLB-`).
 pub fn chain_hash(chain: &str) -> Option<&str> {
-    ["KUBE-SVC-", "KUBE-EXT-", "KUBE-SVL-", "KUBE-FW-", "KUBE-XLB-"]
-        .iter()
-        .find_map(|p| chain.strip_prefix(p))
+    [
+        "KUBE-SVC-",
+        "KUBE-EXT-",
+        "KUBE-SVL-",
+        "KUBE-FW-",
+        "KUBE-XLB-",
+    ]
+    .iter()
+    .find_map(|p| chain.strip_prefix(p))
 }
 
 /// Every name kube-proxy's rules of one namespace give.
@@ -259,7 +264,8 @@ impl Services {
                         ports.insert(svc.key(), port);
                     }
                     // nat's comment names the kind; filter's guessed it.
-                    s.vips.insert(SocketAddr::new(ip, port), Frontend { svc, kind });
+                    s.vips
+                        .insert(SocketAddr::new(ip, port), Frontend { svc, kind });
                 }
                 // `-d 127.0.0.0/8` is the localhost variant of the same port.
                 ("KUBE-NODEPORTS", None, _, Some(port))

@@ -26,7 +26,10 @@ fn named(s: &Services, addr: &str, local: bool) -> Option<(String, Kind)> {
 #[test]
 fn svc_port_names() {
     let p = SvcPort::parse("ns1/svc1:p80").unwrap();
-    assert_eq!((p.namespace.as_str(), p.name.as_str(), p.port_name.as_str()), ("ns1", "svc1", "p80"));
+    assert_eq!(
+        (p.namespace.as_str(), p.name.as_str(), p.port_name.as_str()),
+        ("ns1", "svc1", "p80")
+    );
     assert_eq!(p.display(), "ns1/svc1:p80");
     assert_eq!(p.port_phrase(), "port p80");
     // An unnamed port: kube-proxy writes `ns/svc`, before 1.25 `ns/svc:`.
@@ -64,7 +67,10 @@ fn rule_parts() {
     .unwrap();
     assert_eq!(m.dst, Some("172.30.0.41".parse().unwrap()));
     assert!(KubeRule::parse(":KUBE-SERVICES - [0:0]").is_none());
-    assert_eq!(chain_hash("KUBE-SVL-GNZBNJ2PO5MGZ6GT"), Some("GNZBNJ2PO5MGZ6GT"));
+    assert_eq!(
+        chain_hash("KUBE-SVL-GNZBNJ2PO5MGZ6GT"),
+        Some("GNZBNJ2PO5MGZ6GT")
+    );
     assert_eq!(chain_hash("KUBE-SEP-RS4RBKLTHTF2IUXJ"), None);
 }
 
@@ -107,9 +113,18 @@ fn v131_names() {
         );
         assert_eq!(named(&s, "172.30.0.41:81", false), None);
         // Backends.
-        assert_eq!(s.serving(sa("10.180.0.1:80")).unwrap().display(), "ns1/svc1:80");
-        assert_eq!(s.serving(sa("10.180.0.4:80")).unwrap().display(), "ns4/svc4:80");
-        assert_eq!(s.serving(sa("10.180.0.5:80")).unwrap().display(), "ns4/svc4:80");
+        assert_eq!(
+            s.serving(sa("10.180.0.1:80")).unwrap().display(),
+            "ns1/svc1:80"
+        );
+        assert_eq!(
+            s.serving(sa("10.180.0.4:80")).unwrap().display(),
+            "ns4/svc4:80"
+        );
+        assert_eq!(
+            s.serving(sa("10.180.0.5:80")).unwrap().display(),
+            "ns4/svc4:80"
+        );
         assert_eq!(s.serving(sa("10.180.0.9:80")), None);
         assert_eq!(s.endpoints.len(), 5);
         assert_eq!(s.chains["XPGD46QRK7WJZT7O"].display(), "ns1/svc1:80");
@@ -129,10 +144,14 @@ fn v122_names() {
         named(&s, "10.1.1.1:3001", true),
         Some(("ns2/svc2:80".into(), Kind::NodePort))
     );
-    assert_eq!(s.serving(sa("10.180.0.2:80")).unwrap().display(), "ns2/svc2:80");
+    assert_eq!(
+        s.serving(sa("10.180.0.2:80")).unwrap().display(),
+        "ns2/svc2:80"
+    );
     // KUBE-XLB marks for want of a local endpoint (KUBE-FW marks too).
     assert_eq!(
-        s.mark_drops.get(&("ns2".into(), "svc2".into(), "p80".into())),
+        s.mark_drops
+            .get(&("ns2".into(), "svc2".into(), "p80".into())),
         Some(&true)
     );
 }
@@ -205,8 +224,17 @@ fn no_endpoints_reject() {
         ]
     );
     assert!(f.fix_notes[0].starts_with("give the Service ready endpoints"));
-    assert!(f.fix_notes.last().unwrap().contains("deleting it repairs nothing"));
-    assert!(f.evidence.iter().any(|e| e.starts_with("rule in filter/KUBE-SERVICES: -A KUBE-SERVICES -d 172.30.0.46/32")));
+    assert!(f
+        .fix_notes
+        .last()
+        .unwrap()
+        .contains("deleting it repairs nothing"));
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e
+                .starts_with("rule in filter/KUBE-SERVICES: -A KUBE-SERVICES -d 172.30.0.46/32"))
+    );
 }
 
 #[test]
@@ -223,10 +251,19 @@ fn no_local_endpoints_drop() {
     );
     assert!(f.fix.is_empty());
     assert!(f.fix_notes[0].contains("set externalTrafficPolicy: Cluster"));
-    assert_eq!(f.inspect[0], "kubectl -n ns2 get endpointslices -l kubernetes.io/service-name=svc2");
+    assert_eq!(
+        f.inspect[0],
+        "kubectl -n ns2 get endpointslices -l kubernetes.io/service-name=svc2"
+    );
 
     // The load-balancer IP: the same Service, named as reached.
-    let lb = attribution("filter", line(V131_SAVE, "1.2.3.4/32 -p tcp -m comment --comment \"ns2/svc2:p80 has no local"));
+    let lb = attribution(
+        "filter",
+        line(
+            V131_SAVE,
+            "1.2.3.4/32 -p tcp -m comment --comment \"ns2/svc2:p80 has no local",
+        ),
+    );
     let k = classify(&lb, &s, sa("1.2.3.4:80"), false).unwrap();
     assert_eq!(
         k,
@@ -237,20 +274,27 @@ fn no_local_endpoints_drop() {
         }
     );
     let f = explain(&k, &lb, &facts("192.168.7.2:40000", "1.2.3.4:80"));
-    assert!(f.summary.ends_with("new connections to its load-balancer IP 1.2.3.4:80 here"));
+    assert!(f
+        .summary
+        .ends_with("new connections to its load-balancer IP 1.2.3.4:80 here"));
 }
 
 #[test]
 fn mark_drop_before_1_25() {
     let s = services(V122_SAVE);
-    let a = attribution("filter", line(V122_SAVE, "-m mark --mark 0x8000/0x8000 -j DROP"));
+    let a = attribution(
+        "filter",
+        line(V122_SAVE, "-m mark --mark 0x8000/0x8000 -j DROP"),
+    );
     let k = classify(&a, &s, sa("10.1.1.1:3001"), true).unwrap();
     assert!(matches!(
         &k,
         KubeDrop::NoLocalEndpoints { kind: Kind::NodePort, marked: true, svc } if svc.display() == "ns2/svc2:80"
     ));
     let f = explain(&k, &a, &facts("192.168.7.2:40000", "10.1.1.1:3001"));
-    assert!(f.summary.contains("KUBE-XLB chain set the KUBE-MARK-DROP mark (0x8000) and KUBE-FIREWALL dropped"));
+    assert!(f
+        .summary
+        .contains("KUBE-XLB chain set the KUBE-MARK-DROP mark (0x8000) and KUBE-FIREWALL dropped"));
     // A mark for a destination no rule names.
     assert_eq!(
         classify(&a, &s, sa("10.9.9.9:9999"), false),
@@ -279,7 +323,10 @@ fn forward_invalid_and_source_ranges() {
         "filter",
         "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP",
     );
-    assert_eq!(classify(&nfacct, &s, sa("10.180.0.1:80"), false), Some(KubeDrop::ForwardInvalid));
+    assert_eq!(
+        classify(&nfacct, &s, sa("10.180.0.1:80"), false),
+        Some(KubeDrop::ForwardInvalid)
+    );
 
     let fw = attribution("filter", line(V131_SAVE, "traffic not accepted by KUBE-FW"));
     let k = classify(&fw, &s, sa("5.6.7.8:80"), false).unwrap();
@@ -290,8 +337,14 @@ fn forward_invalid_and_source_ranges() {
         "Service ns5/svc5 port p80 accepts its load-balancer IP only from spec.loadBalancerSourceRanges, and 198.51.100.7 is not in them"
     );
     // Rules kube-proxy did not write, or that only accept, are not its drops.
-    let other = attribution("filter", "-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP");
+    let other = attribution(
+        "filter",
+        "-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP",
+    );
     assert_eq!(classify(&other, &s, sa("10.180.0.1:80"), false), None);
-    let masq = attribution("filter", line(V131_SAVE, "kubernetes forwarding rules\" -m mark"));
+    let masq = attribution(
+        "filter",
+        line(V131_SAVE, "kubernetes forwarding rules\" -m mark"),
+    );
     assert_eq!(classify(&masq, &s, sa("10.180.0.1:80"), false), None);
 }
