@@ -2,12 +2,13 @@
 //! node port and endpoint (services.rs), and the drops kube-proxy's own
 //! rules make, explained as Kubernetes objects (finding.rs).
 pub mod finding;
+pub mod nft;
 pub mod services;
 
 use std::net::SocketAddr;
 
 pub use self::services::{Frontend, Kind, KubeRule, Services, SvcPort};
-use crate::model::netfilter::Attribution;
+use crate::model::netfilter::{Attribution, Backend};
 
 /// A drop by a rule kube-proxy (or the kubelet, for KUBE-FIREWALL) wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,8 +43,11 @@ pub fn classify(
     dst: SocketAddr,
     local: bool,
 ) -> Option<KubeDrop> {
-    let rule = KubeRule::parse(a.rule.as_deref()?)?;
     let frontend = services.frontend(dst, local);
+    if a.backend == Some(Backend::Nftables) {
+        return classify_nft(a, services, dst, local);
+    }
+    let rule = KubeRule::parse(a.rule.as_deref()?)?;
     let named = |svc: Option<SvcPort>| {
         // The rule's own comment names the Service; the map gives the number.
         let svc = svc?;
@@ -103,4 +107,44 @@ pub fn classify(
         }
         _ => None,
     }
+}
+
+/// A drop in kube-proxy's nftables table: by its no-endpoint verdict maps
+/// (reject through `reject-chain`, or drop), or by a Service's
+/// `firewall-*` chain (loadBalancerSourceRanges).
+fn classify_nft(a: &Attribution, s: &Services, dst: SocketAddr, local: bool) -> Option<KubeDrop> {
+    if a.table.as_deref() != Some(nft::TABLE) {
+        return None;
+    }
+    let chain = a.chain.as_deref()?;
+    if let Some(("firewall", svc, _)) = nft::chain_svc(chain) {
+        let svc = s.frontend(dst, local).map_or(svc, |f| f.svc.clone());
+        return Some(KubeDrop::SourceRange { svc });
+    }
+    if !matches!(
+        chain,
+        "reject-chain" | "service-endpoints-check" | "nodeport-endpoints-check"
+    ) {
+        return None;
+    }
+    let (svc, reject, kind) = match s.nft_no_endpoints.get(&dst) {
+        Some((svc, reject)) => {
+            let kind = s.vips.get(&dst).map_or(Kind::ExternalIp, |f| f.kind);
+            (svc.clone(), *reject, kind)
+        }
+        None if local => {
+            let (svc, reject) = s.nft_no_endpoint_ports.get(&dst.port())?;
+            (svc.clone(), *reject, Kind::NodePort)
+        }
+        None => return None,
+    };
+    Some(if reject {
+        KubeDrop::NoEndpoints { svc, kind }
+    } else {
+        KubeDrop::NoLocalEndpoints {
+            svc,
+            kind,
+            marked: false,
+        }
+    })
 }

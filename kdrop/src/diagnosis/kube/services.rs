@@ -221,6 +221,11 @@ pub struct Services {
     pub mark_drops: HashMap<(String, String, String), bool>,
     /// The namespace's own addresses: a node port is reached on these.
     pub local: HashSet<IpAddr>,
+    /// nftables mode: the Service port an address without (local)
+    /// endpoints belongs to, and whether it is rejected (no endpoints at
+    /// all) rather than dropped (none on this node).
+    pub nft_no_endpoints: HashMap<SocketAddr, (SvcPort, bool)>,
+    pub nft_no_endpoint_ports: HashMap<u16, (SvcPort, bool)>,
 }
 
 impl Services {

@@ -348,3 +348,103 @@ fn forward_invalid_and_source_ranges() {
     );
     assert_eq!(classify(&masq, &s, sa("10.180.0.1:80"), false), None);
 }
+
+mod nftables {
+    use super::*;
+    use crate::diagnosis::kube::nft::chain_svc;
+
+    /// `nft -j list table ip kube-proxy` after `nft -f` of kube-proxy's
+    /// transaction (tests/fixtures/kube-proxy/nftables.nft).
+    const JSON: &str = include_str!("../../../../tests/fixtures/kube-proxy/nftables.json");
+
+    fn services() -> Services {
+        let mut s = Services::default();
+        s.add_nft(&serde_json::from_str(JSON).unwrap());
+        s
+    }
+
+    fn nft_attribution(chain: &str, rule: &str) -> Attribution {
+        Attribution {
+            backend: Some(Backend::Nftables),
+            family: Some(Family::Ip),
+            table: Some("kube-proxy".into()),
+            chain: Some(chain.into()),
+            rule: Some(rule.into()),
+            rule_number: None,
+            handle: Some(54),
+            method: "ruleset evaluation (nft -j list ruleset)".into(),
+            ..attribution("filter", "-A X -j DROP")
+        }
+    }
+
+    #[test]
+    fn chain_names() {
+        let (p, svc, ep) = chain_svc("endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80").unwrap();
+        assert_eq!((p, svc.display().as_str(), ep), ("endpoint", "ns1/svc1:p80", Some(sa("10.180.0.1:80"))));
+        let (p, svc, ep) = chain_svc("external-42NFTM6N-ns2/svc2/tcp/p80").unwrap();
+        assert_eq!((p, svc.display().as_str(), ep), ("external", "ns2/svc2:p80", None));
+        // A namespace with dashes.
+        let (_, svc, _) = chain_svc("service-ABCDEFGH-kube-system/kube-dns/udp/dns").unwrap();
+        assert_eq!(svc.display(), "kube-system/kube-dns:dns");
+        assert!(chain_svc("service-endpoints-check").is_none());
+        assert!(chain_svc("reject-chain").is_none());
+    }
+
+    #[test]
+    fn names() {
+        let s = services();
+        assert_eq!(
+            named(&s, "172.30.0.41:80", false),
+            Some(("ns1/svc1:80".into(), Kind::ClusterIp))
+        );
+        assert_eq!(
+            named(&s, "1.2.3.4:80", false),
+            Some(("ns2/svc2:80".into(), Kind::ExternalIp))
+        );
+        assert_eq!(
+            named(&s, "172.30.0.46:80", false),
+            Some(("ns6/svc6:80".into(), Kind::ClusterIp))
+        );
+        assert_eq!(
+            named(&s, "192.168.0.2:3003", true),
+            Some(("ns3/svc3:80".into(), Kind::NodePort))
+        );
+        assert_eq!(s.serving(sa("10.180.0.2:80")).unwrap().display(), "ns2/svc2:80");
+        assert_eq!(s.endpoints.len(), 3);
+    }
+
+    #[test]
+    fn drops() {
+        let s = services();
+        let reject = nft_attribution("reject-chain", "reject");
+        let k = classify(&reject, &s, sa("172.30.0.46:80"), false).unwrap();
+        let f = explain(&k, &reject, &facts("10.0.0.2:40000", "172.30.0.46:80"));
+        assert_eq!(
+            f.summary,
+            "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP 172.30.0.46:80"
+        );
+        // No `iptables -L` for an nftables table; the kubectl commands stay.
+        assert_eq!(f.inspect.len(), 2);
+        let vmap = nft_attribution(
+            "nodeport-endpoints-check",
+            "ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports",
+        );
+        let k = classify(&vmap, &s, sa("192.168.0.2:3001"), true).unwrap();
+        assert!(matches!(
+            &k,
+            KubeDrop::NoLocalEndpoints { kind: Kind::NodePort, marked: false, svc } if svc.display() == "ns2/svc2:80"
+        ));
+        let lb = nft_attribution(
+            "service-endpoints-check",
+            "ip daddr . meta l4proto . th dport vmap @no-endpoint-services",
+        );
+        assert!(matches!(
+            classify(&lb, &s, sa("1.2.3.4:80"), false),
+            Some(KubeDrop::NoLocalEndpoints { kind: Kind::ExternalIp, .. })
+        ));
+        // A table kube-proxy does not own.
+        let mut other = lb.clone();
+        other.table = Some("filter".into());
+        assert_eq!(classify(&other, &s, sa("1.2.3.4:80"), false), None);
+    }
+}
