@@ -45,7 +45,15 @@ fn sa(s: &str) -> SocketAddr {
 }
 
 impl Cluster {
+    /// The cluster with kube-proxy's iptables rules.
     fn new(tag: &str) -> Self {
+        let c = Self::bare(tag);
+        c.restore("v1.31-iptables.rules");
+        c
+    }
+
+    /// The namespaces and addresses, no kube-proxy rules yet.
+    fn bare(tag: &str) -> Self {
         let client = Ns::new(&ns_name(&format!("kp{tag}-c"))).unwrap();
         let node = Ns::new(&ns_name(&format!("kp{tag}-n"))).unwrap();
         let backend = Ns::new(&ns_name(&format!("kp{tag}-b"))).unwrap();
@@ -67,13 +75,14 @@ impl Cluster {
             "02:00:00:00:07:04",
         )
         .unwrap();
-        for a in ["10.0.1.2/24", "192.168.7.2/24"] {
+        for a in ["10.0.1.2/24", "192.168.7.2/24", "192.168.0.9/24"] {
             client.ip(&["addr", "add", a, "dev", "c0"]).unwrap();
         }
         client
             .ip(&["route", "add", "default", "via", "10.0.1.1"])
             .unwrap();
-        for a in ["10.0.1.1/24", "192.168.7.1/24"] {
+        // 192.168.0.2: the node address in the nftables fixture's nodeport-ips.
+        for a in ["10.0.1.1/24", "192.168.7.1/24", "192.168.0.2/24"] {
             node.ip(&["addr", "add", a, "dev", "n0"]).unwrap();
         }
         node.ip(&["addr", "add", "10.180.0.254/24", "dev", "n1"])
@@ -89,14 +98,12 @@ impl Cluster {
             .ip(&["route", "add", "default", "via", "10.180.0.254"])
             .unwrap();
         let listener = listen(&backend, sa("0.0.0.0:80"));
-        let c = Cluster {
+        Cluster {
             client,
             node,
             backend,
             _listener: listener,
-        };
-        c.restore("v1.31-iptables.rules");
-        c
+        }
     }
 
     /// What kube-proxy does on every sync: the whole rule set, restored.
@@ -260,4 +267,40 @@ fn cluster_ip_names_its_service() {
         run_fix(cmd);
     }
     connect_from(&c.client, sa("10.0.1.2:41024"), vip).expect("after the fix");
+}
+
+/// kube-proxy's nftables mode: the same Services in its `ip kube-proxy`
+/// table (verdict maps, no rule comments).
+#[test]
+fn nftables_mode() {
+    let c = Cluster::bare("t");
+    let path = fixture("nftables.nft");
+    c.node
+        .exec("nft", &["-f", path.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let k = Kdrop::start(&["--json", "--port", "80"]);
+    let (src, vip) = (sa("10.0.1.2:41005"), sa("172.30.0.46:80"));
+    let e = node_drop(&k, &c, src, vip);
+    assert_eq!(e["netfilter"]["table"], "kube-proxy", "{e}");
+    check_kube_finding(
+        &e,
+        "kube_no_endpoints",
+        "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP 172.30.0.46:80",
+        "ns6",
+        "svc6",
+    );
+    assert_eq!(e["service"], "ns6/svc6:80", "{e}");
+    k.stop(libc::SIGINT);
+    let k = Kdrop::start(&["--json", "--port", "3001"]);
+    let (src, np) = (sa("192.168.0.9:41006"), sa("192.168.0.2:3001"));
+    let e = node_drop(&k, &c, src, np);
+    check_kube_finding(
+        &e,
+        "kube_no_local_endpoints",
+        "Service ns2/svc2 port p80 has no endpoint on this node and externalTrafficPolicy is Local: kube-proxy drops new connections to its node port 3001 here",
+        "ns2",
+        "svc2",
+    );
+    assert_eq!(e["service"], "ns2/svc2:80", "{e}");
+    k.stop(libc::SIGINT);
 }

@@ -9,8 +9,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{netfilter::NetfilterContext, netns::Netns};
-use crate::{diagnosis::kube::Services, model::netfilter::Snapshot};
+use super::{
+    netfilter::{
+        snapshot::{run, which},
+        NetfilterContext,
+    },
+    netns::{in_netns, Netns},
+};
+use crate::{
+    diagnosis::kube::{nft::TABLE, Services},
+    model::netfilter::{Backend, Snapshot},
+};
 
 const FRESH: Duration = Duration::from_secs(2);
 
@@ -25,8 +34,34 @@ pub struct KubeCache {
     by_ns: HashMap<u32, Entry>,
 }
 
-fn build(snap: &Snapshot) -> Services {
+/// kube-proxy's nftables table of one family, as JSON (its verdict maps
+/// hold the names; the snapshot keeps only chains and rules).
+fn nft_table(ns: &Netns, family: &'static str) -> Option<serde_json::Value> {
+    let nft = which("nft")?;
+    let read = in_netns(&ns.path, move || {
+        run(&nft, &["-j", "list", "table", family, TABLE])
+    });
+    match read {
+        Ok(Ok(text)) => serde_json::from_str(&text).ok(),
+        Ok(Err(e)) | Err(e) => {
+            log::debug!(
+                "kube-proxy's nftables table in {}: {e:#}",
+                ns.path.display()
+            );
+            None
+        }
+    }
+}
+
+fn build(snap: &Snapshot, ns: &Netns) -> Services {
     let mut s = Services::from_tables(&snap.tables);
+    for t in &snap.tables {
+        if t.backend == Backend::Nftables && t.name == TABLE {
+            if let Some(json) = nft_table(ns, t.family.name()) {
+                s.add_nft(&json);
+            }
+        }
+    }
     s.local = snap
         .ifaces
         .iter()
@@ -55,7 +90,7 @@ impl KubeCache {
             Some(s) => s,
             None => nf.around(ns, u64::MAX)?.1,
         };
-        let services = Arc::new(build(&snap));
+        let services = Arc::new(build(&snap, ns));
         if self.by_ns.len() > 256 {
             self.by_ns.clear();
         }

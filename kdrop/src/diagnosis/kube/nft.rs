@@ -80,9 +80,15 @@ fn goto(verdict: &Value) -> Option<&str> {
 
 /// `addr . proto . port` or `proto . port` of a TCP element.
 fn addr_port(parts: &[Value]) -> (Option<IpAddr>, Option<u16>) {
-    let port = parts.last().and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+    let port = parts
+        .last()
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok());
     let tcp = parts.iter().any(|p| p.as_str() == Some("tcp"));
-    let ip = parts.first().and_then(Value::as_str).and_then(|s| s.parse().ok());
+    let ip = parts
+        .first()
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok());
     (ip, port.filter(|_| tcp))
 }
 
@@ -102,7 +108,12 @@ impl Services {
         };
         let cluster_ips: HashSet<IpAddr> = of_table("set")
             .filter(|s| s.get("name").and_then(Value::as_str) == Some("cluster-ips"))
-            .flat_map(|s| s.get("elem").and_then(Value::as_array).cloned().unwrap_or_default())
+            .flat_map(|s| {
+                s.get("elem")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .filter_map(|e| e.as_str().and_then(|s| s.parse().ok()))
             .collect();
         let mut ports = std::collections::HashMap::new();
@@ -124,10 +135,14 @@ impl Services {
                                 } else {
                                     Kind::ExternalIp
                                 };
-                                self.vips.insert(SocketAddr::new(ip, port), Frontend { svc, kind });
+                                self.vips
+                                    .insert(SocketAddr::new(ip, port), Frontend { svc, kind });
                             }
                             None => {
-                                let f = Frontend { svc, kind: Kind::NodePort };
+                                let f = Frontend {
+                                    svc,
+                                    kind: Kind::NodePort,
+                                };
                                 self.node_ports.insert(port, f);
                             }
                         }
@@ -146,11 +161,17 @@ impl Services {
                                 } else {
                                     Kind::ExternalIp
                                 };
-                                self.vips.entry(a).or_insert(Frontend { svc: svc.clone(), kind });
+                                self.vips.entry(a).or_insert(Frontend {
+                                    svc: svc.clone(),
+                                    kind,
+                                });
                                 self.nft_no_endpoints.insert(a, (svc, reject));
                             }
                             None => {
-                                let f = Frontend { svc: svc.clone(), kind: Kind::NodePort };
+                                let f = Frontend {
+                                    svc: svc.clone(),
+                                    kind: Kind::NodePort,
+                                };
                                 self.node_ports.entry(port).or_insert(f);
                                 self.nft_no_endpoint_ports.insert(port, (svc, reject));
                             }
@@ -174,7 +195,11 @@ impl Services {
         self.vips.values_mut().for_each(|f| fill(&mut f.svc));
         self.node_ports.values_mut().for_each(|f| fill(&mut f.svc));
         self.endpoints.values_mut().for_each(fill);
-        self.nft_no_endpoints.values_mut().for_each(|(s, _)| fill(s));
-        self.nft_no_endpoint_ports.values_mut().for_each(|(s, _)| fill(s));
+        self.nft_no_endpoints
+            .values_mut()
+            .for_each(|(s, _)| fill(s));
+        self.nft_no_endpoint_ports
+            .values_mut()
+            .for_each(|(s, _)| fill(s));
     }
 }

@@ -380,9 +380,15 @@ mod nftables {
     #[test]
     fn chain_names() {
         let (p, svc, ep) = chain_svc("endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80").unwrap();
-        assert_eq!((p, svc.display().as_str(), ep), ("endpoint", "ns1/svc1:p80", Some(sa("10.180.0.1:80"))));
+        assert_eq!(
+            (p, svc.display().as_str(), ep),
+            ("endpoint", "ns1/svc1:p80", Some(sa("10.180.0.1:80")))
+        );
         let (p, svc, ep) = chain_svc("external-42NFTM6N-ns2/svc2/tcp/p80").unwrap();
-        assert_eq!((p, svc.display().as_str(), ep), ("external", "ns2/svc2:p80", None));
+        assert_eq!(
+            (p, svc.display().as_str(), ep),
+            ("external", "ns2/svc2:p80", None)
+        );
         // A namespace with dashes.
         let (_, svc, _) = chain_svc("service-ABCDEFGH-kube-system/kube-dns/udp/dns").unwrap();
         assert_eq!(svc.display(), "kube-system/kube-dns:dns");
@@ -409,7 +415,10 @@ mod nftables {
             named(&s, "192.168.0.2:3003", true),
             Some(("ns3/svc3:80".into(), Kind::NodePort))
         );
-        assert_eq!(s.serving(sa("10.180.0.2:80")).unwrap().display(), "ns2/svc2:80");
+        assert_eq!(
+            s.serving(sa("10.180.0.2:80")).unwrap().display(),
+            "ns2/svc2:80"
+        );
         assert_eq!(s.endpoints.len(), 3);
     }
 
@@ -440,7 +449,10 @@ mod nftables {
         );
         assert!(matches!(
             classify(&lb, &s, sa("1.2.3.4:80"), false),
-            Some(KubeDrop::NoLocalEndpoints { kind: Kind::ExternalIp, .. })
+            Some(KubeDrop::NoLocalEndpoints {
+                kind: Kind::ExternalIp,
+                ..
+            })
         ));
         // A table kube-proxy does not own.
         let mut other = lb.clone();
