@@ -2,7 +2,9 @@
 //! netfilter snapshots (the ones taken around drops, or one taken here):
 //! rebuilt when a newer snapshot exists, re-read when the one it came from
 //! is older than [`FRESH`] (kube-proxy rewrites its rules on every
-//! endpoint change).
+//! endpoint change). Only the node's own namespace is read for names alone:
+//! another namespace is named from the snapshots its netfilter drops took,
+//! so that a flood of drops in pods spawns no rule dumps.
 use std::{
     collections::HashMap,
     sync::Arc,
@@ -21,7 +23,7 @@ use crate::{
     model::netfilter::{Backend, Snapshot},
 };
 
-const FRESH: Duration = Duration::from_secs(2);
+const FRESH: Duration = Duration::from_secs(5);
 
 struct Entry {
     snap: Arc<Snapshot>,
@@ -71,12 +73,18 @@ fn build(snap: &Snapshot, ns: &Netns) -> Services {
 }
 
 impl KubeCache {
-    /// The names in `ns`, empty when kube-proxy wrote nothing there.
-    pub fn get(&mut self, nf: &mut NetfilterContext, ns: &Netns) -> Option<Arc<Services>> {
+    /// The names in `ns`, empty when kube-proxy wrote nothing there;
+    /// `may_read`: take a snapshot when none is fresh.
+    pub fn get(
+        &mut self,
+        nf: &mut NetfilterContext,
+        ns: &Netns,
+        may_read: bool,
+    ) -> Option<Arc<Services>> {
         let latest = nf.latest(ns.inode);
         if let Some(e) = self.by_ns.get(&ns.inode) {
             let same = latest.as_ref().is_some_and(|l| Arc::ptr_eq(l, &e.snap));
-            if same && e.read.elapsed() < FRESH {
+            if same && (e.read.elapsed() < FRESH || !may_read) {
                 return Some(Arc::clone(&e.services));
             }
         }
@@ -88,7 +96,8 @@ impl KubeCache {
         // No snapshot newer than the one read: read the rules now.
         let snap = match newer {
             Some(s) => s,
-            None => nf.around(ns, u64::MAX)?.1,
+            None if may_read => nf.around(ns, u64::MAX)?.1,
+            None => return None,
         };
         let services = Arc::new(build(&snap, ns));
         if self.by_ns.len() > 256 {

@@ -293,14 +293,15 @@ impl Node for Live {
 
     fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
         let ns = self.registry.lookup(netns)?;
-        let here = self.kube.get(&mut self.netfilter, &ns);
-        if here.as_ref().is_some_and(|s| !s.is_empty()) || netns == self.own_netns {
+        let own = netns == self.own_netns;
+        let here = self.kube.get(&mut self.netfilter, &ns, own);
+        if here.as_ref().is_some_and(|s| !s.is_empty()) || own {
             return here.filter(|s| !s.is_empty());
         }
         // A pod's namespace: kube-proxy's rules are the node's.
         let own = self.registry.lookup(self.own_netns)?;
         self.kube
-            .get(&mut self.netfilter, &own)
+            .get(&mut self.netfilter, &own, true)
             .filter(|s| !s.is_empty())
     }
 }
