@@ -13,6 +13,7 @@ use anyhow::Result;
 
 use super::{
     conntrack_lookup::{lookup, Side},
+    kube::KubeCache,
     neighbours,
     netfilter::{conntrack::reply_holder, NetfilterContext},
     netns::{self, in_netns, IfNames, NetnsRegistry},
@@ -23,6 +24,7 @@ use super::{
     NetnsName, Node,
 };
 use crate::{
+    diagnosis::kube::Services,
     kernel::symbols::Symbols,
     model::{
         netfilter::Snapshot,
@@ -59,6 +61,7 @@ pub struct Live {
     symbols: Option<Symbols>,
     symbols_loading: Option<JoinHandle<Result<Symbols>>>,
     pods: Pods,
+    kube: KubeCache,
 }
 
 impl Live {
@@ -76,6 +79,7 @@ impl Live {
             // 100k+ lines: read off the startup path.
             symbols_loading: Some(std::thread::spawn(Symbols::load)),
             pods: Pods::default(),
+            kube: KubeCache::default(),
         })
     }
 
@@ -285,5 +289,19 @@ impl Node for Live {
 
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
         self.pods.of_addr(addr)
+    }
+
+    fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
+        let ns = self.registry.lookup(netns)?;
+        let own = netns == self.own_netns;
+        let here = self.kube.get(&mut self.netfilter, &ns, own);
+        if here.as_ref().is_some_and(|s| !s.is_empty()) || own {
+            return here.filter(|s| !s.is_empty());
+        }
+        // A pod's namespace: kube-proxy's rules are the node's.
+        let own = self.registry.lookup(self.own_netns)?;
+        self.kube
+            .get(&mut self.netfilter, &own, true)
+            .filter(|s| !s.is_empty())
     }
 }

@@ -9,6 +9,7 @@ pub mod bpf_progs;
 pub mod bundles;
 pub mod conntrack_lookup;
 pub mod ctevents;
+pub mod kube;
 pub mod listeners;
 pub mod live;
 pub mod neighbours;
@@ -33,6 +34,7 @@ pub use self::{
     live::Live,
     netns::{in_netns, Netns, NetnsRegistry},
 };
+use crate::diagnosis::kube::Services;
 use crate::model::{
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
@@ -135,11 +137,20 @@ pub trait Node {
     /// The pod one of whose addresses `addr` is, among the pods the
     /// runtime recorded (never the node's own addresses).
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod>;
-    /// The Service `namespace/name:port` whose virtual address a connection
-    /// in `netns` was DNAT'd from, as kube-proxy's rules there name it
-    /// (their comments). Not read yet (issue 18, item 3): a hook, the
-    /// record's `service` stays null until it is.
-    fn service(&mut self, _netns: u32, _vip: SocketAddr) -> Option<String> {
+    /// The Service names kube-proxy's rules give in `netns` (or, when it
+    /// holds none, in kdrop's own namespace, the node's), with the
+    /// namespace's own addresses (for node ports). None without kube-proxy.
+    fn kube(&mut self, _netns: u32) -> Option<Arc<Services>> {
         None
+    }
+    /// The Service `namespace/name:port` that `addr` reaches in `netns`: its
+    /// virtual address or node port, or a backend endpoint it serves, as
+    /// kube-proxy's rules there name it (their comments).
+    fn service(&mut self, netns: u32, addr: SocketAddr) -> Option<String> {
+        let s = self.kube(netns)?;
+        s.frontend(addr, s.local.contains(&addr.ip()))
+            .map(|f| &f.svc)
+            .or_else(|| s.serving(addr))
+            .map(|svc| svc.display())
     }
 }

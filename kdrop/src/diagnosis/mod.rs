@@ -6,10 +6,12 @@
 //! - `conntrack`: conntrack's own drops (NAT port clash, full table);
 //! - `handshake`: handshakes followed through NAT that died silently;
 //! - `netfilter`: which rule, policy or conntrack drop it was;
+//! - `kube`: Kubernetes names from kube-proxy's rules, and its own drops;
 //! - `names`: the pods a connection involves, named in the summary.
 pub mod conntrack;
 pub mod forwarding;
 pub mod handshake;
+pub mod kube;
 pub mod names;
 pub mod netfilter;
 pub mod reason;

@@ -75,8 +75,17 @@ pub fn lead(p: &ConnPods) -> Option<String> {
 }
 
 /// Puts the lead before the finding's summary.
+/// A summary that already starts with the Service (`Service ns/svc port
+/// p80 has no ready endpoints`) is not told it again.
 pub fn name_pods(f: &mut Finding, p: &ConnPods) {
-    if let Some(lead) = lead(p) {
+    let mut p = p.clone();
+    if let Some(svc) = &p.service {
+        let base = svc.split(':').next().unwrap_or(svc);
+        if f.summary.starts_with(&format!("Service {base} ")) {
+            p.service = None;
+        }
+    }
+    if let Some(lead) = lead(&p) {
         f.summary = format!("{lead}: {}", f.summary);
     }
 }
@@ -98,6 +107,44 @@ mod tests {
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_summary_naming_its_service_is_not_told_twice() {
+        let mut p = ConnPods {
+            service: Some("ns6/svc6:80".into()),
+            ..Default::default()
+        };
+        let mut f = Finding {
+            summary: "Service ns6/svc6 port p80 has no ready endpoints".into(),
+            ..Default::default()
+        };
+        name_pods(&mut f, &p);
+        assert_eq!(
+            f.summary,
+            "Service ns6/svc6 port p80 has no ready endpoints"
+        );
+        p.client = pod("shop", "cart-1");
+        name_pods(&mut f, &p);
+        assert_eq!(
+            f.summary,
+            "pod shop/cart-1: Service ns6/svc6 port p80 has no ready endpoints"
+        );
+        let mut g = Finding {
+            summary: "iptables-legacy rule 1 in filter/FORWARD dropped it".into(),
+            ..Default::default()
+        };
+        name_pods(
+            &mut g,
+            &ConnPods {
+                service: Some("ns1/svc1:80".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            g.summary,
+            "to service ns1/svc1:80: iptables-legacy rule 1 in filter/FORWARD dropped it"
+        );
     }
 
     #[test]

@@ -10,13 +10,13 @@ use super::{Enricher, FindingKey, FINDINGS_CACHED};
 use crate::{
     context::Node,
     diagnosis::{
-        self, conntrack, forwarding,
+        self, conntrack, forwarding, kube,
         netfilter::{self as nf, Dropped},
         routing, DropFacts,
     },
     model::{
         finding::Finding,
-        netfilter::Attribution,
+        netfilter::{Attribution, DroppedBy},
         packet::{Drop, NfFn, NfVerdict, Tuple},
         record::{DropRecord, LookupRecord},
         routing::{RouteLookup, RouteQuery},
@@ -86,6 +86,7 @@ impl<N: Node> Enricher<N> {
             .or_else(|| self.explain_forwarding(d, &r))
             .or_else(|| self.explain_refused(d, &r))
             .or_else(|| self.explain_conntrack_drop(d, &r))
+            .or_else(|| self.explain_kube(d, &r))
             .or_else(|| {
                 diagnosis::explain(&DropFacts {
                     reason: r.reason.as_deref(),
@@ -133,6 +134,30 @@ impl<N: Node> Enricher<N> {
                 .unwrap_or_else(|| "probe".into())
         };
         nf::kernel::combine(verdicts, d.ts_ns, &rung, counted)
+    }
+
+    /// A drop by a rule kube-proxy wrote, in Kubernetes terms.
+    fn explain_kube(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+        let a = r.netfilter.as_ref()?;
+        if a.dropped_by != DroppedBy::Rule {
+            return None;
+        }
+        let s = self.node.kube(d.netns).unwrap_or_default();
+        let local = s.local.contains(&d.daddr);
+        let k = kube::classify(a, &s, SocketAddr::new(d.daddr, d.dport), local)?;
+        Some(kube::finding::explain(
+            &k,
+            a,
+            &DropFacts {
+                reason: r.reason.as_deref(),
+                ifname: &r.ifname,
+                netns: r.netns_name.as_deref(),
+                src: r.src(),
+                dst: r.dst(),
+                location: Some(&r.location),
+                netfilter: Some(a),
+            },
+        ))
     }
 
     /// A SYN-ACK the client refused: the reply of a DNAT'd handshake that

@@ -24,10 +24,13 @@ impl<N: Node> Enricher<N> {
         ct: Option<&Ct>,
     ) {
         let ends = names::ends(tuple, syn_ack, ct, self.ct_bits.dst_nat);
+        let to = if syn_ack { tuple.src } else { tuple.dst };
         r.pods = ConnPods {
             pod: self.node.pod(r.netns),
             client: self.node.pod_of_addr(ends.client),
-            service: ends.vip.and_then(|vip| self.node.service(r.netns, vip)),
+            // The address the client sent to: the entry's original
+            // destination when it was DNAT'd, else the packet's own.
+            service: self.node.service(r.netns, ends.vip.unwrap_or(to)),
             backend: self.node.pod_of_addr(ends.server),
         };
     }

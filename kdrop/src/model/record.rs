@@ -20,7 +20,8 @@ pub struct DropRecord {
     /// claims), `container` (its containers by name, `,` between several),
     /// `client_pod` and `backend_pod` (the pods whose addresses start and
     /// serve the connection, after any DNAT), `service`
-    /// (`namespace/name:port` of a DNAT'd virtual address).
+    /// (`namespace/name:port` of the Service the connection was sent to, or
+    /// whose endpoint it reached, from kube-proxy's rules).
     #[serde(flatten)]
     pub pods: ConnPods,
     pub ifname: String,

@@ -9,6 +9,9 @@ pub struct Summary {
     pub by_reason: BTreeMap<String, u64>,
     pub received: u64,
     pub undecodable: u64,
+    /// Records by the Service they were sent to and their cause, as
+    /// `kubectl` names the Service (`default/mysql:3306`).
+    pub by_service: BTreeMap<(String, String), u64>,
 }
 
 impl Summary {
@@ -20,6 +23,13 @@ impl Summary {
             (None, kind) => kind.to_string(),
         };
         *self.by_reason.entry(reason).or_default() += 1;
+        if let Some(svc) = &r.pods.service {
+            let cause = r.finding.as_ref().map_or("unexplained", |f| f.cause);
+            *self
+                .by_service
+                .entry((svc.clone(), cause.to_string()))
+                .or_default() += 1;
+        }
     }
 
     pub fn render(&self, stats: &Stats) -> String {
@@ -40,6 +50,9 @@ impl Summary {
         rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (reason, n) in rows {
             s.push_str(&format!("kdrop:   {reason:<width$}  {n}\n"));
+        }
+        for ((svc, cause), n) in &self.by_service {
+            s.push_str(&format!("kdrop: service {svc}: {cause} {n}\n"));
         }
         if self.undecodable > 0 {
             s.push_str(&format!(
@@ -125,6 +138,24 @@ mod tests {
             "kdrop: 3 events in 2.0s (matched 3, emitted 3, lost 0)\n\
              kdrop:   NO_SOCKET    2\n\
              kdrop:   IP_RPFILTER  1\n"
+        );
+    }
+
+    #[test]
+    fn summary_names_services() {
+        let mut s = Summary::default();
+        let mut r = record();
+        r.pods.service = Some("ns6/svc6:80".into());
+        r.finding = Some(crate::model::finding::Finding {
+            cause: "kube_no_endpoints",
+            ..Default::default()
+        });
+        s.add(&r);
+        s.add(&r);
+        let text = s.render(&stats(kdrop_common::Counters::default(), 1));
+        assert!(
+            text.contains("kdrop: service ns6/svc6:80: kube_no_endpoints 2\n"),
+            "{text}"
         );
     }
 

@@ -1,0 +1,194 @@
+//! A drop by kube-proxy's own rules as a [`Finding`] in Kubernetes terms.
+//! `fix` stays empty: kube-proxy rewrites its rules within seconds of any
+//! change, so deleting one repairs nothing; the repair is a change to the
+//! Service or its pods, named in `fix_notes`, and `inspect` shows them.
+use super::{Kind, KubeDrop, SvcPort};
+use crate::{
+    diagnosis::reason::{reason_evidence, DropFacts},
+    model::{
+        finding::Finding,
+        netfilter::{Attribution, Backend, Family},
+    },
+};
+
+const REWRITTEN: &str = "kube-proxy wrote this rule and rewrites it within seconds of any \
+                         change: deleting it repairs nothing";
+
+fn kubectl(svc: &SvcPort) -> Vec<String> {
+    let (ns, name) = (&svc.namespace, &svc.name);
+    vec![
+        format!("kubectl -n {ns} get endpointslices -l kubernetes.io/service-name={name}"),
+        format!("kubectl -n {ns} get svc {name} -o yaml"),
+    ]
+}
+
+/// `iptables-nft -t filter -L KUBE-SERVICES -v -n -x --line-numbers`.
+fn listing(a: &Attribution, ns: &str) -> Option<String> {
+    let tool = match (a.backend?, a.family) {
+        (Backend::Nftables, _) => return None,
+        (Backend::IptablesLegacy, Some(Family::Ip6)) => "ip6tables-legacy",
+        (Backend::IptablesLegacy, _) => "iptables-legacy",
+        (_, Some(Family::Ip6)) => "ip6tables-nft",
+        _ => "iptables-nft",
+    };
+    Some(format!(
+        "{ns}{tool} -t {} -L {} -v -n -x --line-numbers",
+        a.table.as_deref()?,
+        a.chain.as_deref()?
+    ))
+}
+
+fn service(svc: &SvcPort) -> String {
+    format!(
+        "Service {}/{} {}",
+        svc.namespace,
+        svc.name,
+        svc.port_phrase()
+    )
+}
+
+/// `its node port 3001`, `its cluster IP 172.30.0.46:80`.
+fn reached(kind: Kind, dst: &str) -> String {
+    match kind {
+        Kind::NodePort => format!(
+            "its node port {}",
+            dst.rsplit_once(':').map_or(dst, |(_, p)| p)
+        ),
+        k => format!("its {} {dst}", k.name()),
+    }
+}
+
+pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
+    let ns = f
+        .netns
+        .map(|n| format!("ip netns exec {n} "))
+        .unwrap_or_default();
+    let mut inspect = Vec::new();
+    let mut notes = Vec::new();
+    let (cause, summary) = match k {
+        KubeDrop::NoEndpoints { svc, kind } => {
+            inspect = kubectl(svc);
+            notes.push(format!(
+                "give the Service ready endpoints: pods in namespace {} that match its selector, \
+                 pass their readiness probe and serve the port its targetPort names; or point \
+                 the client at a Service that has them",
+                svc.namespace
+            ));
+            (
+                "kube_no_endpoints",
+                format!(
+                    "{} has no ready endpoints: kube-proxy rejects new connections to {}",
+                    service(svc),
+                    reached(*kind, &f.dst)
+                ),
+            )
+        }
+        KubeDrop::NoLocalEndpoints { svc, kind, marked } => {
+            inspect = kubectl(svc);
+            let policy = if kind.external() {
+                "externalTrafficPolicy"
+            } else {
+                "internalTrafficPolicy"
+            };
+            notes.push(format!(
+                "run a ready endpoint of the Service on this node, or set {policy}: Cluster \
+                 (then traffic is forwarded to endpoints on other nodes{}), or send the traffic \
+                 only to nodes that have an endpoint{}",
+                if kind.external() {
+                    " and the client's source address is masqueraded"
+                } else {
+                    ""
+                },
+                if kind.external() {
+                    " (a load balancer does that when it health-checks the Service's \
+                     healthCheckNodePort)"
+                } else {
+                    ""
+                }
+            ));
+            let how = if *marked {
+                "; kube-proxy's KUBE-XLB chain set the KUBE-MARK-DROP mark (0x8000) and \
+                 KUBE-FIREWALL dropped the marked packet"
+            } else {
+                ""
+            };
+            (
+                "kube_no_local_endpoints",
+                format!(
+                    "{} has no endpoint on this node and {policy} is Local: kube-proxy drops \
+                     new connections to {} here{how}",
+                    service(svc),
+                    reached(*kind, &f.dst)
+                ),
+            )
+        }
+        KubeDrop::SourceRange { svc } => {
+            inspect = kubectl(svc);
+            let client = f.src.rsplit_once(':').map_or(f.src.as_str(), |(h, _)| h);
+            notes.push(format!(
+                "add the client's address {client} to the Service's \
+                 spec.loadBalancerSourceRanges, or connect from an address it allows"
+            ));
+            (
+                "kube_source_ranges",
+                format!(
+                    "{} accepts its load-balancer IP only from spec.loadBalancerSourceRanges, \
+                     and {client} is not in them",
+                    service(svc)
+                ),
+            )
+        }
+        KubeDrop::ForwardInvalid => {
+            inspect.push(format!("{ns}conntrack -S"));
+            notes.push(
+                "conntrack calls a packet INVALID when it fits no connection it tracks (a reply \
+                 it never saw the start of, a sequence number out of window): a path that \
+                 skips this node one way, or an entry that expired, is the usual cause; \
+                 net.netfilter.nf_conntrack_tcp_be_liberal=1 makes conntrack accept \
+                 out-of-window packets"
+                    .into(),
+            );
+            (
+                "kube_forward_invalid",
+                "conntrack could not place this forwarded packet in a connection (state \
+                 INVALID) and kube-proxy's KUBE-FORWARD chain drops INVALID packets"
+                    .to_string(),
+            )
+        }
+        KubeDrop::Localnet => {
+            notes.push(
+                "only the node itself may connect to 127.0.0.0/8: connect to the node's own \
+                 address (a node port answers there), not to localhost from another host"
+                    .into(),
+            );
+            (
+                "kube_localnet",
+                "KUBE-FIREWALL blocks connections to 127.0.0.0/8 that do not come from it \
+                 (\"block incoming localnet connections\", with route_localnet on)"
+                    .to_string(),
+            )
+        }
+        KubeDrop::Marked => (
+            "kube_marked_drop",
+            "a kube-proxy chain in nat set the KUBE-MARK-DROP mark (0x8000) and KUBE-FIREWALL \
+             dropped the marked packet; no rule found names the Service"
+                .to_string(),
+        ),
+    };
+    notes.push(REWRITTEN.into());
+    inspect.extend(listing(a, &ns));
+    let mut evidence = vec![reason_evidence(f), format!("method: {}", a.method)];
+    if let (Some(t), Some(c), Some(r)) = (&a.table, &a.chain, &a.rule) {
+        evidence.push(format!("rule in {t}/{c}: {r}"));
+    }
+    evidence.extend(a.evidence.iter().cloned());
+    Finding {
+        cause,
+        summary,
+        evidence,
+        fix: Vec::new(),
+        fix_or: Vec::new(),
+        fix_notes: notes,
+        inspect,
+    }
+}

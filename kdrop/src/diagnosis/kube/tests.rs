@@ -1,0 +1,462 @@
+//! Against the rule sets kube-proxy writes (tests/fixtures/kube-proxy).
+use std::net::SocketAddr;
+
+use super::*;
+use crate::diagnosis::kube::{classify, finding::explain, KubeDrop};
+use crate::diagnosis::reason::DropFacts;
+use crate::model::netfilter::{Attribution, Backend, DroppedBy, Family, Hook};
+
+const V131_SAVE: &str = include_str!("../../../../tests/fixtures/kube-proxy/v1.31-iptables.save");
+const V131_RULES: &str = include_str!("../../../../tests/fixtures/kube-proxy/v1.31-iptables.rules");
+const V122_SAVE: &str = include_str!("../../../../tests/fixtures/kube-proxy/v1.22-iptables.save");
+
+fn services(text: &str) -> Services {
+    Services::from_rules(text.lines().filter_map(KubeRule::parse))
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn named(s: &Services, addr: &str, local: bool) -> Option<(String, Kind)> {
+    s.frontend(sa(addr), local)
+        .map(|f| (f.svc.display(), f.kind))
+}
+
+#[test]
+fn svc_port_names() {
+    let p = SvcPort::parse("ns1/svc1:p80").unwrap();
+    assert_eq!(
+        (p.namespace.as_str(), p.name.as_str(), p.port_name.as_str()),
+        ("ns1", "svc1", "p80")
+    );
+    assert_eq!(p.display(), "ns1/svc1:p80");
+    assert_eq!(p.port_phrase(), "port p80");
+    // An unnamed port: kube-proxy writes `ns/svc`, before 1.25 `ns/svc:`.
+    let u = SvcPort::parse("default/mysql").unwrap();
+    assert_eq!(u.display(), "default/mysql");
+    assert_eq!(SvcPort::parse("default/echo:").unwrap().port_name, "");
+    assert_eq!(
+        SvcPort {
+            port: Some(3306),
+            ..u
+        }
+        .port_phrase(),
+        "port 3306"
+    );
+    assert_eq!(SvcPort::parse("kubernetes forwarding rules"), None);
+    assert_eq!(SvcPort::parse("Redirect"), None);
+}
+
+#[test]
+fn rule_parts() {
+    let r = KubeRule::parse(
+        r#"-A KUBE-SERVICES -d 172.30.0.46/32 -p tcp -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"#,
+    )
+    .unwrap();
+    assert_eq!(r.chain, "KUBE-SERVICES");
+    assert_eq!(r.dst, Some("172.30.0.46".parse().unwrap()));
+    assert_eq!(r.dport, Some(80));
+    assert_eq!(r.target, "REJECT");
+    assert_eq!(r.remark(), "has no endpoints");
+    assert_eq!(r.svc().unwrap().display(), "ns6/svc6:p80");
+    // A negated source is no destination.
+    let m = KubeRule::parse(
+        r#"-A KUBE-SVC-X ! -s 10.0.0.0/8 -d 172.30.0.41/32 -p tcp -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ"#,
+    )
+    .unwrap();
+    assert_eq!(m.dst, Some("172.30.0.41".parse().unwrap()));
+    assert!(KubeRule::parse(":KUBE-SERVICES - [0:0]").is_none());
+    assert_eq!(
+        chain_hash("KUBE-SVL-GNZBNJ2PO5MGZ6GT"),
+        Some("GNZBNJ2PO5MGZ6GT")
+    );
+    assert_eq!(chain_hash("KUBE-SEP-RS4RBKLTHTF2IUXJ"), None);
+}
+
+/// Both the restore input kube-proxy writes and what iptables-save prints
+/// back give the same names.
+#[test]
+fn v131_names() {
+    for text in [V131_SAVE, V131_RULES] {
+        let s = services(text);
+        assert_eq!(
+            named(&s, "172.30.0.41:80", false),
+            Some(("ns1/svc1:80".into(), Kind::ClusterIp))
+        );
+        assert_eq!(
+            named(&s, "1.2.3.4:80", false),
+            Some(("ns2/svc2:80".into(), Kind::LoadBalancer))
+        );
+        assert_eq!(
+            named(&s, "192.168.99.22:80", false),
+            Some(("ns2/svc2:80".into(), Kind::ExternalIp))
+        );
+        assert_eq!(
+            named(&s, "5.6.7.8:80", false),
+            Some(("ns5/svc5:80".into(), Kind::LoadBalancer))
+        );
+        // No endpoints: only the filter REJECT names the cluster IP.
+        assert_eq!(
+            named(&s, "172.30.0.46:80", false),
+            Some(("ns6/svc6:80".into(), Kind::ClusterIp))
+        );
+        // Node ports only on the node's own addresses.
+        assert_eq!(
+            named(&s, "192.0.2.10:3001", true),
+            Some(("ns2/svc2:80".into(), Kind::NodePort))
+        );
+        assert_eq!(named(&s, "192.0.2.10:3001", false), None);
+        assert_eq!(
+            named(&s, "192.0.2.10:3003", true),
+            Some(("ns3/svc3:80".into(), Kind::NodePort))
+        );
+        assert_eq!(named(&s, "172.30.0.41:81", false), None);
+        // Backends.
+        assert_eq!(
+            s.serving(sa("10.180.0.1:80")).unwrap().display(),
+            "ns1/svc1:80"
+        );
+        assert_eq!(
+            s.serving(sa("10.180.0.4:80")).unwrap().display(),
+            "ns4/svc4:80"
+        );
+        assert_eq!(
+            s.serving(sa("10.180.0.5:80")).unwrap().display(),
+            "ns4/svc4:80"
+        );
+        assert_eq!(s.serving(sa("10.180.0.9:80")), None);
+        assert_eq!(s.endpoints.len(), 5);
+        assert_eq!(s.chains["XPGD46QRK7WJZT7O"].display(), "ns1/svc1:80");
+        assert_eq!(s.chains["GNZBNJ2PO5MGZ6GT"].display(), "ns2/svc2:80");
+        assert!(s.mark_drops.is_empty());
+    }
+}
+
+#[test]
+fn v122_names() {
+    let s = services(V122_SAVE);
+    assert_eq!(
+        named(&s, "172.30.0.41:80", false),
+        Some(("ns1/svc1:80".into(), Kind::ClusterIp))
+    );
+    assert_eq!(
+        named(&s, "10.1.1.1:3001", true),
+        Some(("ns2/svc2:80".into(), Kind::NodePort))
+    );
+    assert_eq!(
+        s.serving(sa("10.180.0.2:80")).unwrap().display(),
+        "ns2/svc2:80"
+    );
+    // KUBE-XLB marks for want of a local endpoint (KUBE-FW marks too).
+    assert_eq!(
+        s.mark_drops
+            .get(&("ns2".into(), "svc2".into(), "p80".into())),
+        Some(&true)
+    );
+}
+
+fn line<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no rule with {needle}"))
+}
+
+fn attribution(table: &str, rule: &str) -> Attribution {
+    let r = KubeRule::parse(rule).unwrap();
+    Attribution {
+        dropped_by: DroppedBy::Rule,
+        method: "rule counters (iptables-legacy-save -c)".into(),
+        hook: Some(Hook::Forward),
+        family: Some(Family::Ip),
+        backend: Some(Backend::IptablesLegacy),
+        table: Some(table.into()),
+        chain: Some(r.chain),
+        rule: Some(rule.into()),
+        rule_number: Some(1),
+        handle: None,
+        target: Some(r.target),
+        packets_before: Some(0),
+        packets_after: Some(1),
+        ctstate_invalid: false,
+        conntrack: None,
+        evidence: vec![],
+    }
+}
+
+fn facts(src: &str, dst: &str) -> DropFacts<'static> {
+    DropFacts {
+        reason: Some("NETFILTER_DROP"),
+        ifname: "n0",
+        netns: Some("node"),
+        src: src.into(),
+        dst: dst.into(),
+        location: Some("nf_hook_slow+0x7d"),
+        netfilter: None,
+    }
+}
+
+#[test]
+fn no_endpoints_reject() {
+    let s = services(V131_SAVE);
+    let a = attribution("filter", line(V131_SAVE, "has no endpoints"));
+    let k = classify(&a, &s, sa("172.30.0.46:80"), false).unwrap();
+    assert_eq!(
+        k,
+        KubeDrop::NoEndpoints {
+            svc: s.vips[&sa("172.30.0.46:80")].svc.clone(),
+            kind: Kind::ClusterIp
+        }
+    );
+    let f = explain(&k, &a, &facts("10.0.0.2:40000", "172.30.0.46:80"));
+    assert_eq!(f.cause, "kube_no_endpoints");
+    assert_eq!(
+        f.summary,
+        "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP 172.30.0.46:80"
+    );
+    assert!(f.fix.is_empty() && f.fix_or.is_empty());
+    assert_eq!(
+        f.inspect,
+        [
+            "kubectl -n ns6 get endpointslices -l kubernetes.io/service-name=svc6",
+            "kubectl -n ns6 get svc svc6 -o yaml",
+            "ip netns exec node iptables-legacy -t filter -L KUBE-SERVICES -v -n -x --line-numbers"
+        ]
+    );
+    assert!(f.fix_notes[0].starts_with("give the Service ready endpoints"));
+    assert!(f
+        .fix_notes
+        .last()
+        .unwrap()
+        .contains("deleting it repairs nothing"));
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e
+                .starts_with("rule in filter/KUBE-SERVICES: -A KUBE-SERVICES -d 172.30.0.46/32"))
+    );
+}
+
+#[test]
+fn no_local_endpoints_drop() {
+    let s = services(V131_SAVE);
+    let np = line(V131_SAVE, "--dst-type LOCAL -m tcp --dport 3001 -j DROP");
+    let a = attribution("filter", np);
+    let k = classify(&a, &s, sa("192.0.2.10:3001"), true).unwrap();
+    let f = explain(&k, &a, &facts("192.168.7.2:40000", "192.0.2.10:3001"));
+    assert_eq!(f.cause, "kube_no_local_endpoints");
+    assert_eq!(
+        f.summary,
+        "Service ns2/svc2 port p80 has no endpoint on this node and externalTrafficPolicy is Local: kube-proxy drops new connections to its node port 3001 here"
+    );
+    assert!(f.fix.is_empty());
+    assert!(f.fix_notes[0].contains("set externalTrafficPolicy: Cluster"));
+    assert_eq!(
+        f.inspect[0],
+        "kubectl -n ns2 get endpointslices -l kubernetes.io/service-name=svc2"
+    );
+
+    // The load-balancer IP: the same Service, named as reached.
+    let lb = attribution(
+        "filter",
+        line(
+            V131_SAVE,
+            "1.2.3.4/32 -p tcp -m comment --comment \"ns2/svc2:p80 has no local",
+        ),
+    );
+    let k = classify(&lb, &s, sa("1.2.3.4:80"), false).unwrap();
+    assert_eq!(
+        k,
+        KubeDrop::NoLocalEndpoints {
+            svc: s.vips[&sa("1.2.3.4:80")].svc.clone(),
+            kind: Kind::LoadBalancer,
+            marked: false
+        }
+    );
+    let f = explain(&k, &lb, &facts("192.168.7.2:40000", "1.2.3.4:80"));
+    assert!(f
+        .summary
+        .ends_with("new connections to its load-balancer IP 1.2.3.4:80 here"));
+}
+
+#[test]
+fn mark_drop_before_1_25() {
+    let s = services(V122_SAVE);
+    let a = attribution(
+        "filter",
+        line(V122_SAVE, "-m mark --mark 0x8000/0x8000 -j DROP"),
+    );
+    let k = classify(&a, &s, sa("10.1.1.1:3001"), true).unwrap();
+    assert!(matches!(
+        &k,
+        KubeDrop::NoLocalEndpoints { kind: Kind::NodePort, marked: true, svc } if svc.display() == "ns2/svc2:80"
+    ));
+    let f = explain(&k, &a, &facts("192.168.7.2:40000", "10.1.1.1:3001"));
+    assert!(f
+        .summary
+        .contains("KUBE-XLB chain set the KUBE-MARK-DROP mark (0x8000) and KUBE-FIREWALL dropped"));
+    // A mark for a destination no rule names.
+    assert_eq!(
+        classify(&a, &s, sa("10.9.9.9:9999"), false),
+        Some(KubeDrop::Marked)
+    );
+    // The localnet rule of the same chain.
+    let l = attribution("filter", line(V122_SAVE, "block incoming localnet"));
+    assert_eq!(
+        classify(&l, &s, sa("127.0.0.1:3001"), true),
+        Some(KubeDrop::Localnet)
+    );
+}
+
+#[test]
+fn forward_invalid_and_source_ranges() {
+    let s = services(V131_SAVE);
+    let a = attribution("filter", line(V131_SAVE, "--ctstate INVALID -j DROP"));
+    let k = classify(&a, &s, sa("10.180.0.1:80"), false).unwrap();
+    assert_eq!(k, KubeDrop::ForwardInvalid);
+    let f = explain(&k, &a, &facts("10.0.0.2:40000", "10.180.0.1:80"));
+    assert_eq!(f.cause, "kube_forward_invalid");
+    assert!(f.fix.is_empty());
+    assert_eq!(f.inspect[0], "ip netns exec node conntrack -S");
+    // kube-proxy with nfacct writes the same rule with a counter.
+    let nfacct = attribution(
+        "filter",
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP",
+    );
+    assert_eq!(
+        classify(&nfacct, &s, sa("10.180.0.1:80"), false),
+        Some(KubeDrop::ForwardInvalid)
+    );
+
+    let fw = attribution("filter", line(V131_SAVE, "traffic not accepted by KUBE-FW"));
+    let k = classify(&fw, &s, sa("5.6.7.8:80"), false).unwrap();
+    let f = explain(&k, &fw, &facts("198.51.100.7:40000", "5.6.7.8:80"));
+    assert_eq!(f.cause, "kube_source_ranges");
+    assert_eq!(
+        f.summary,
+        "Service ns5/svc5 port p80 accepts its load-balancer IP only from spec.loadBalancerSourceRanges, and 198.51.100.7 is not in them"
+    );
+    // Rules kube-proxy did not write, or that only accept, are not its drops.
+    let other = attribution(
+        "filter",
+        "-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP",
+    );
+    assert_eq!(classify(&other, &s, sa("10.180.0.1:80"), false), None);
+    let masq = attribution(
+        "filter",
+        line(V131_SAVE, "kubernetes forwarding rules\" -m mark"),
+    );
+    assert_eq!(classify(&masq, &s, sa("10.180.0.1:80"), false), None);
+}
+
+mod nftables {
+    use super::*;
+    use crate::diagnosis::kube::nft::chain_svc;
+
+    /// `nft -j list table ip kube-proxy` after `nft -f` of kube-proxy's
+    /// transaction (tests/fixtures/kube-proxy/nftables.nft).
+    const JSON: &str = include_str!("../../../../tests/fixtures/kube-proxy/nftables.json");
+
+    fn services() -> Services {
+        let mut s = Services::default();
+        s.add_nft(&serde_json::from_str(JSON).unwrap());
+        s
+    }
+
+    fn nft_attribution(chain: &str, rule: &str) -> Attribution {
+        Attribution {
+            backend: Some(Backend::Nftables),
+            family: Some(Family::Ip),
+            table: Some("kube-proxy".into()),
+            chain: Some(chain.into()),
+            rule: Some(rule.into()),
+            rule_number: None,
+            handle: Some(54),
+            method: "ruleset evaluation (nft -j list ruleset)".into(),
+            ..attribution("filter", "-A X -j DROP")
+        }
+    }
+
+    #[test]
+    fn chain_names() {
+        let (p, svc, ep) = chain_svc("endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80").unwrap();
+        assert_eq!(
+            (p, svc.display().as_str(), ep),
+            ("endpoint", "ns1/svc1:p80", Some(sa("10.180.0.1:80")))
+        );
+        let (p, svc, ep) = chain_svc("external-42NFTM6N-ns2/svc2/tcp/p80").unwrap();
+        assert_eq!(
+            (p, svc.display().as_str(), ep),
+            ("external", "ns2/svc2:p80", None)
+        );
+        // A namespace with dashes.
+        let (_, svc, _) = chain_svc("service-ABCDEFGH-kube-system/kube-dns/udp/dns").unwrap();
+        assert_eq!(svc.display(), "kube-system/kube-dns:dns");
+        assert!(chain_svc("service-endpoints-check").is_none());
+        assert!(chain_svc("reject-chain").is_none());
+    }
+
+    #[test]
+    fn names() {
+        let s = services();
+        assert_eq!(
+            named(&s, "172.30.0.41:80", false),
+            Some(("ns1/svc1:80".into(), Kind::ClusterIp))
+        );
+        assert_eq!(
+            named(&s, "1.2.3.4:80", false),
+            Some(("ns2/svc2:80".into(), Kind::ExternalIp))
+        );
+        assert_eq!(
+            named(&s, "172.30.0.46:80", false),
+            Some(("ns6/svc6:80".into(), Kind::ClusterIp))
+        );
+        assert_eq!(
+            named(&s, "192.168.0.2:3003", true),
+            Some(("ns3/svc3:80".into(), Kind::NodePort))
+        );
+        assert_eq!(
+            s.serving(sa("10.180.0.2:80")).unwrap().display(),
+            "ns2/svc2:80"
+        );
+        assert_eq!(s.endpoints.len(), 3);
+    }
+
+    #[test]
+    fn drops() {
+        let s = services();
+        let reject = nft_attribution("reject-chain", "reject");
+        let k = classify(&reject, &s, sa("172.30.0.46:80"), false).unwrap();
+        let f = explain(&k, &reject, &facts("10.0.0.2:40000", "172.30.0.46:80"));
+        assert_eq!(
+            f.summary,
+            "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP 172.30.0.46:80"
+        );
+        // No `iptables -L` for an nftables table; the kubectl commands stay.
+        assert_eq!(f.inspect.len(), 2);
+        let vmap = nft_attribution(
+            "nodeport-endpoints-check",
+            "ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports",
+        );
+        let k = classify(&vmap, &s, sa("192.168.0.2:3001"), true).unwrap();
+        assert!(matches!(
+            &k,
+            KubeDrop::NoLocalEndpoints { kind: Kind::NodePort, marked: false, svc } if svc.display() == "ns2/svc2:80"
+        ));
+        let lb = nft_attribution(
+            "service-endpoints-check",
+            "ip daddr . meta l4proto . th dport vmap @no-endpoint-services",
+        );
+        assert!(matches!(
+            classify(&lb, &s, sa("1.2.3.4:80"), false),
+            Some(KubeDrop::NoLocalEndpoints {
+                kind: Kind::ExternalIp,
+                ..
+            })
+        ));
+        // A table kube-proxy does not own.
+        let mut other = lb.clone();
+        other.table = Some("filter".into());
+        assert_eq!(classify(&other, &s, sa("1.2.3.4:80"), false), None);
+    }
+}
