@@ -41,7 +41,7 @@ use crate::model::{
 };
 
 /// A network namespace as records name it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetnsName {
     pub inode: u32,
     /// Its name under /run/netns, if it has one.
