@@ -18,10 +18,13 @@ pub mod netns;
 pub mod pod_addrs;
 pub mod pods;
 pub mod procs;
+pub mod recording;
+pub mod replay;
 pub mod route_query;
 pub mod routing;
 pub mod sockets;
 pub mod sysctl;
+pub mod tape;
 pub mod tc_filters;
 
 use std::{

@@ -165,6 +165,7 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
         },
         ring_kib: args.ring_size,
         conntrack_events: args.conntrack_events,
+        record: None,
     })?;
     let mut monitor = Monitor {
         out,

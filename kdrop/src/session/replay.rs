@@ -1,0 +1,125 @@
+//! `kdrop explain`: a recorded session's steps taken again, in order,
+//! through the same enrichment, with the node answering from the bundle
+//! and the clock the recording's. No BPF, no privileges.
+use anyhow::{Context as _, Result};
+
+use super::{Control, Sink};
+use crate::{
+    context::{
+        replay::Replay,
+        tape::{Line, StatsLine, Tape},
+    },
+    enrich::{Enricher, Facts},
+    event,
+    model::packet::CtSeen,
+};
+
+/// What the replay found besides the records.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// The accounting the recording ended with (None: it was cut short).
+    pub stats: Option<StatsLine>,
+    /// Why recording stopped early, if it did (the size cap).
+    pub truncated: Option<String>,
+    /// Ring records that did not decode here.
+    pub undecodable: u64,
+    /// Questions the bundle had no answer to.
+    pub unanswered: u64,
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        anyhow::bail!("odd length");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .context("not hex")
+        })
+        .collect()
+}
+
+/// The facts the recording's enrichment had.
+fn facts(tape: &Tape) -> Facts {
+    let h = &tape.header;
+    Facts {
+        reasons: h.reasons.clone(),
+        ct_names: h.ct_names.clone(),
+        // The enricher names functions by static strings: the rungs of
+        // those this kdrop knows.
+        nf_rungs: crate::probes::nf::FUNCS
+            .iter()
+            .filter_map(|f| Some((f.name, h.nf_rungs.get(f.name)?.clone())))
+            .collect(),
+        realtime_offset_ns: h.realtime_offset_ns,
+    }
+}
+
+/// Takes every step of the tape into `sink`, as the live session did.
+pub fn replay(tape: &Tape, sink: &mut impl Sink) -> Result<Replayed> {
+    let mut enricher = Enricher::new(Replay::default(), facts(tape));
+    let mut out = Replayed::default();
+    for line in &tape.lines {
+        let records = match line {
+            Line::Answer { .. } | Line::Blob { .. } => {
+                enricher.node.apply(line);
+                continue;
+            }
+            Line::Ring { hex, .. } => {
+                let bytes = unhex(hex).context("a ring record in the bundle")?;
+                match event::decode(&bytes) {
+                    Ok(e) => enricher.on_event(&e).into_iter().collect(),
+                    Err(e) => {
+                        log::debug!("{e}");
+                        out.undecodable += 1;
+                        Vec::new()
+                    }
+                }
+            }
+            Line::CtNew { now, seen } => {
+                follow_new(&mut enricher, seen, *now);
+                continue;
+            }
+            Line::CtDestroyed { destroyed, .. } => {
+                enricher.on_destroyed(destroyed).into_iter().collect()
+            }
+            Line::Due { now } => enricher.due(now.unwrap_or(u64::MAX)),
+            Line::Stats(s) => {
+                out.stats = Some(s.clone());
+                continue;
+            }
+            Line::Truncated { reason } => {
+                out.truncated = Some(reason.clone());
+                continue;
+            }
+        };
+        for r in records {
+            if sink.record(r) == Control::Stop {
+                out.unanswered = enricher.node.unanswered;
+                return Ok(out);
+            }
+        }
+        sink.flush();
+    }
+    out.unanswered = enricher.node.unanswered;
+    Ok(out)
+}
+
+fn follow_new(enricher: &mut Enricher<Replay>, seen: &CtSeen, now: u64) {
+    // The ends the live session followed in the kernel: nothing to do
+    // here, their packets are on the tape.
+    let _ = enricher.on_new(seen, now);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_round_trip() {
+        let b = vec![0u8, 1, 0xfe, 0x7f];
+        assert_eq!(super::unhex(&super::super::recording::hex(&b)).unwrap(), b);
+        assert!(super::unhex("abc").is_err());
+        assert!(super::unhex("zz").is_err());
+    }
+}
