@@ -179,6 +179,12 @@ pub struct TraceArgs {
     /// without a drop or a local retransmission here goes unnamed.
     #[arg(long)]
     pub no_conntrack_events: bool,
+
+    /// Also write each dropped packet's first 128 bytes (copied in the
+    /// kernel) as pcapng, with its reason, location and cause in the
+    /// packet comment.
+    #[arg(long, value_name = "FILE.pcapng")]
+    pub pcap: Option<PathBuf>,
 }
 
 fn parse_port(s: &str) -> Result<u16, String> {

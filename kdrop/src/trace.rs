@@ -146,6 +146,7 @@ async fn trace(args: &TraceArgs, record: Option<Recording>) -> Result<ExitCode> 
         ring_kib: args.ring_size,
         conntrack_events: !args.no_conntrack_events,
         record,
+        pcap: args.pcap.clone(),
     })?;
     eprintln!("kdrop: tracing {}", session.describe());
     for line in session.missing() {
@@ -155,6 +156,10 @@ async fn trace(args: &TraceArgs, record: Option<Recording>) -> Result<ExitCode> 
     session.run(&mut out, args.duration, None).await?;
     let _ = out.out.flush();
     let stats = session.stats()?;
+    if let Some(n) = session.finish_capture(&stats)? {
+        let path = args.pcap.clone().unwrap_or_default();
+        eprintln!("kdrop: wrote {n} packets to {}", path.display());
+    }
     if let Some(bytes) = session.finish_recording(&stats)? {
         let path = path.unwrap_or_default();
         eprintln!("kdrop: recorded {} ({bytes} bytes)", path.display());

@@ -93,6 +93,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     let t = topo("rec1", 61);
     let scratch = Scratch::new("rec1");
     let bundle = scratch.0.join("incident.kdrop");
+    let pcap = scratch.0.join("incident.pcapng");
     let lab = t.build().unwrap();
     let names = [
         lab.client.name.clone(),
@@ -103,6 +104,8 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
         "record",
         "-o",
         bundle.to_str().unwrap(),
+        "--pcap",
+        pcap.to_str().unwrap(),
         "--json",
         "--netns",
         &lab.node.name,
@@ -170,6 +173,52 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.contains("rp_filter"), "{text}");
     assert!(text.contains("192.0.2.61:40100"), "{text}");
+
+    // The packets, as Wireshark's reader sees them: one per drop record,
+    // the headers the kernel copied, the reason and cause in the comment.
+    let drops: Vec<Value> = live
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "drop")
+        .collect();
+    let fields = tshark(
+        &pcap,
+        &["-T", "fields", "-E", "separator=|", "-e", "frame.interface_name", "-e",
+          "ip.src", "-e", "ip.dst", "-e", "tcp.srcport", "-e", "tcp.flags.syn", "-e",
+          "frame.comment"],
+    );
+    let rows: Vec<&str> = fields.lines().collect();
+    assert_eq!(rows.len(), drops.len(), "{fields}");
+    let ens6 = format!("{}/ens6", names[1]);
+    for row in &rows {
+        let cols: Vec<&str> = row.split('|').collect();
+        assert_eq!(cols[..4], [ens6.as_str(), "192.0.2.61", "10.61.7.9", "40100"], "{row}");
+        assert!(cols[4] == "1" || cols[4] == "True", "{row}");
+        assert!(cols[5].starts_with("IP_RPFILTER at ") || !kernel_has_reasons(), "{row}");
+        assert!(cols[5].contains("rp_filter_strict: strict reverse-path filter on ens6"), "{row}");
+    }
+    let info = tshark(&pcap, &["-V", "-c", "1"]);
+    assert!(info.contains("Raw IP"), "{info}");
+}
+
+fn kernel_has_reasons() -> bool {
+    expected_reason("IP_RPFILTER") != Value::Null
+}
+
+/// `tshark -r FILE ARGS`, its stdout.
+fn tshark(file: &Path, args: &[&str]) -> String {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("running tshark (cargo xtask bootstrap installs it)");
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[test]

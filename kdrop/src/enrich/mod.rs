@@ -149,6 +149,8 @@ impl<N: Node> Enricher<N> {
                 self.verdicts.push(v.clone());
                 return None;
             }
+            // The session's, for --pcap.
+            Event::Head(_) => return None,
         };
         Some(self.fold(r, ts))
     }

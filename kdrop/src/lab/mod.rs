@@ -77,6 +77,7 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         ring_kib: 256,
         conntrack_events: true,
         record: None,
+        pcap: None,
     })?;
     eprintln!(
         "kdrop: tracing {} in netns {}, port {}",

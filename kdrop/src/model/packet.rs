@@ -129,6 +129,17 @@ pub enum Event {
     Retrans(Packet),
     /// Precedes the drop it explains on the ring buffer.
     Verdict(NfVerdict),
+    /// A dropped packet's first bytes (`--pcap`), just before its drop.
+    Head(Head),
+}
+
+/// The first bytes of a dropped packet from its IP header, and the drop's
+/// CPU and kernel timestamp (which pair it with its [`Drop`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub bytes: Vec<u8>,
 }
 
 /// `SYN`, `SYN|ACK`, `RST|ACK`: the flags set, in header order.

@@ -3,6 +3,7 @@
 //! (`enrich`), hand them to the mode's [`Sink`], and at the end drain every
 //! source (ring, sockets, held records) the same way.
 pub mod arming;
+mod capture;
 mod recording;
 pub use self::recording::Recording;
 pub mod replay;
@@ -58,6 +59,8 @@ pub struct Options {
     pub conntrack_events: bool,
     /// Write an incident bundle (`kdrop record`).
     pub record: Option<recording::Recording>,
+    /// Write each drop record's packet as pcapng (`--pcap`).
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 /// What the mode wants after a record.
@@ -106,6 +109,8 @@ pub struct Session {
     pub enricher: Enricher<Recorder<Live>>,
     /// The bundle being written, if recording.
     tape: Option<TapeWriter>,
+    /// The pcapng being written, if asked for.
+    capture: Option<capture::Capture>,
     pub started: Instant,
     // Installed before the readiness line: a signal right after it must
     // still take the orderly way out (summary, detach).
@@ -125,7 +130,7 @@ impl Session {
             &probes::Config {
                 filter: &o.filter,
                 monitor: &o.monitor,
-                evidence: &evidence(&setup.reasons),
+                evidence: &evidence(&setup.reasons, o.pcap.is_some()),
                 ring_kib: o.ring_kib,
                 all_rungs: false,
             },
@@ -173,10 +178,15 @@ impl Session {
             ct_events,
             enricher,
             tape: None,
+            capture: None,
             started: Instant::now(),
             sigint,
             sigterm,
         };
+        if let Some(p) = &o.pcap {
+            let offset = s.enricher.facts.realtime_offset_ns;
+            s.capture = Some(capture::Capture::create(p, offset)?);
+        }
         if let Some(r) = &o.record {
             let header = s.header(r);
             s.tape = Some(TapeWriter::create(&r.path, r.max_bytes, &header)?);
@@ -294,6 +304,9 @@ impl Session {
         let raw = self.ring.take_raw();
         let at = monotonic_ns();
         for (i, e) in batch.iter().enumerate() {
+            if let (Event::Head(h), Some(c)) = (e, self.capture.as_mut()) {
+                c.head(h);
+            }
             if let Event::Retrans(_) = e {
                 // A local socket retransmits its SYN or SYN-ACK: follow
                 // what its next attempts meet.
@@ -387,6 +400,12 @@ impl Session {
         for d in demands(&r) {
             self.want(d);
         }
+        if let Some(c) = self.capture.as_mut() {
+            if let Err(e) = c.record(&r) {
+                log::warn!("pcapng stopped: {e:#}");
+                self.capture = None;
+            }
+        }
         sink.record(r)
     }
 
@@ -416,6 +435,18 @@ impl Session {
         Ok(())
     }
 
+    /// Ends the pcapng with what never reached it; its packet count.
+    pub fn finish_capture(&mut self, stats: &Stats) -> Result<Option<u64>> {
+        match self.capture.take() {
+            Some(c) => {
+                let n = c.written;
+                c.finish(stats)?;
+                Ok(Some(n))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// The kernel's counters and the session's own, now.
     pub fn stats(&self) -> Result<Stats> {
         Ok(Stats {
@@ -438,8 +469,9 @@ impl Session {
     }
 }
 
-/// Which drop reasons carry route lookups on this kernel.
-fn evidence(reasons: &Reasons) -> Evidence {
+/// Which drop reasons carry route lookups on this kernel; whether drops
+/// carry their first bytes.
+fn evidence(reasons: &Reasons, capture_head: bool) -> Evidence {
     let mut e = Evidence::zeroed();
     for name in ROUTE_REASONS {
         if let Some(v) = reasons.value(name) {
@@ -447,6 +479,7 @@ fn evidence(reasons: &Reasons) -> Evidence {
         }
     }
     e.route_without_reason = u32::from(reasons.is_empty());
+    e.capture_head = u32::from(capture_head);
     e
 }
 
