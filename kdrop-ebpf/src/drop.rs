@@ -10,9 +10,9 @@ use kdrop_common::{
 
 use crate::{
     config::{evidence, filter, offsets, COUNTERS, EVENTS, LAST_WAKEUP},
-    ct, fib, head,
+    ct, fib,
     filter::{admit, identity, Admitted},
-    monitor,
+    head, monitor,
     skb::Load,
     srccheck,
 };

@@ -302,9 +302,15 @@ mod tests {
         let Some(Command::Record(r)) = c.command else {
             panic!("not record")
         };
-        assert_eq!((r.trace.filter.ports.as_slice(), r.max_size), (&[80][..], 64));
+        assert_eq!(
+            (r.trace.filter.ports.as_slice(), r.max_size),
+            (&[80][..], 64)
+        );
         assert!(r.trace.json);
-        assert!(Cli::try_parse_from(["kdrop", "record"]).is_err(), "-o is required");
+        assert!(
+            Cli::try_parse_from(["kdrop", "record"]).is_err(),
+            "-o is required"
+        );
         let c = Cli::try_parse_from(["kdrop", "explain", "b.kdrop", "--json"]).unwrap();
         assert!(matches!(c.command, Some(Command::Explain(e)) if e.json));
         let c = Cli::try_parse_from(["kdrop", "check"]).unwrap();

@@ -126,7 +126,9 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     live.extend(done.stdout.iter().cloned());
     let counts = done.counts();
     assert!(
-        done.stderr.iter().any(|l| l.starts_with("kdrop: recorded ")),
+        done.stderr
+            .iter()
+            .any(|l| l.starts_with("kdrop: recorded ")),
         "{:?}",
         done.stderr
     );
@@ -183,19 +185,44 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
         .collect();
     let fields = tshark(
         &pcap,
-        &["-T", "fields", "-E", "separator=|", "-e", "frame.interface_name", "-e",
-          "ip.src", "-e", "ip.dst", "-e", "tcp.srcport", "-e", "tcp.flags.syn", "-e",
-          "frame.comment"],
+        &[
+            "-T",
+            "fields",
+            "-E",
+            "separator=|",
+            "-e",
+            "frame.interface_name",
+            "-e",
+            "ip.src",
+            "-e",
+            "ip.dst",
+            "-e",
+            "tcp.srcport",
+            "-e",
+            "tcp.flags.syn",
+            "-e",
+            "frame.comment",
+        ],
     );
     let rows: Vec<&str> = fields.lines().collect();
     assert_eq!(rows.len(), drops.len(), "{fields}");
     let ens6 = format!("{}/ens6", names[1]);
     for row in &rows {
         let cols: Vec<&str> = row.split('|').collect();
-        assert_eq!(cols[..4], [ens6.as_str(), "192.0.2.61", "10.61.7.9", "40100"], "{row}");
+        assert_eq!(
+            cols[..4],
+            [ens6.as_str(), "192.0.2.61", "10.61.7.9", "40100"],
+            "{row}"
+        );
         assert!(cols[4] == "1" || cols[4] == "True", "{row}");
-        assert!(cols[5].starts_with("IP_RPFILTER at ") || !kernel_has_reasons(), "{row}");
-        assert!(cols[5].contains("rp_filter_strict: strict reverse-path filter on ens6"), "{row}");
+        assert!(
+            cols[5].starts_with("IP_RPFILTER at ") || !kernel_has_reasons(),
+            "{row}"
+        );
+        assert!(
+            cols[5].contains("rp_filter_strict: strict reverse-path filter on ens6"),
+            "{row}"
+        );
     }
     let info = tshark(&pcap, &["-V", "-c", "1"]);
     assert!(info.contains("Raw IP"), "{info}");

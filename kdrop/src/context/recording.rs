@@ -64,10 +64,7 @@ impl<N: Node> Recorder<N> {
     /// answer refers to them by id.
     fn keep_blobs<T: Serialize>(&mut self, q: Value, parts: &[Option<&T>]) {
         let Some(k) = self.kept.as_mut() else { return };
-        let ids: Vec<Option<u64>> = parts
-            .iter()
-            .map(|p| p.map(|v| blob(k, v)))
-            .collect();
+        let ids: Vec<Option<u64>> = parts.iter().map(|p| p.map(|v| blob(k, v))).collect();
         keep_value(k, q, json!(ids));
     }
 }
@@ -122,9 +119,7 @@ impl<N: Node> Node for Recorder<N> {
         let a = self.inner.netfilter_around(netns, ts_ns);
         let q = json!(["netfilter_around", netns, ts_ns]);
         match &a {
-            Some((before, after)) => {
-                self.keep_blobs(q, &[before.as_deref(), Some(after.as_ref())])
-            }
+            Some((before, after)) => self.keep_blobs(q, &[before.as_deref(), Some(after.as_ref())]),
             None => self.keep(q, &Value::Null),
         }
         a

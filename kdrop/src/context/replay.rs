@@ -110,7 +110,10 @@ impl Node for Replay {
     }
 
     fn netfilter_latest(&mut self, netns: u32) -> Option<Arc<Snapshot>> {
-        let id = self.ids(json!(["netfilter_latest", netns]))?.first().copied()??;
+        let id = self
+            .ids(json!(["netfilter_latest", netns]))?
+            .first()
+            .copied()??;
         self.snapshot(Some(id))
     }
 
@@ -158,8 +161,7 @@ impl Node for Replay {
     }
 
     fn br_netfilter_loaded(&mut self) -> bool {
-        self.answer(json!(["br_netfilter_loaded"]))
-            .unwrap_or(false)
+        self.answer(json!(["br_netfilter_loaded"])).unwrap_or(false)
     }
 
     fn symbol(&mut self, addr: u64) -> Option<String> {
@@ -213,7 +215,13 @@ mod tests {
                 finished_ns: 2,
                 ..Default::default()
             });
-            Some((None, Arc::new(Snapshot { started_ns: ts, ..(*s).clone() })))
+            Some((
+                None,
+                Arc::new(Snapshot {
+                    started_ns: ts,
+                    ..(*s).clone()
+                }),
+            ))
         }
         fn netfilter_latest(&mut self, _: u32) -> Option<Arc<Snapshot>> {
             None

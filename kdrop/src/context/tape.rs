@@ -310,7 +310,11 @@ pub fn read(path: &Path) -> Result<Tape> {
     let header: Header = serde_json::from_str(&first)
         .with_context(|| format!("{} is not a kdrop bundle (bad header)", path.display()))?;
     if header.format != FORMAT {
-        bail!("{} is not a kdrop bundle (format {:?})", path.display(), header.format);
+        bail!(
+            "{} is not a kdrop bundle (format {:?})",
+            path.display(),
+            header.format
+        );
     }
     if header.schema > SCHEMA {
         bail!(

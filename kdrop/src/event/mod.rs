@@ -6,8 +6,8 @@ pub mod verdict;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kdrop_common::{
-    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, PacketEvent,
-    HeadEvent, PacketId, RoutedDropEvent, AF_INET, AF_INET6, EVENT_DROP, EVENT_DROP_ROUTED,
+    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, HeadEvent,
+    PacketEvent, PacketId, RoutedDropEvent, AF_INET, AF_INET6, EVENT_DROP, EVENT_DROP_ROUTED,
     EVENT_EGRESS, EVENT_HEAD, EVENT_RETRANS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
 };
 

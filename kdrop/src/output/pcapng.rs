@@ -28,7 +28,7 @@ fn option(out: &mut Vec<u8>, code: u16, value: &[u8]) {
 }
 
 fn pad(out: &mut Vec<u8>) {
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push(0);
     }
 }

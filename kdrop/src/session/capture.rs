@@ -76,7 +76,10 @@ impl Capture {
                 let ns = r.netns_name.clone().unwrap_or_else(|| r.netns.to_string());
                 let block = pcapng::interface(
                     &format!("{ns}/{}", r.ifname),
-                    &format!("netns {ns} (inode {}), interface {} (index {})", r.netns, r.ifname, r.ifindex),
+                    &format!(
+                        "netns {ns} (inode {}), interface {} (index {})",
+                        r.netns, r.ifname, r.ifindex
+                    ),
                     HEAD_BYTES as u32,
                 );
                 self.out.write_all(&block).context("writing the pcapng")?;

@@ -26,7 +26,6 @@ use kdrop_common::{Endpoint, Evidence, AF_INET, AF_INET6};
 use self::{
     arming::{demands, Arming, ROUTE_REASONS},
     recording::Line,
-
     ring::Ring,
 };
 use crate::{

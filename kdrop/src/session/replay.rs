@@ -28,7 +28,7 @@ pub struct Replayed {
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         anyhow::bail!("odd length");
     }
     (0..s.len())
