@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{expected_reason, kdrop_bin, ns_name, send_syn, Kdrop};
+use integration_tests::{expected_reason, kdrop_bin, ns_name, send_syn, Kdrop, Pair};
 use kdrop::lab::rp_filter::RpFilter;
 use serde_json::Value;
 
@@ -246,6 +246,74 @@ fn tshark(file: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// A rule's drop: the netfilter snapshots around it are in the bundle, and
+/// the text output comes back byte for byte.
+#[test]
+fn netfilter_rule_recorded_in_text_then_explained() {
+    let p = Pair::new("recnf", 62);
+    let scratch = Scratch::new("recnf");
+    let bundle = scratch.0.join("nf.kdrop");
+    let rule = "-A INPUT -p tcp -m tcp --dport 6201 -j DROP";
+    p.server
+        .exec(
+            "iptables-legacy",
+            &["-A", "INPUT", "-p", "tcp", "--dport", "6201", "-j", "DROP"],
+        )
+        .unwrap();
+    let server = p.server.name.clone();
+    let k = Kdrop::start(&[
+        "record",
+        "-o",
+        bundle.to_str().unwrap(),
+        "--netns",
+        &server,
+        "-p",
+        "6201",
+    ]);
+    let (src, dst) = (p.client_v4(42201), p.server_v4(6201));
+    let syn = send_syn(&p.client, src, dst);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut live = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Some(line) = k.next_line(left) else { break };
+        let done = line.contains(rule);
+        live.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(live.iter().any(|l| l.contains(rule)), "{live:?}");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{:?}", done.stderr);
+    live.extend(done.stdout.iter().cloned());
+    drop(syn);
+    drop(p);
+    assert!(!netns_exists(&server));
+
+    let text = explain_unprivileged(&bundle, false);
+    let replayed: Vec<String> = String::from_utf8(text.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(replayed, live, "explain differs from the live run");
+    // The rule and its counters, from the snapshots the bundle kept.
+    let json = explain_unprivileged(&bundle, true);
+    let first: Value =
+        serde_json::from_slice(json.stdout.split(|&b| b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(
+        first["reason"],
+        expected_reason("NETFILTER_DROP"),
+        "{first}"
+    );
+    assert_eq!(first["netfilter"]["rule"], rule, "{first}");
+    assert_eq!(first["netfilter"]["backend"], "iptables-legacy", "{first}");
+    assert_eq!(first["finding"]["cause"], "netfilter_rule", "{first}");
+    let before = first["netfilter"]["packets_before"].as_u64().unwrap();
+    let after = first["netfilter"]["packets_after"].as_u64().unwrap();
+    assert!(after > before, "{first}");
 }
 
 #[test]
