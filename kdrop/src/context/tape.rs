@@ -371,6 +371,60 @@ mod tests {
         assert!(s.loss().contains("drops: 10 matched, 7 recorded, 2 lost"));
     }
 
+    fn header() -> Header {
+        Header {
+            format: FORMAT.into(),
+            schema: SCHEMA,
+            kdrop: "test".into(),
+            kernel_release: "6.18".into(),
+            kernel_version: String::new(),
+            hostname: "node".into(),
+            started_realtime_ns: 0,
+            reasons: Reasons::from_pairs([("IP_RPFILTER", 16)]),
+            ct_names: CtNames::default(),
+            nf_rungs: HashMap::new(),
+            realtime_offset_ns: 0,
+            probes: String::new(),
+            missing: vec![],
+            args: vec![],
+            count: None,
+        }
+    }
+
+    #[test]
+    fn the_size_cap_ends_the_bundle_readably() {
+        let path = std::env::temp_dir().join(format!("kdrop-tape-{}", std::process::id()));
+        let mut w = TapeWriter::create(&path, 1, &header()).unwrap();
+        w.write(&Line::Due { now: Some(1) }).unwrap();
+        assert!(w.full);
+        w.write(&Line::Due { now: Some(2) }).unwrap();
+        w.finish(&Stats::default()).unwrap();
+        let t = read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(t.header.reasons.name(16).as_deref(), Some("IP_RPFILTER"));
+        assert!(t.cut.is_none());
+        assert!(matches!(t.lines[0], Line::Due { now: Some(1) }));
+        assert!(matches!(t.lines[1], Line::Truncated { .. }));
+        assert!(matches!(t.lines[2], Line::Stats(_)));
+        assert_eq!(t.lines.len(), 3, "nothing past the cap");
+    }
+
+    #[test]
+    fn newer_schemas_and_other_files_are_refused() {
+        let path = std::env::temp_dir().join(format!("kdrop-tape2-{}", std::process::id()));
+        let mut h = header();
+        h.schema = SCHEMA + 1;
+        TapeWriter::create(&path, 1 << 20, &h)
+            .unwrap()
+            .finish(&Stats::default())
+            .unwrap();
+        let e = read(&path).err().unwrap();
+        assert!(format!("{e:#}").contains("use a newer kdrop"), "{e:#}");
+        std::fs::write(&path, b"plain text").unwrap();
+        assert!(format!("{:#}", read(&path).err().unwrap()).contains("not a kdrop bundle"));
+        let _ = std::fs::remove_file(&path);
+    }
+
     #[test]
     fn lines_are_tagged() {
         let l = Line::Due { now: Some(5) };

@@ -115,6 +115,55 @@ fn follow_new(enricher: &mut Enricher<Replay>, seen: &CtSeen, now: u64) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::{context::tape, model::record::DropRecord};
+
+    #[derive(Default)]
+    struct Kept(Vec<DropRecord>);
+
+    impl Sink for Kept {
+        fn record(&mut self, r: DropRecord) -> Control {
+            self.0.push(r);
+            Control::Continue
+        }
+    }
+
+    /// A real drop, recorded on 6.18: netns B with
+    /// `iptables-legacy -A INPUT -p tcp --dport 7001 -j DROP`, five
+    /// connects from 10.99.0.1 in netns A (one retransmitted SYN among
+    /// them), `kdrop record --netns B -p 7001 --pcap`.
+    #[test]
+    fn a_recorded_netfilter_rule_drop_is_explained_again() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bundles/netfilter_rule.kdrop");
+        let tape = tape::read(std::path::Path::new(path)).unwrap();
+        assert_eq!(tape.header.schema, 1);
+        assert!(tape.cut.is_none());
+        let mut kept = Kept::default();
+        let done = replay(&tape, &mut kept).unwrap();
+        assert_eq!((done.undecodable, done.unanswered), (0, 0));
+        let stats = done.stats.unwrap();
+        assert_eq!((stats.drops.matched, stats.missing()), (6, 0));
+        assert_eq!(kept.0.len(), 6);
+        for r in &kept.0 {
+            assert_eq!(r.reason.as_deref(), Some("NETFILTER_DROP"));
+            assert_eq!((r.saddr.to_string(), r.dport), ("10.99.0.1".into(), 7001));
+            assert_eq!(r.ifname, "vb");
+            let f = r.finding.as_ref().unwrap();
+            assert_eq!(f.cause, "netfilter_rule");
+            assert!(
+                f.summary
+                    .ends_with("-A INPUT -p tcp -m tcp --dport 7001 -j DROP"),
+                "{}",
+                f.summary
+            );
+            let nf = r.netfilter.as_ref().unwrap();
+            assert!(
+                nf.packets_before.is_some() && nf.packets_after > nf.packets_before,
+                "{nf:?}"
+            );
+        }
+    }
+
     #[test]
     fn hex_round_trip() {
         let b = vec![0u8, 1, 0xfe, 0x7f];
