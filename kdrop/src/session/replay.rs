@@ -134,7 +134,10 @@ mod tests {
     /// them), `kdrop record --netns B -p 7001 --pcap`.
     #[test]
     fn a_recorded_netfilter_rule_drop_is_explained_again() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bundles/netfilter_rule.kdrop");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/bundles/netfilter_rule.kdrop"
+        );
         let tape = tape::read(std::path::Path::new(path)).unwrap();
         assert_eq!(tape.header.schema, 1);
         assert!(tape.cut.is_none());
