@@ -64,6 +64,11 @@ pub struct ExplainArgs {
     /// One JSON object per line on stdout.
     #[arg(long)]
     pub json: bool,
+
+    /// Write the recorded packets (a bundle recorded with --pcap) as
+    /// pcapng, as the live run did.
+    #[arg(long, value_name = "FILE.pcapng")]
+    pub pcap: Option<PathBuf>,
 }
 
 /// What the kernel lets through: the same flags for `kdrop` and `kdrop monitor`.

@@ -116,8 +116,11 @@ pub fn explain(args: &ExplainArgs) -> Result<ExitCode> {
         }
     }
     let mut out = Out::new(args.json, h.count);
-    let replayed = replay(&tape, &mut out)?;
+    let replayed = replay(&tape, &mut out, args.pcap.as_deref())?;
     let _ = out.out.flush();
+    if let (Some(n), Some(p)) = (replayed.pcap_written, &args.pcap) {
+        let _ = writeln!(err, "kdrop: wrote {n} packets to {}", p.display());
+    }
     if let Some(t) = &replayed.truncated {
         let _ = writeln!(err, "kdrop: recording stopped early: {t}");
     }

@@ -44,8 +44,8 @@ impl Drop for Scratch {
     }
 }
 
-/// `kdrop explain ARGS` as nobody, with no capabilities.
-fn explain_unprivileged(bundle: &Path, json: bool) -> Output {
+/// `kdrop explain BUNDLE ARGS` as nobody, with no capabilities.
+fn explain_unprivileged(bundle: &Path, args: &[&str]) -> Output {
     let mut cmd = Command::new("setpriv");
     cmd.args([
         "--reuid=65534",
@@ -56,10 +56,8 @@ fn explain_unprivileged(bundle: &Path, json: bool) -> Output {
     ])
     .arg(kdrop_bin())
     .arg("explain")
-    .arg(bundle);
-    if json {
-        cmd.arg("--json");
-    }
+    .arg(bundle)
+    .args(args);
     let out = cmd.output().expect("running setpriv");
     assert!(
         out.status.success(),
@@ -139,7 +137,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
         assert!(!netns_exists(n), "{n} still exists");
     }
 
-    let out = explain_unprivileged(&bundle, true);
+    let out = explain_unprivileged(&bundle, &["--json"]);
     let replayed: Vec<String> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -171,7 +169,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     assert!(err.contains(&summary), "{err}");
 
     // Text too: what the records say, as the live run would print them.
-    let text = explain_unprivileged(&bundle, false);
+    let text = explain_unprivileged(&bundle, &[]);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.contains("rp_filter"), "{text}");
     assert!(text.contains("192.0.2.61:40100"), "{text}");
@@ -226,6 +224,32 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     }
     let info = tshark(&pcap, &["-V", "-c", "1"]);
     assert!(info.contains("Raw IP"), "{info}");
+
+    // The same packets again from the bundle alone, written by nobody.
+    let theirs = scratch.0.join("nobody");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let again = theirs.join("again.pcapng");
+    let out = explain_unprivileged(&bundle, &["--json", "--pcap", again.to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().lines().count(),
+        live.len()
+    );
+    let all = [
+        "-T",
+        "fields",
+        "-e",
+        "frame.interface_name",
+        "-e",
+        "frame.time_epoch",
+        "-e",
+        "frame.len",
+        "-e",
+        "frame.comment",
+        "-e",
+        "tcp.seq_raw",
+    ];
+    assert_eq!(tshark(&again, &all), tshark(&pcap, &all));
 }
 
 fn kernel_has_reasons() -> bool {
@@ -292,7 +316,7 @@ fn netfilter_rule_recorded_in_text_then_explained() {
     drop(p);
     assert!(!netns_exists(&server));
 
-    let text = explain_unprivileged(&bundle, false);
+    let text = explain_unprivileged(&bundle, &[]);
     let replayed: Vec<String> = String::from_utf8(text.stdout)
         .unwrap()
         .lines()
@@ -300,7 +324,7 @@ fn netfilter_rule_recorded_in_text_then_explained() {
         .collect();
     assert_eq!(replayed, live, "explain differs from the live run");
     // The rule and its counters, from the snapshots the bundle kept.
-    let json = explain_unprivileged(&bundle, true);
+    let json = explain_unprivileged(&bundle, &["--json"]);
     let first: Value =
         serde_json::from_slice(json.stdout.split(|&b| b == b'\n').next().unwrap()).unwrap();
     assert_eq!(

@@ -1,9 +1,11 @@
 //! `kdrop explain`: a recorded session's steps taken again, in order,
 //! through the same enrichment, with the node answering from the bundle
 //! and the clock the recording's. No BPF, no privileges.
+use std::path::Path;
+
 use anyhow::{Context as _, Result};
 
-use super::{Control, Sink};
+use super::{capture::Capture, Control, Sink};
 use crate::{
     context::{
         replay::Replay,
@@ -11,7 +13,10 @@ use crate::{
     },
     enrich::{Enricher, Facts},
     event,
-    model::packet::CtSeen,
+    model::{
+        packet::{CtSeen, Event},
+        stats::Stats,
+    },
 };
 
 /// What the replay found besides the records.
@@ -25,6 +30,8 @@ pub struct Replayed {
     pub undecodable: u64,
     /// Questions the bundle had no answer to.
     pub unanswered: u64,
+    /// Packets written to the pcapng, when asked for one.
+    pub pcap_written: Option<u64>,
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>> {
@@ -57,10 +64,31 @@ fn facts(tape: &Tape) -> Facts {
     }
 }
 
-/// Takes every step of the tape into `sink`, as the live session did.
-pub fn replay(tape: &Tape, sink: &mut impl Sink) -> Result<Replayed> {
-    let mut enricher = Enricher::new(Replay::default(), facts(tape));
+/// Takes every step of the tape into `sink`, as the live session did;
+/// with `pcap`, writes the packets the bundle holds (recorded with
+/// `--pcap`) there.
+pub fn replay(tape: &Tape, sink: &mut impl Sink, pcap: Option<&Path>) -> Result<Replayed> {
+    let mut capture = match pcap {
+        Some(p) => Some(Capture::create(p, tape.header.realtime_offset_ns)?),
+        None => None,
+    };
     let mut out = Replayed::default();
+    steps(tape, sink, &mut capture, &mut out)?;
+    if let Some(c) = capture {
+        out.pcap_written = Some(c.written);
+        let stats = out.stats.as_ref().map(Stats::from).unwrap_or_default();
+        c.finish(&stats)?;
+    }
+    Ok(out)
+}
+
+fn steps(
+    tape: &Tape,
+    sink: &mut impl Sink,
+    capture: &mut Option<Capture>,
+    out: &mut Replayed,
+) -> Result<()> {
+    let mut enricher = Enricher::new(Replay::default(), facts(tape));
     for line in &tape.lines {
         let records = match line {
             Line::Answer { .. } | Line::Blob { .. } => {
@@ -70,7 +98,12 @@ pub fn replay(tape: &Tape, sink: &mut impl Sink) -> Result<Replayed> {
             Line::Ring { hex, .. } => {
                 let bytes = unhex(hex).context("a ring record in the bundle")?;
                 match event::decode(&bytes) {
-                    Ok(e) => enricher.on_event(&e).into_iter().collect(),
+                    Ok(e) => {
+                        if let (Event::Head(h), Some(c)) = (&e, capture.as_mut()) {
+                            c.head(h);
+                        }
+                        enricher.on_event(&e).into_iter().collect()
+                    }
                     Err(e) => {
                         log::debug!("{e}");
                         out.undecodable += 1;
@@ -96,15 +129,18 @@ pub fn replay(tape: &Tape, sink: &mut impl Sink) -> Result<Replayed> {
             }
         };
         for r in records {
+            if let Some(c) = capture.as_mut() {
+                c.record(&r)?;
+            }
             if sink.record(r) == Control::Stop {
                 out.unanswered = enricher.node.unanswered;
-                return Ok(out);
+                return Ok(());
             }
         }
         sink.flush();
     }
     out.unanswered = enricher.node.unanswered;
-    Ok(out)
+    Ok(())
 }
 
 fn follow_new(enricher: &mut Enricher<Replay>, seen: &CtSeen, now: u64) {
@@ -142,7 +178,13 @@ mod tests {
         assert_eq!(tape.header.schema, 1);
         assert!(tape.cut.is_none());
         let mut kept = Kept::default();
-        let done = replay(&tape, &mut kept).unwrap();
+        let pcap = std::env::temp_dir().join(format!("kdrop-replay-{}.pcapng", std::process::id()));
+        let done = replay(&tape, &mut kept, Some(&pcap)).unwrap();
+        let written = std::fs::metadata(&pcap).map(|m| m.len());
+        let _ = std::fs::remove_file(&pcap);
+        // Recorded with --pcap: every drop's packet is in the bundle.
+        assert_eq!(done.pcap_written, Some(6));
+        assert!(written.unwrap() > 6 * 40);
         assert_eq!((done.undecodable, done.unanswered), (0, 0));
         let stats = done.stats.unwrap();
         assert_eq!((stats.drops.matched, stats.missing()), (6, 0));
