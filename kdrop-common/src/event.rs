@@ -80,6 +80,21 @@ pub const EVENT_DROP_ROUTED: u32 = 4;
 /// A local socket retransmitted its SYN or SYN-ACK ([`PacketEvent`], no
 /// conntrack entry, the flags of what was retransmitted).
 pub const EVENT_RETRANS: u32 = 5;
+pub const EVENT_HEAD: u32 = 6;
+
+/// Bytes of a dropped packet copied for `--pcap`, from its IP header.
+pub const HEAD_BYTES: usize = 128;
+
+/// The first [`HEAD_BYTES`] bytes of a dropped packet from its network
+/// header, written just before its [`DropEvent`], with the same header
+/// timestamp and CPU (userspace pairs them by those). Only for drops that
+/// become records: admitted, sampled in, and only with `--pcap`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadEvent {
+    pub header: EventHeader,
+    pub bytes: [u8; HEAD_BYTES],
+}
 
 /// First bytes of every record on the ring buffer.
 #[repr(C)]

@@ -183,7 +183,9 @@ pub struct Evidence {
     pub route_reasons: [u32; 8],
     /// 1: also for drops without a reason (kernels before 5.17).
     pub route_without_reason: u32,
-    pub _pad: u32,
+    /// 1: each emitted drop is preceded by a [`crate::HeadEvent`] with its
+    /// first bytes (`--pcap`); 0: no copy, no cost.
+    pub capture_head: u32,
 }
 
 impl Evidence {
@@ -191,7 +193,7 @@ impl Evidence {
         Self {
             route_reasons: [0; 8],
             route_without_reason: 0,
-            _pad: 0,
+            capture_head: 0,
         }
     }
 

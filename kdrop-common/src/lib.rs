@@ -45,6 +45,7 @@ mod pod {
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for PacketId {}
     unsafe impl aya::Pod for DropEvent {}
+    unsafe impl aya::Pod for HeadEvent {}
     unsafe impl aya::Pod for RoutedDropEvent {}
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for FibLookupArgs {}
@@ -118,6 +119,7 @@ mod tests {
         assert_eq!(size_of::<PacketEvent>(), 16 + 56 + 96);
         assert_eq!(size_of::<Counters>(), 40);
         assert_eq!(size_of::<MonitorConfig>(), 8);
+        assert_eq!(size_of::<HeadEvent>(), 16 + HEAD_BYTES);
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<LimiterState>(), 16);
     }

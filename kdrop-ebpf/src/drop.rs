@@ -12,7 +12,7 @@ use crate::{
     config::{evidence, filter, offsets, COUNTERS, EVENTS, LAST_WAKEUP},
     ct, fib,
     filter::{admit, identity, Admitted},
-    monitor,
+    head, monitor,
     skb::Load,
     srccheck,
 };
@@ -49,6 +49,11 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
     }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
+    if evidence().capture_head != 0 {
+        // Before the drop record: the reader has it when the drop comes.
+        // SAFETY: plain helper call.
+        head::capture::<L>(skb, now, unsafe { bpf_get_smp_processor_id() });
+    }
     // Route lookups only for drops they can explain, only IPv4, and only
     // when the route-lookup probe is armed (its ring holds a recent one).
     let routed =

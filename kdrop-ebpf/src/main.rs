@@ -9,6 +9,7 @@ mod drop;
 mod egress;
 mod fib;
 mod filter;
+mod head;
 mod monitor;
 mod nfverdict;
 mod retrans;

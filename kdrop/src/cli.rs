@@ -32,6 +32,43 @@ pub enum Command {
     /// serve the counts to Prometheus, write a bounded sample of detailed
     /// events (with findings) as JSON lines.
     Monitor(MonitorArgs),
+    /// Trace as `kdrop` does and write an incident bundle: the kernel's
+    /// records as received, the node's answers, the accounting.
+    Record(RecordArgs),
+    /// Print what a recorded run printed, from its bundle alone: any
+    /// machine, any user, no BPF.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// The bundle to write (gzip-compressed JSON lines, docs/bundle.md).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+
+    /// Stop recording once the bundle holds this many MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_size: u64,
+
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// A bundle written by `kdrop record`.
+    #[arg(value_name = "FILE")]
+    pub bundle: PathBuf,
+
+    /// One JSON object per line on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write the recorded packets (a bundle recorded with --pcap) as
+    /// pcapng, as the live run did.
+    #[arg(long, value_name = "FILE.pcapng")]
+    pub pcap: Option<PathBuf>,
 }
 
 /// What the kernel lets through: the same flags for `kdrop` and `kdrop monitor`.
@@ -147,6 +184,12 @@ pub struct TraceArgs {
     /// without a drop or a local retransmission here goes unnamed.
     #[arg(long)]
     pub no_conntrack_events: bool,
+
+    /// Also write each dropped packet's first 128 bytes (copied in the
+    /// kernel) as pcapng, with its reason, location and cause in the
+    /// packet comment.
+    #[arg(long, value_name = "FILE.pcapng")]
+    pub pcap: Option<PathBuf>,
 }
 
 fn parse_port(s: &str) -> Result<u16, String> {
@@ -259,6 +302,22 @@ mod tests {
         assert_eq!(c.trace.filter.ports, [3306, 80]);
         assert!(c.trace.json);
         assert!(c.command.is_none());
+        let c = Cli::try_parse_from(["kdrop", "record", "-o", "b.kdrop", "-p", "80", "--json"])
+            .unwrap();
+        let Some(Command::Record(r)) = c.command else {
+            panic!("not record")
+        };
+        assert_eq!(
+            (r.trace.filter.ports.as_slice(), r.max_size),
+            (&[80][..], 64)
+        );
+        assert!(r.trace.json);
+        assert!(
+            Cli::try_parse_from(["kdrop", "record"]).is_err(),
+            "-o is required"
+        );
+        let c = Cli::try_parse_from(["kdrop", "explain", "b.kdrop", "--json"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Explain(e)) if e.json));
         let c = Cli::try_parse_from(["kdrop", "check"]).unwrap();
         assert!(matches!(c.command, Some(Command::Check)));
         assert!(Cli::try_parse_from(["kdrop", "--port", "http"]).is_err());

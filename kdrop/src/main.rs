@@ -36,6 +36,8 @@ fn main() -> ExitCode {
         Some(Command::Check) => kdrop::check::run(),
         Some(Command::Lab(args)) => rt.block_on(kdrop::lab::run(&args)),
         Some(Command::Monitor(args)) => rt.block_on(kdrop::monitor::run(&args)),
+        Some(Command::Record(args)) => rt.block_on(kdrop::trace::record(&args)),
+        Some(Command::Explain(args)) => kdrop::trace::explain(&args),
         None => rt.block_on(kdrop::trace::run(&cli.trace)),
     };
     match result {

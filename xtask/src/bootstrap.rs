@@ -217,6 +217,8 @@ const TOOLS: &[(&str, &str)] = &[
     // fib:fib_table_lookup tracepoint, read through bpftrace.
     ("bpftrace", "bpftrace"),
     ("setpriv", "util-linux"),
+    // The pcapng test's reader (`kdrop --pcap`).
+    ("tshark", "tshark"),
     // The monitor tests: a real Prometheus server and promtool, and setcap
     // for the capability test.
     ("prometheus", "prometheus"),

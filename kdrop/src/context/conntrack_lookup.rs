@@ -29,7 +29,7 @@ use super::{
 use crate::model::packet::{CtSeen, Tuple};
 
 /// Which tuple of the entry the one asked for is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Side {
     /// As the first packet went (client to service).
     Orig,

@@ -19,10 +19,13 @@ pub mod netns;
 pub mod pod_addrs;
 pub mod pods;
 pub mod procs;
+pub mod recording;
+pub mod replay;
 pub mod route_query;
 pub mod routing;
 pub mod sockets;
 pub mod sysctl;
+pub mod tape;
 pub mod tc_filters;
 
 use std::{
@@ -43,7 +46,7 @@ use crate::model::{
 };
 
 /// A network namespace as records name it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetnsName {
     pub inode: u32,
     /// Its name under /run/netns, if it has one.

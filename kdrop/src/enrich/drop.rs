@@ -59,6 +59,7 @@ impl<N: Node> Enricher<N> {
             })
             .collect();
         let mut r = DropRecord {
+            packet: Some((d.cpu, d.ts_ns)),
             ts: self.ts(d.ts_ns),
             kind: "drop",
             netns: d.netns,

@@ -47,6 +47,7 @@ impl<N: Node> Enricher<N> {
             }
         };
         let mut r = DropRecord {
+            packet: None,
             ts: self.ts(flow.last_ns),
             kind: "unanswered",
             netns: flow.netns,
@@ -101,6 +102,7 @@ impl<N: Node> Enricher<N> {
             .as_ref()
             .map_or(r.rst.tuple, |f| f.ct.map_or(f.orig, |c| c.orig));
         let mut rec = DropRecord {
+            packet: None,
             ts: self.ts(r.rst.ts_ns),
             kind: "reset",
             netns: r.rst.netns,

@@ -149,6 +149,8 @@ impl<N: Node> Enricher<N> {
                 self.verdicts.push(v.clone());
                 return None;
             }
+            // The session's, for --pcap.
+            Event::Head(_) => return None,
         };
         Some(self.fold(r, ts))
     }
@@ -185,9 +187,10 @@ impl<N: Node> Enricher<N> {
 
     /// "reset" records: RSTs answering a SYN-ACK, held
     /// `handshake::RESET_GRACE_NS` in case the SYN-ACK's own drop (which
-    /// says more) follows; with `all`, every one held, when tracing ends.
-    pub fn due(&mut self, all: bool) -> Vec<DropRecord> {
-        let now = if all { u64::MAX } else { monotonic_ns() };
+    /// says more) follows; those due at `now` (CLOCK_MONOTONIC ns, the
+    /// caller's: a replay passes the recorded one), every one with
+    /// `u64::MAX` when tracing ends.
+    pub fn due(&mut self, now: u64) -> Vec<DropRecord> {
         let resets = self.tracker.due_resets(now);
         let mut out: Vec<DropRecord> = resets
             .iter()

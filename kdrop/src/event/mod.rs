@@ -6,12 +6,12 @@ pub mod verdict;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kdrop_common::{
-    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, PacketEvent,
-    PacketId, RoutedDropEvent, AF_INET, AF_INET6, EVENT_DROP, EVENT_DROP_ROUTED, EVENT_EGRESS,
-    EVENT_RETRANS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
+    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, HeadEvent,
+    PacketEvent, PacketId, RoutedDropEvent, AF_INET, AF_INET6, EVENT_DROP, EVENT_DROP_ROUTED,
+    EVENT_EGRESS, EVENT_HEAD, EVENT_RETRANS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
 };
 
-use crate::model::packet::{Ct, Drop, Event, Lookup, Packet, Tuple};
+use crate::model::packet::{Ct, Drop, Event, Head, Lookup, Packet, Tuple};
 
 impl From<&FibLookup> for Lookup {
     fn from(f: &FibLookup) -> Self {
@@ -179,6 +179,14 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
         EVENT_EGRESS => Ok(Event::Egress(packet(&read(data, header.kind)?)?)),
         EVENT_RETRANS => Ok(Event::Retrans(packet(&read(data, header.kind)?)?)),
         EVENT_NF_VERDICT => verdict::decode(data).map(Event::Verdict),
+        EVENT_HEAD => {
+            let e: HeadEvent = read(data, header.kind)?;
+            Ok(Event::Head(Head {
+                cpu: e.header.cpu,
+                ts_ns: e.header.ts_ns,
+                bytes: e.bytes.to_vec(),
+            }))
+        }
         k => Err(DecodeError::UnknownKind(k)),
     }
 }

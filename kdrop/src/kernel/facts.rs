@@ -111,7 +111,7 @@ pub fn conntrack_offsets(o: &mut Offsets, btf: &Btf) -> Result<()> {
 
 /// Names of `enum ip_conntrack_status` bits (`IPS_SEEN_REPLY_BIT` → bit 1,
 /// "SEEN_REPLY") and of `enum ip_conntrack_info` values, from BTF.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CtNames {
     pub status_bits: Vec<(u32, String)>,
 }
@@ -255,7 +255,7 @@ fn optional(btf: &Btf, strukt: &str, path: &str, size: u32) -> u32 {
 }
 
 /// Drop reason names from the running kernel's `enum skb_drop_reason`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Reasons {
     names: HashMap<u32, String>,
     subsystems: HashMap<u32, String>,

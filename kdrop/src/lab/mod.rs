@@ -76,6 +76,8 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
         monitor: MonitorConfig::zeroed(),
         ring_kib: 256,
         conntrack_events: true,
+        record: None,
+        pcap: None,
     })?;
     eprintln!(
         "kdrop: tracing {} in netns {}, port {}",

@@ -2,10 +2,10 @@
 //! state bits of include/uapi/linux/neighbour.h.
 use std::net::IpAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One neighbour entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Neighbour {
     pub dst: IpAddr,
     pub ifindex: u32,

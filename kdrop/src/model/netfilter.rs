@@ -3,10 +3,10 @@
 //! the attribution of a drop to a rule, a policy or conntrack.
 use std::{fmt, net::IpAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which tool manages (and reports) a table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Backend {
     #[serde(rename = "iptables-legacy")]
     IptablesLegacy,
@@ -27,7 +27,7 @@ impl Backend {
 }
 
 /// Netfilter family, spelled as nftables does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
     Ip,
@@ -67,7 +67,7 @@ impl Family {
 pub const PROTO_TCP: u8 = 6;
 
 /// A netfilter hook, named as iptables names its built-in chains.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Hook {
     Prerouting,
@@ -116,14 +116,14 @@ impl fmt::Display for Hook {
 }
 
 /// What a base chain does with a packet no rule decided on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Policy {
     Accept,
     Drop,
 }
 
 /// A chain attached to a hook.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BaseChain {
     pub hook: Hook,
     /// Lower runs first; iptables tables have fixed ones (raw -300, ...).
@@ -134,7 +134,7 @@ pub struct BaseChain {
     pub policy_packets: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chain {
     pub name: String,
     pub base: Option<BaseChain>,
@@ -142,7 +142,7 @@ pub struct Chain {
 }
 
 /// Where a rule sends a matching packet.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
     Accept,
     Drop,
@@ -172,7 +172,7 @@ impl Verdict {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rule {
     /// As the tool writes it: `-A INPUT -p tcp -m tcp --dport 80 -j DROP`
     /// (`iptables -S`), or `tcp dport 80 counter drop` for nftables.
@@ -192,7 +192,7 @@ pub struct Rule {
 }
 
 /// A table as one tool reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Table {
     pub backend: Backend,
     pub family: Family,
@@ -210,7 +210,7 @@ impl Table {
 
 /// Conntrack's own counters (`/proc/net/stat/nf_conntrack` of the
 /// namespace, summed over CPUs) and table fill.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConntrackStats {
     pub drop: u64,
     pub insert_failed: u64,
@@ -230,14 +230,14 @@ pub struct ConntrackStats {
 }
 
 /// Conntrack's counters before and after a drop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConntrackMoved {
     pub before: ConntrackStats,
     pub after: ConntrackStats,
 }
 
 /// An interface of the namespace: name, bridge master, local addresses.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Iface {
     pub index: u32,
     pub name: String,
@@ -246,7 +246,7 @@ pub struct Iface {
 }
 
 /// Everything read from one namespace at one moment.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     /// CLOCK_MONOTONIC ns (the clock of the kernel's event timestamps) when
     /// reading began and ended: the counters are from in between.
@@ -290,7 +290,7 @@ pub fn priority_of(family: Family, prio: &str) -> Option<i32> {
     Some(base + offset)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Dir {
     Src,
     Dst,
@@ -299,7 +299,7 @@ pub enum Dir {
 }
 
 /// Conntrack states (`--ctstate`, `ct state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CtState {
     New,
     Established,
@@ -325,7 +325,7 @@ impl CtState {
 }
 
 /// One condition of a rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Match {
     /// Layer 4 protocol number (`-p tcp`, `meta l4proto tcp`).
     Proto {
@@ -393,7 +393,7 @@ pub enum Match {
 }
 
 /// What dropped it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DroppedBy {
     Rule,
@@ -408,7 +408,7 @@ pub enum DroppedBy {
 
 /// kdrop's answer, with the evidence for it. Serialized as the `netfilter`
 /// field of a JSON event (README).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attribution {
     pub dropped_by: DroppedBy,
     /// `rule counters (iptables-legacy-save -c)`, `ruleset evaluation (nft

@@ -1,12 +1,13 @@
 //! What the kernel reported, decoded into owned values: dropped packets,
 //! handshake packets leaving devices, netfilter drop verdicts, and the
 //! conntrack entries and route lookups they carried.
+use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use super::netfilter::{Family, Hook};
 
 /// A dropped TCP packet as the kernel reported it, before any enrichment.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drop {
     pub ts_ns: u64,
     pub cpu: u32,
@@ -31,7 +32,7 @@ pub struct Drop {
 }
 
 /// One direction of a conntrack entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Tuple {
     pub src: SocketAddr,
     pub dst: SocketAddr,
@@ -47,7 +48,7 @@ impl Tuple {
 }
 
 /// A conntrack entry as the packet carried it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ct {
     pub orig: Tuple,
     pub reply: Tuple,
@@ -59,7 +60,7 @@ pub struct Ct {
 }
 
 /// A handshake packet handed to a device for transmission.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Packet {
     pub ts_ns: u64,
     pub netns: u32,
@@ -71,7 +72,7 @@ pub struct Packet {
 }
 
 /// One FIB table lookup, as `fib:fib_table_lookup` reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lookup {
     pub ts_ns: u64,
     pub table: u32,
@@ -89,7 +90,7 @@ pub struct Lookup {
 }
 
 /// A conntrack entry destroyed, as ctnetlink reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Destroyed {
     /// The namespace whose socket received it.
     pub netns: u32,
@@ -99,7 +100,7 @@ pub struct Destroyed {
 
 /// A live conntrack entry as ctnetlink showed it: announced when it was
 /// confirmed (a NEW event), or found by a lookup.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CtSeen {
     /// The namespace whose conntrack table holds it.
     pub netns: u32,
@@ -111,7 +112,7 @@ pub struct CtSeen {
 }
 
 /// What a ctnetlink event socket read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CtEvent {
     /// An entry confirmed (its first packet passed the last hook).
     New(CtSeen),
@@ -119,7 +120,7 @@ pub enum CtEvent {
 }
 
 /// One record off the ring buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     Drop(Drop),
     Egress(Packet),
@@ -128,6 +129,17 @@ pub enum Event {
     Retrans(Packet),
     /// Precedes the drop it explains on the ring buffer.
     Verdict(NfVerdict),
+    /// A dropped packet's first bytes (`--pcap`), just before its drop.
+    Head(Head),
+}
+
+/// The first bytes of a dropped packet from its IP header, and the drop's
+/// CPU and kernel timestamp (which pair it with its [`Drop`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub cpu: u32,
+    pub ts_ns: u64,
+    pub bytes: Vec<u8>,
 }
 
 /// `SYN`, `SYN|ACK`, `RST|ACK`: the flags set, in header order.
@@ -148,7 +160,7 @@ pub fn tcp_flags(flags: u8) -> String {
 }
 
 /// Which function returned NF_DROP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NfFn {
     ConntrackIn,
     Nat,
@@ -168,7 +180,7 @@ impl NfFn {
 }
 
 /// One NF_DROP verdict as the kernel returned it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NfVerdict {
     pub ts_ns: u64,
     pub cpu: u32,

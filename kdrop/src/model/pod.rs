@@ -1,9 +1,9 @@
 //! Pods as the container runtime recorded them, named as `kubectl` shows
 //! them, and the pods (and Service) one connection involves.
-use serde::{ser::SerializeMap as _, Serialize, Serializer};
+use serde::{ser::SerializeMap as _, Deserialize, Serialize, Serializer};
 
 /// Who a pod is, from the best record there was.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PodId {
     /// The pod's namespace and name (its sandbox's annotations).
     Named { namespace: String, name: String },
@@ -14,7 +14,7 @@ pub enum PodId {
 }
 
 /// A pod and its containers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pod {
     pub id: PodId,
     /// The pod's containers by name, sorted, `,` between several (they

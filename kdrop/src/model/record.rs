@@ -10,6 +10,10 @@ use super::{finding::Finding, netfilter::Attribution, pod::ConnPods};
 /// schema (README): add fields, never rename these.
 #[derive(Clone, Debug, Serialize)]
 pub struct DropRecord {
+    /// The kernel record's CPU and timestamp (a drop's): pairs it with the
+    /// packet's bytes for --pcap. Not part of the output.
+    #[serde(skip)]
+    pub packet: Option<(u32, u64)>,
     pub ts: String,
     pub kind: &'static str,
     pub netns: u32,

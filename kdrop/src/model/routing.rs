@@ -6,9 +6,9 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
     pub index: u32,
     pub name: String,
@@ -18,7 +18,7 @@ pub struct Link {
     pub up: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Addr {
     pub index: u32,
     pub addr: IpAddr,
@@ -26,7 +26,7 @@ pub struct Addr {
     pub label: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Route {
     pub table: u32,
     pub family: u8,
@@ -47,7 +47,7 @@ pub struct Route {
 pub const RTN_UNICAST: u8 = 1;
 pub const RTN_LOCAL: u8 = 2;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rule {
     pub family: u8,
     pub priority: u32,
@@ -67,7 +67,7 @@ pub struct Rule {
 pub const FR_ACT_TO_TBL: u8 = 1;
 
 /// Everything routing-related in one namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tables {
     pub links: Vec<Link>,
     pub addrs: Vec<Addr>,
@@ -87,7 +87,7 @@ impl Tables {
 }
 
 /// Values of net.ipv4.conf.<dev>.* (None: not readable).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Conf {
     pub rp_filter: Option<u32>,
     pub src_valid_mark: Option<u32>,
@@ -96,7 +96,7 @@ pub struct Conf {
 }
 
 /// conf/all and every interface's conf in one namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Confs {
     pub all: Conf,
     pub devs: HashMap<String, Conf>,
@@ -126,7 +126,7 @@ impl Confs {
 }
 
 /// A namespace's routing state at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetnsContext {
     pub tables: Tables,
     pub confs: Confs,
@@ -138,7 +138,7 @@ pub struct NetnsContext {
 // route get` asks it.
 
 /// One RTM_GETROUTE request. `None` fields are left out of the request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteQuery {
     pub dst: IpAddr,
     pub src: Option<IpAddr>,
@@ -158,7 +158,7 @@ pub struct RouteQuery {
 }
 
 /// `rtm_type` (include/uapi/linux/rtnetlink.h, RTN_*).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RouteType {
     Unspec,
@@ -177,7 +177,7 @@ pub enum RouteType {
 }
 
 /// A next hop of the matched entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteNextHop {
     pub oif: u32,
     pub gateway: Option<IpAddr>,
@@ -186,7 +186,7 @@ pub struct RouteNextHop {
 }
 
 /// The kernel's answer to a route query.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteAnswer {
     pub family: u8,
     /// The table the lookup ended in (RTM_F_LOOKUP_TABLE).
@@ -211,7 +211,7 @@ pub struct RouteAnswer {
 }
 
 /// What the kernel answered: a route, or the error its lookup returned.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "result")]
 pub enum RouteLookup {
     Found(RouteAnswer),

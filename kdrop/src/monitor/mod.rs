@@ -165,6 +165,8 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
         },
         ring_kib: args.ring_size,
         conntrack_events: args.conntrack_events,
+        record: None,
+        pcap: None,
     })?;
     let mut monitor = Monitor {
         out,

@@ -2,6 +2,7 @@
 //! one JSON object per record (`text`), the summary at exit (`summary`),
 //! the Prometheus exposition (`metrics`).
 pub mod metrics;
+pub mod pcapng;
 pub mod summary;
 pub mod text;
 
@@ -64,6 +65,7 @@ pub(crate) mod tests {
 
     pub fn record() -> DropRecord {
         DropRecord {
+            packet: None,
             ts: rfc3339(1_795_240_987_123_456_789),
             kind: "drop",
             netns: 4026532999,

@@ -3,6 +3,10 @@
 //! (`enrich`), hand them to the mode's [`Sink`], and at the end drain every
 //! source (ring, sockets, held records) the same way.
 pub mod arming;
+mod capture;
+mod recording;
+pub use self::recording::Recording;
+pub mod replay;
 mod ring;
 
 use std::{
@@ -21,12 +25,16 @@ use kdrop_common::{Endpoint, Evidence, AF_INET, AF_INET6};
 
 use self::{
     arming::{demands, Arming, ROUTE_REASONS},
+    recording::Line,
     ring::Ring,
 };
 use crate::{
     context::{
         ctevents::{CtEvents, StatusBits},
-        netns, Live, NetnsRegistry,
+        netns,
+        recording::Recorder,
+        tape::TapeWriter,
+        Live, NetnsRegistry,
     },
     enrich::{monotonic_ns, realtime_offset_ns, Enricher, Facts},
     kernel::facts::Reasons,
@@ -48,6 +56,10 @@ pub struct Options {
     /// forwarded NAT'd handshakes no local socket retransmits, at a cost per
     /// new connection the kernel tracks (it builds a message for each).
     pub conntrack_events: bool,
+    /// Write an incident bundle (`kdrop record`).
+    pub record: Option<recording::Recording>,
+    /// Write each drop record's packet as pcapng (`--pcap`).
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 /// What the mode wants after a record.
@@ -93,7 +105,11 @@ pub struct Session {
     arming: Arming,
     ring: Ring,
     ct_events: CtEvents,
-    pub enricher: Enricher<Live>,
+    pub enricher: Enricher<Recorder<Live>>,
+    /// The bundle being written, if recording.
+    tape: Option<TapeWriter>,
+    /// The pcapng being written, if asked for.
+    capture: Option<capture::Capture>,
     pub started: Instant,
     // Installed before the readiness line: a signal right after it must
     // still take the orderly way out (summary, detach).
@@ -113,12 +129,12 @@ impl Session {
             &probes::Config {
                 filter: &o.filter,
                 monitor: &o.monitor,
-                evidence: &evidence(&setup.reasons),
+                evidence: &evidence(&setup.reasons, o.pcap.is_some()),
                 ring_kib: o.ring_kib,
                 all_rungs: false,
             },
         )?;
-        let ring = Ring::new(probes.take_events()?)?;
+        let ring = Ring::new(probes.take_events()?, o.record.is_some())?;
         let nf_rungs: HashMap<&'static str, String> = probes
             .reports
             .iter()
@@ -134,7 +150,7 @@ impl Session {
         };
         live.prime_netfilter(traced);
         let enricher = Enricher::new(
-            live,
+            Recorder::new(live, o.record.is_some()),
             Facts {
                 reasons: setup.reasons,
                 ct_names: setup.ct_names,
@@ -154,16 +170,27 @@ impl Session {
         } else {
             CtEvents::default()
         };
-        Ok(Self {
+        let mut s = Self {
             probes,
             arming: Arming::default(),
             ring,
             ct_events,
             enricher,
+            tape: None,
+            capture: None,
             started: Instant::now(),
             sigint,
             sigterm,
-        })
+        };
+        if let Some(p) = &o.pcap {
+            let offset = s.enricher.facts.realtime_offset_ns;
+            s.capture = Some(capture::Capture::create(p, offset)?);
+        }
+        if let Some(r) = &o.record {
+            let header = s.header(r);
+            s.tape = Some(TapeWriter::create(&r.path, r.max_bytes, &header)?);
+        }
+        Ok(s)
     }
 
     /// `skb:kfree_skb via tp_btf, ..., conntrack destroy events in N
@@ -262,7 +289,9 @@ impl Session {
         if self.deliver_ct(destroyed, sink) == Control::Stop {
             return;
         }
-        for r in self.enricher.due(true) {
+        let due = self.enricher.due(u64::MAX);
+        self.taped(Line::Due { now: None });
+        for r in due {
             if sink.record(r) == Control::Stop {
                 return;
             }
@@ -271,22 +300,40 @@ impl Session {
     }
 
     fn deliver(&mut self, batch: Vec<Event>, sink: &mut impl Sink) -> Control {
-        for e in &batch {
+        let raw = self.ring.take_raw();
+        let at = monotonic_ns();
+        for (i, e) in batch.iter().enumerate() {
+            if let (Event::Head(h), Some(c)) = (e, self.capture.as_mut()) {
+                c.head(h);
+            }
             if let Event::Retrans(_) = e {
                 // A local socket retransmits its SYN or SYN-ACK: follow
                 // what its next attempts meet.
                 self.want(Demand::Handshakes);
             }
-            if let Some(r) = self.enricher.on_event(e) {
+            let r = self.enricher.on_event(e);
+            if let Some(bytes) = raw.get(i) {
+                self.taped(Line::Ring {
+                    at,
+                    hex: recording::hex(bytes),
+                });
+            }
+            if let Some(r) = r {
                 if self.hand(r, sink) == Control::Stop {
                     return Control::Stop;
                 }
             }
         }
-        for r in self.enricher.due(false) {
+        let now = monotonic_ns();
+        let due = self.enricher.due(now);
+        self.taped(Line::Due { now: Some(now) });
+        for r in due {
             if self.hand(r, sink) == Control::Stop {
                 return Control::Stop;
             }
+        }
+        if self.tape_full() {
+            return Control::Stop;
         }
         sink.flush()
     }
@@ -300,11 +347,19 @@ impl Session {
                 }
                 CtEvent::Destroyed(d) => d,
             };
-            if let Some(r) = self.enricher.on_destroyed(d) {
+            let r = self.enricher.on_destroyed(d);
+            self.taped(Line::CtDestroyed {
+                at: monotonic_ns(),
+                destroyed: d.clone(),
+            });
+            if let Some(r) = r {
                 if self.hand(r, sink) == Control::Stop {
                     return Control::Stop;
                 }
             }
+        }
+        if self.tape_full() {
+            return Control::Stop;
         }
         sink.flush()
     }
@@ -313,7 +368,12 @@ impl Session {
     /// client's end, and arm what shows its next transmissions.
     fn follow_new(&mut self, seen: &CtSeen) {
         let now = monotonic_ns();
-        for end in self.enricher.on_new(seen, now) {
+        let ends = self.enricher.on_new(seen, now);
+        self.taped(Line::CtNew {
+            now,
+            seen: seen.clone(),
+        });
+        for end in ends {
             let e = Endpoint::new(
                 if end.is_ipv4() { AF_INET } else { AF_INET6 },
                 &match end.ip() {
@@ -338,6 +398,12 @@ impl Session {
     fn hand(&mut self, r: DropRecord, sink: &mut impl Sink) -> Control {
         for d in demands(&r) {
             self.want(d);
+        }
+        if let Some(c) = self.capture.as_mut() {
+            if let Err(e) = c.record(&r) {
+                log::warn!("pcapng stopped: {e:#}");
+                self.capture = None;
+            }
         }
         sink.record(r)
     }
@@ -368,6 +434,18 @@ impl Session {
         Ok(())
     }
 
+    /// Ends the pcapng with what never reached it; its packet count.
+    pub fn finish_capture(&mut self, stats: &Stats) -> Result<Option<u64>> {
+        match self.capture.take() {
+            Some(c) => {
+                let n = c.written;
+                c.finish(stats)?;
+                Ok(Some(n))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// The kernel's counters and the session's own, now.
     pub fn stats(&self) -> Result<Stats> {
         Ok(Stats {
@@ -390,8 +468,9 @@ impl Session {
     }
 }
 
-/// Which drop reasons carry route lookups on this kernel.
-fn evidence(reasons: &Reasons) -> Evidence {
+/// Which drop reasons carry route lookups on this kernel; whether drops
+/// carry their first bytes.
+fn evidence(reasons: &Reasons, capture_head: bool) -> Evidence {
     let mut e = Evidence::zeroed();
     for name in ROUTE_REASONS {
         if let Some(v) = reasons.value(name) {
@@ -399,6 +478,7 @@ fn evidence(reasons: &Reasons) -> Evidence {
         }
     }
     e.route_without_reason = u32::from(reasons.is_empty());
+    e.capture_head = u32::from(capture_head);
     e
 }
 

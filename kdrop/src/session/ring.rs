@@ -22,10 +22,13 @@ pub struct Ring {
     pub undecodable: u64,
     /// The last batch was large: pause before the next read.
     busy: bool,
+    /// When recording: each decoded record's bytes, in batch order.
+    raw: Option<Vec<Vec<u8>>>,
 }
 
 impl Ring {
-    pub fn new(ring: RingBuf<MapData>) -> Result<Self> {
+    /// `keep_raw`: keep each record's bytes for the bundle.
+    pub fn new(ring: RingBuf<MapData>, keep_raw: bool) -> Result<Self> {
         // SAFETY: the RingBuf owns its fd and lives inside the AsyncFd, so
         // the fd stays open for as long as it is registered.
         let events = unsafe { AsyncFd::register(ring) }
@@ -34,6 +37,7 @@ impl Ring {
             events,
             undecodable: 0,
             busy: false,
+            raw: keep_raw.then(Vec::new),
         })
     }
 
@@ -67,7 +71,7 @@ impl Ring {
                 continue;
             };
             let mut guard = guard?;
-            let batch = drain_ring(guard.get_inner_mut(), &mut self.undecodable);
+            let batch = drain_ring(guard.get_inner_mut(), &mut self.undecodable, &mut self.raw);
             guard.clear_ready();
             if !batch.is_empty() {
                 self.busy = batch.len() >= BUSY_BATCH;
@@ -78,16 +82,31 @@ impl Ring {
 
     /// Whatever is on the ring buffer now, without waiting.
     pub fn drain(&mut self) -> Vec<Event> {
-        drain_ring(self.events.get_mut(), &mut self.undecodable)
+        drain_ring(self.events.get_mut(), &mut self.undecodable, &mut self.raw)
+    }
+
+    /// The bytes of the records decoded since the last call, in order
+    /// (empty unless recording).
+    pub fn take_raw(&mut self) -> Vec<Vec<u8>> {
+        self.raw.as_mut().map(std::mem::take).unwrap_or_default()
     }
 }
 
 /// Events in ring order.
-fn drain_ring(ring: &mut RingBuf<MapData>, undecodable: &mut u64) -> Vec<Event> {
+fn drain_ring(
+    ring: &mut RingBuf<MapData>,
+    undecodable: &mut u64,
+    raw: &mut Option<Vec<Vec<u8>>>,
+) -> Vec<Event> {
     let mut out = Vec::new();
     while let Some(item) = ring.next() {
         match event::decode(&item) {
-            Ok(e) => out.push(e),
+            Ok(e) => {
+                if let Some(raw) = raw.as_mut() {
+                    raw.push(item.to_vec());
+                }
+                out.push(e)
+            }
             Err(e) => {
                 *undecodable += 1;
                 log::debug!("{e}");

@@ -1,0 +1,219 @@
+//! `kdrop explain`: a recorded session's steps taken again, in order,
+//! through the same enrichment, with the node answering from the bundle
+//! and the clock the recording's. No BPF, no privileges.
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+
+use super::{capture::Capture, Control, Sink};
+use crate::{
+    context::{
+        replay::Replay,
+        tape::{Line, StatsLine, Tape},
+    },
+    enrich::{Enricher, Facts},
+    event,
+    model::{
+        packet::{CtSeen, Event},
+        stats::Stats,
+    },
+};
+
+/// What the replay found besides the records.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// The accounting the recording ended with (None: it was cut short).
+    pub stats: Option<StatsLine>,
+    /// Why recording stopped early, if it did (the size cap).
+    pub truncated: Option<String>,
+    /// Ring records that did not decode here.
+    pub undecodable: u64,
+    /// Questions the bundle had no answer to.
+    pub unanswered: u64,
+    /// Packets written to the pcapng, when asked for one.
+    pub pcap_written: Option<u64>,
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        anyhow::bail!("odd length");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .context("not hex")
+        })
+        .collect()
+}
+
+/// The facts the recording's enrichment had.
+fn facts(tape: &Tape) -> Facts {
+    let h = &tape.header;
+    Facts {
+        reasons: h.reasons.clone(),
+        ct_names: h.ct_names.clone(),
+        // The enricher names functions by static strings: the rungs of
+        // those this kdrop knows.
+        nf_rungs: crate::probes::nf::FUNCS
+            .iter()
+            .filter_map(|f| Some((f.name, h.nf_rungs.get(f.name)?.clone())))
+            .collect(),
+        realtime_offset_ns: h.realtime_offset_ns,
+    }
+}
+
+/// Takes every step of the tape into `sink`, as the live session did;
+/// with `pcap`, writes the packets the bundle holds (recorded with
+/// `--pcap`) there.
+pub fn replay(tape: &Tape, sink: &mut impl Sink, pcap: Option<&Path>) -> Result<Replayed> {
+    let mut capture = match pcap {
+        Some(p) => Some(Capture::create(p, tape.header.realtime_offset_ns)?),
+        None => None,
+    };
+    let mut out = Replayed::default();
+    steps(tape, sink, &mut capture, &mut out)?;
+    if let Some(c) = capture {
+        out.pcap_written = Some(c.written);
+        let stats = out.stats.as_ref().map(Stats::from).unwrap_or_default();
+        c.finish(&stats)?;
+    }
+    Ok(out)
+}
+
+fn steps(
+    tape: &Tape,
+    sink: &mut impl Sink,
+    capture: &mut Option<Capture>,
+    out: &mut Replayed,
+) -> Result<()> {
+    let mut enricher = Enricher::new(Replay::default(), facts(tape));
+    for line in &tape.lines {
+        let records = match line {
+            Line::Answer { .. } | Line::Blob { .. } => {
+                enricher.node.apply(line);
+                continue;
+            }
+            Line::Ring { hex, .. } => {
+                let bytes = unhex(hex).context("a ring record in the bundle")?;
+                match event::decode(&bytes) {
+                    Ok(e) => {
+                        if let (Event::Head(h), Some(c)) = (&e, capture.as_mut()) {
+                            c.head(h);
+                        }
+                        enricher.on_event(&e).into_iter().collect()
+                    }
+                    Err(e) => {
+                        log::debug!("{e}");
+                        out.undecodable += 1;
+                        Vec::new()
+                    }
+                }
+            }
+            Line::CtNew { now, seen } => {
+                follow_new(&mut enricher, seen, *now);
+                continue;
+            }
+            Line::CtDestroyed { destroyed, .. } => {
+                enricher.on_destroyed(destroyed).into_iter().collect()
+            }
+            Line::Due { now } => enricher.due(now.unwrap_or(u64::MAX)),
+            Line::Stats(s) => {
+                out.stats = Some(s.clone());
+                continue;
+            }
+            Line::Truncated { reason } => {
+                out.truncated = Some(reason.clone());
+                continue;
+            }
+        };
+        for r in records {
+            if let Some(c) = capture.as_mut() {
+                c.record(&r)?;
+            }
+            if sink.record(r) == Control::Stop {
+                out.unanswered = enricher.node.unanswered;
+                return Ok(());
+            }
+        }
+        sink.flush();
+    }
+    out.unanswered = enricher.node.unanswered;
+    Ok(())
+}
+
+fn follow_new(enricher: &mut Enricher<Replay>, seen: &CtSeen, now: u64) {
+    // The ends the live session followed in the kernel: nothing to do
+    // here, their packets are on the tape.
+    let _ = enricher.on_new(seen, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{context::tape, model::record::DropRecord};
+
+    #[derive(Default)]
+    struct Kept(Vec<DropRecord>);
+
+    impl Sink for Kept {
+        fn record(&mut self, r: DropRecord) -> Control {
+            self.0.push(r);
+            Control::Continue
+        }
+    }
+
+    /// A real drop, recorded on 6.18: netns B with
+    /// `iptables-legacy -A INPUT -p tcp --dport 7001 -j DROP`, five
+    /// connects from 10.99.0.1 in netns A (one retransmitted SYN among
+    /// them), `kdrop record --netns B -p 7001 --pcap`.
+    #[test]
+    fn a_recorded_netfilter_rule_drop_is_explained_again() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/bundles/netfilter_rule.kdrop"
+        );
+        let tape = tape::read(std::path::Path::new(path)).unwrap();
+        assert_eq!(tape.header.schema, 1);
+        assert!(tape.cut.is_none());
+        let mut kept = Kept::default();
+        let pcap = std::env::temp_dir().join(format!("kdrop-replay-{}.pcapng", std::process::id()));
+        let done = replay(&tape, &mut kept, Some(&pcap)).unwrap();
+        let written = std::fs::metadata(&pcap).map(|m| m.len());
+        let _ = std::fs::remove_file(&pcap);
+        // Recorded with --pcap: every drop's packet is in the bundle.
+        assert_eq!(done.pcap_written, Some(6));
+        assert!(written.unwrap() > 6 * 40);
+        assert_eq!((done.undecodable, done.unanswered), (0, 0));
+        let stats = done.stats.unwrap();
+        assert_eq!((stats.drops.matched, stats.missing()), (6, 0));
+        assert_eq!(kept.0.len(), 6);
+        for r in &kept.0 {
+            assert_eq!(r.reason.as_deref(), Some("NETFILTER_DROP"));
+            assert_eq!((r.saddr.to_string(), r.dport), ("10.99.0.1".into(), 7001));
+            assert_eq!(r.ifname, "vb");
+            let f = r.finding.as_ref().unwrap();
+            assert_eq!(f.cause, "netfilter_rule");
+            assert!(
+                f.summary
+                    .ends_with("-A INPUT -p tcp -m tcp --dport 7001 -j DROP"),
+                "{}",
+                f.summary
+            );
+            let nf = r.netfilter.as_ref().unwrap();
+            assert!(
+                nf.packets_before.is_some() && nf.packets_after > nf.packets_before,
+                "{nf:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hex_round_trip() {
+        let b = vec![0u8, 1, 0xfe, 0x7f];
+        assert_eq!(super::unhex(&super::super::recording::hex(&b)).unwrap(), b);
+        assert!(super::unhex("abc").is_err());
+        assert!(super::unhex("zz").is_err());
+    }
+}
