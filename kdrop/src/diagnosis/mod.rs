@@ -15,5 +15,6 @@ pub mod netfilter;
 pub mod reason;
 pub mod routes;
 pub mod routing;
+pub mod rpfilter6;
 
 pub use self::reason::{explain, netfilter_location, reason_evidence, DropFacts};

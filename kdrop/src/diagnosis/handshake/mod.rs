@@ -96,6 +96,7 @@ pub(crate) mod tests {
             }],
             routes: vec![],
             rules: vec![],
+            rules6: vec![],
         }
     }
 

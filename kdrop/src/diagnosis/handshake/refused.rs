@@ -29,6 +29,20 @@ pub struct BridgeFacts {
     pub br_netfilter_loaded: bool,
     /// net.bridge.bridge-nf-call-iptables in that namespace (None: absent).
     pub call_iptables: Option<u32>,
+    /// net.bridge.bridge-nf-call-ip6tables there: IPv6's own switch
+    /// (br_netfilter_hooks.c, brnf_call_ip6tables).
+    pub call_ip6tables: Option<u32>,
+}
+
+impl BridgeFacts {
+    /// The switch that decides for a packet of `a`'s family.
+    pub fn call_for(&self, a: IpAddr) -> Option<u32> {
+        if a.is_ipv4() {
+            self.call_iptables
+        } else {
+            self.call_ip6tables
+        }
+    }
 }
 
 /// A namespace holding a DNAT'd entry of the handshake, with what the
@@ -225,12 +239,12 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
             },
             call_sysctl(client.ip()),
             bridge
-                .call_iptables
+                .call_for(client.ip())
                 .map_or("absent".to_string(), |v| v.to_string())
         ),
     ];
     let mut fix = Vec::new();
-    if !bridge.br_netfilter_loaded && bridge.call_iptables.is_none() {
+    if !bridge.br_netfilter_loaded && bridge.call_for(client.ip()).is_none() {
         fix.push("modprobe br_netfilter".to_string());
     }
     fix.push(format!(
