@@ -91,11 +91,12 @@ fn render_value(v: &Value) -> String {
                 "ct" => format!("ct {}", str_of(b, "key")),
                 "fib" => format!(
                     "fib {} {}",
-                    b.get("flags").map_or(Vec::new(), |f| match f {
-                        Value::Array(a) => a.iter().map(render_value).collect(),
-                        other => vec![render_value(other)],
-                    })
-                    .join(" . "),
+                    b.get("flags")
+                        .map_or(Vec::new(), |f| match f {
+                            Value::Array(a) => a.iter().map(render_value).collect(),
+                            other => vec![render_value(other)],
+                        })
+                        .join(" . "),
                     str_of(b, "result")
                 ),
                 "prefix" => format!(
@@ -154,11 +155,15 @@ mod tests {
     fn fib_as_nft_writes_it() {
         let m = |j: &str| render_match(&serde_json::from_str(j).unwrap());
         assert_eq!(
-            m(r#"{"op": "==", "left": {"fib": {"result": "oif", "flags": ["saddr", "iif"]}}, "right": false}"#),
+            m(
+                r#"{"op": "==", "left": {"fib": {"result": "oif", "flags": ["saddr", "iif"]}}, "right": false}"#
+            ),
             "fib saddr . iif oif missing"
         );
         assert_eq!(
-            m(r#"{"op": "==", "left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": true}"#),
+            m(
+                r#"{"op": "==", "left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": true}"#
+            ),
             "fib daddr type exists"
         );
     }
