@@ -91,13 +91,62 @@ fn fix_then_connect(
     connect_from(client, src, dst).expect("the same 5-tuple after the fix");
 }
 
+/// Who DNATs the Service: ip6tables (kube-proxy's iptables mode) or an
+/// nft `inet` table (its nftables mode uses one family for both).
+#[derive(Clone, Copy)]
+enum Nat {
+    Ip6tables,
+    NftInet,
+}
+
+/// DNAT of `[vip]:port` to `[backend]:to` in PREROUTING.
+fn dnat(node: &Ns, nat: Nat, vip: &str, port: u16, backend: &str, to: u16) {
+    let target = format!("[{backend}]:{to}");
+    match nat {
+        Nat::Ip6tables => {
+            let port = port.to_string();
+            node.exec(
+                "ip6tables",
+                &[
+                    "-t",
+                    "nat",
+                    "-A",
+                    "PREROUTING",
+                    "-d",
+                    vip,
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &port,
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    &target,
+                ],
+            )
+            .unwrap();
+        }
+        Nat::NftInet => {
+            for cmd in [
+                "add table inet kube".to_string(),
+                "add chain inet kube pre { type nat hook prerouting priority dstnat; }".into(),
+                format!(
+                    "add rule inet kube pre ip6 daddr {vip} tcp dport {port} dnat ip6 to {target}"
+                ),
+            ] {
+                node.exec("nft", &[&cmd]).unwrap();
+            }
+        }
+    }
+}
+
 const SERVICE: u16 = 80;
 const BACKEND_PORT: u16 = 8080;
 
 /// Incident 2 over IPv6: pod A -> ClusterIP [fd00:96::133]:80, DNAT'd by
 /// ip6tables to pod B:8080 on the same bridge; bridge-nf-call-ip6tables=0,
 /// so the bridged reply skips netfilter and is not un-DNAT'd.
-fn hairpin(test: &str, args: &[&str], sport: u16) {
+fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
     let node = ns(test, "node");
     let a = ns(test, "a");
     let b = ns(test, "b");
@@ -120,26 +169,14 @@ fn hairpin(test: &str, args: &[&str], sport: u16) {
         ip6(pod, "route add default via fd00:245:1::1");
     }
     forwarding(&node);
-    node.exec(
-        "ip6tables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-d",
-            "fd00:96::133",
-            "-p",
-            "tcp",
-            "--dport",
-            "80",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "[fd00:245:1::9]:8080",
-        ],
-    )
-    .unwrap();
+    dnat(
+        &node,
+        nat,
+        "fd00:96::133",
+        SERVICE,
+        "fd00:245:1::9",
+        BACKEND_PORT,
+    );
     if Path::new("/proc/sys/net/bridge/bridge-nf-call-ip6tables").exists() {
         node.sysctl("net/bridge/bridge-nf-call-ip6tables", "0")
             .unwrap();
@@ -197,14 +234,19 @@ fn hairpin(test: &str, args: &[&str], sport: u16) {
 
 #[test]
 fn hairpin_v6_traced_by_the_service_port() {
-    hairpin("v6hp", &["--json", "--port", "80"], 43801);
+    hairpin("v6hp", Nat::Ip6tables, &["--json", "--port", "80"], 43801);
+}
+
+#[test]
+fn hairpin_v6_nft_inet_traced_unfiltered() {
+    hairpin("v6hn", Nat::NftInet, &["--json"], 43802);
 }
 
 /// Incident 5 over IPv6, NAT by an nft `inet` table: an office client ->
 /// a router -> node B, which DNATs the VIP:80 to a backend:8080 on the
 /// router's other side; the backend answers through the router,
 /// bypassing node B.
-fn asymmetric(test: &str, args: &[&str], sport: u16) {
+fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
     let client = ns(test, "cl");
     let router = ns(test, "rt");
     let node = ns(test, "nb");
@@ -240,17 +282,14 @@ fn asymmetric(test: &str, args: &[&str], sport: u16) {
     addr(&node, "fd00:1::12/64", "eth0");
     ip6(&node, "route add default via fd00:1::1");
     forwarding(&node);
-    node.exec("nft", &["add table inet kube"]).unwrap();
-    node.exec(
-        "nft",
-        &["add chain inet kube pre { type nat hook prerouting priority dstnat; }"],
-    )
-    .unwrap();
-    node.exec(
-        "nft",
-        &["add rule inet kube pre ip6 daddr fd00:1:58::158 tcp dport 80 dnat ip6 to [fd00:1::13]:8080"],
-    )
-    .unwrap();
+    dnat(
+        &node,
+        nat,
+        "fd00:1:58::158",
+        SERVICE,
+        "fd00:1::13",
+        BACKEND_PORT,
+    );
     addr(&pod, "fd00:1::13/64", "eth0");
     ip6(&pod, "route add default via fd00:1::1");
     let _l = listen(
@@ -289,12 +328,22 @@ fn asymmetric(test: &str, args: &[&str], sport: u16) {
 
 #[test]
 fn asymmetric_v6_nft_inet_traced_by_the_service_port() {
-    asymmetric("v6as", &["--json", "--port", "80"], 45801);
+    asymmetric("v6as", Nat::NftInet, &["--json", "--port", "80"], 45801);
+}
+
+#[test]
+fn asymmetric_v6_ip6tables_traced_by_the_service_port() {
+    asymmetric("v6ai", Nat::Ip6tables, &["--json", "--port", "80"], 45803);
 }
 
 #[test]
 fn asymmetric_v6_nft_inet_traced_by_the_client_network() {
-    asymmetric("v6ah", &["--json", "--host", "fd00:172:17::/64"], 45802);
+    asymmetric(
+        "v6ah",
+        Nat::NftInet,
+        &["--json", "--host", "fd00:172:17::/64"],
+        45802,
+    );
 }
 
 /// A Service with no endpoints, over IPv6: kube-proxy's filter rule
