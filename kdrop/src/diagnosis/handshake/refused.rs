@@ -403,6 +403,62 @@ mod tests {
         assert_eq!(explain(&snat, &BITS), None);
     }
 
+    /// Incident 2 over IPv6: the bridge's IPv6 subnet holds both ends, and
+    /// the switch that counts is bridge-nf-call-ip6tables (here 0 while the
+    /// IPv4 one is 1); the commands are IPv6's.
+    #[test]
+    fn a_v6_hairpin_names_the_ip6tables_switch() {
+        let mut t = tables();
+        t.addrs.push(crate::model::routing::Addr {
+            index: 5,
+            addr: "fd00:245:1::1".parse().unwrap(),
+            prefix_len: 64,
+            label: None,
+        });
+        let c = ct(
+            ("[fd00:245:1::5]:43801", "[fd00:96::133]:80"),
+            ("[fd00:245:1::9]:8080", "[fd00:245:1::5]:43801"),
+            BITS.dst_nat,
+        );
+        let mut d = translator(&t, "node", flow(7, 6, c));
+        d.bridge = BridgeFacts {
+            br_netfilter_loaded: true,
+            call_iptables: Some(1),
+            call_ip6tables: Some(0),
+        };
+        let r = Refused {
+            syn_ack: tuple("[fd00:245:1::9]:8080", "[fd00:245:1::5]:43801"),
+            kernel: "k".into(),
+            waits_for: Some("[fd00:96::133]:80".parse().unwrap()),
+            dnat: Some(d),
+            back: None,
+            back_stale: None,
+        };
+        let f = explain(&r, &BITS).unwrap();
+        assert_eq!(f.cause, "hairpin_no_reverse_nat");
+        assert!(f.evidence[3].starts_with(
+            "br_netfilter loaded; net.bridge.bridge-nf-call-ip6tables = 0: bridged packets skip"
+        ));
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node sysctl -w net.bridge.bridge-nf-call-ip6tables=1"]
+        );
+        assert_eq!(
+            f.fix_or[0],
+            [
+                "ip netns exec node ip6tables -t nat -A POSTROUTING -s fd00:245:1::5 -d fd00:245:1::9/128 -p tcp --dport 8080 -j MASQUERADE",
+                "ip netns exec node conntrack -D -f ipv6 -p tcp --orig-src fd00:245:1::5 --orig-port-src 43801 --orig-dst fd00:96::133 --orig-port-dst 80",
+            ]
+        );
+        // Without br_netfilter (neither switch), the module is loaded first.
+        let mut bare = r.clone();
+        bare.dnat.as_mut().unwrap().bridge = BridgeFacts::default();
+        assert_eq!(
+            explain(&bare, &BITS).unwrap().fix[0],
+            "modprobe br_netfilter"
+        );
+    }
+
     /// A bridge in the DNAT's namespace is not enough: the client must be
     /// on it for the reply to be bridged back.
     #[test]
