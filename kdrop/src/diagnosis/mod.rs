@@ -6,6 +6,7 @@
 //! - `conntrack`: conntrack's own drops (NAT port clash, full table);
 //! - `handshake`: handshakes followed through NAT that died silently;
 //! - `netfilter`: which rule, policy or conntrack drop it was;
+//! - `rpfilter6`: an IPv6 rpfilter / fib rule's drop with the way back;
 //! - `names`: the pods a connection involves, named in the summary.
 pub mod conntrack;
 pub mod forwarding;
