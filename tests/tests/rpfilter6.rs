@@ -193,3 +193,119 @@ fn nft_fib_saddr_iif() {
     check_way_back(&e, &l, "");
     fix_then_connect(&e, &l, syn, 48201);
 }
+
+/// Incident 1's shape over IPv6: the client sits behind a router on eth1;
+/// the node sends what comes from its address by table 2 (default via the
+/// router), but a mark rule ahead of it (AWS CNI's `fwmark 0x80/0x80
+/// lookup main`) catches the check's lookup, which carries the packet's
+/// mark (`--validmark`), and main's way back is eth0. The repair route
+/// goes through the router, as table 2 does.
+#[test]
+fn ip6tables_rpfilter_validmark_behind_a_router() {
+    let test = "rpf6m";
+    let client = Ns::new(&ns_name(&format!("{test}-c"))).unwrap();
+    let router = Ns::new(&ns_name(&format!("{test}-r"))).unwrap();
+    let node = Ns::new(&ns_name(&format!("{test}-n"))).unwrap();
+    let gw = Ns::new(&ns_name(&format!("{test}-g"))).unwrap();
+    veth(
+        &client,
+        "c0",
+        "02:00:00:00:82:01",
+        &router,
+        "r9",
+        "02:00:00:00:82:02",
+    )
+    .unwrap();
+    veth(
+        &router,
+        "r1",
+        "02:00:00:00:82:03",
+        &node,
+        "eth1",
+        "02:00:00:00:82:04",
+    )
+    .unwrap();
+    veth(
+        &gw,
+        "g0",
+        "02:00:00:00:82:05",
+        &node,
+        "eth0",
+        "02:00:00:00:82:06",
+    )
+    .unwrap();
+    let client_addr = "fd00:62:9::1";
+    let server = "fd00:62:1::2";
+    ip6(&client, &format!("addr add {client_addr}/64 dev c0 nodad"));
+    ip6(&client, "route add default via fd00:62:9::fe");
+    ip6(&router, "addr add fd00:62:9::fe/64 dev r9 nodad");
+    ip6(&router, "addr add fd00:62:1::1/64 dev r1 nodad");
+    router.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
+    ip6(&node, &format!("addr add {server}/64 dev eth1 nodad"));
+    ip6(&node, "addr add fd00:62:2::2/64 dev eth0 nodad");
+    ip6(&node, "route add default via fd00:62:2::1 dev eth0");
+    ip6(&node, "route add default via fd00:62:1::1 dev eth1 table 2");
+    ip6(
+        &node,
+        &format!("rule add from {server} lookup 2 priority 1536"),
+    );
+    ip6(&node, "rule add fwmark 0x80/0x80 lookup main priority 1024");
+    ip6(&gw, "addr add fd00:62:2::1/64 dev g0 nodad");
+    for rule in [
+        "-t raw -A PREROUTING -i eth1 -j MARK --set-xmark 0x80/0x80",
+        "-t raw -A PREROUTING -m rpfilter --validmark --invert -j DROP",
+    ] {
+        node.exec("ip6tables", &rule.split(' ').collect::<Vec<_>>())
+            .unwrap();
+    }
+    let _srv = listen(&node, format!("[{server}]:{PORT}").parse().unwrap());
+    let k = Kdrop::start(&["--json", "--port", &PORT.to_string()]);
+    let src: SocketAddr = format!("[{client_addr}]:48301").parse().unwrap();
+    let dst: SocketAddr = format!("[{server}]:{PORT}").parse().unwrap();
+    let syn = send_syn(&client, src, dst);
+    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e["kind"] == "drop" && e["saddr"] == client_addr && e["sport"] == 48301
+    });
+    k.stop(libc::SIGINT);
+    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
+    let rule = "-A PREROUTING -m rpfilter --validmark --invert -j DROP";
+    let f = &e["finding"];
+    assert_eq!(
+        f["summary"],
+        format!(
+            "IPv6 reverse-path check failed on eth1: iptables-nft rule in raw/PREROUTING \
+             (strict) drops it: the way back to {client_addr} leaves by eth0, not eth1 (table \
+             main, rule 1024: from all fwmark 0x80/0x80 lookup main): {rule}"
+        ),
+        "{e}"
+    );
+    let ns = format!("ip netns exec {} ", node.name);
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.contains(&format!(
+            "reverse lookup as the rule makes it (strict): `{ns}ip -6 route get {client_addr} \
+             from {server} oif eth1 mark 0x80` answers default via fd00:62:2::1 dev eth0 table \
+             main"
+        )),
+        "{ev:#?}"
+    );
+    assert_eq!(
+        strs(&f["fix"]),
+        [
+            format!("{ns}ip -6 route add {client_addr}/128 via fd00:62:1::1 dev eth1 table 100"),
+            format!(
+                "{ns}ip -6 rule add from {server} to {client_addr}/128 lookup 100 priority 1023"
+            ),
+        ]
+    );
+    drop(syn);
+    for cmd in strs(&f["fix"]) {
+        run_fix(&cmd);
+    }
+    connect_from(
+        &client,
+        format!("[{client_addr}]:48302").parse().unwrap(),
+        dst,
+    )
+    .expect("a new connection after the fix");
+}

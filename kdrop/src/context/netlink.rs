@@ -435,8 +435,8 @@ impl Socket {
     }
 }
 
-/// Links, IPv4 and IPv6 addresses, IPv4 routes, IPv4 and IPv6 rules of the
-/// calling thread's namespace (run it inside the namespace).
+/// Links, addresses, routes and rules (IPv4 and IPv6) of the calling
+/// thread's namespace (run it inside the namespace).
 pub fn dump_tables() -> Result<Tables> {
     let s = Socket::open(0, false)?;
     let parse = |ty: u16, hdr: usize, family: u8| s.dump(ty, family, hdr);
@@ -461,6 +461,10 @@ pub fn dump_tables() -> Result<Tables> {
         rules6: parse(RTM_GETRULE, 12, AF_INET6)?
             .iter()
             .filter_map(|p| parse_rule(p))
+            .collect(),
+        routes6: parse(RTM_GETROUTE, 12, AF_INET6)?
+            .iter()
+            .filter_map(|p| parse_route(p))
             .collect(),
     })
 }

@@ -400,6 +400,7 @@ mod tests {
             ],
             rules: vec![rule(0, 255), rule(32766, 254), rule(32767, 253)],
             rules6: vec![],
+            routes6: vec![],
         }
     }
 

@@ -628,6 +628,7 @@ pub(crate) mod tests {
                 rule(32767, 253),
             ],
             rules6: vec![],
+            routes6: vec![],
         }
     }
 

@@ -25,7 +25,7 @@ use super::{
 use crate::model::{
     finding::Finding,
     netfilter::{Attribution, Backend},
-    routing::{RouteAnswer, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL},
+    routing::{RouteAnswer, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL, RTN_UNICAST},
 };
 
 /// The reverse-path check a rule makes.
@@ -182,6 +182,27 @@ fn route_get(d: &Rpf6, t: &Tables) -> String {
     s
 }
 
+/// The node's own route towards the client through the input device (the
+/// longest prefix among the unicast routes of every table that use it):
+/// `Some(gateway)`, `Some(None)` for on-link, `None` when there is none.
+fn way_out_of_iif(t: &Tables, d: &Rpf6) -> Option<Option<IpAddr>> {
+    t.routes6
+        .iter()
+        .filter(|r| r.table != RT_TABLE_LOCAL && r.kind == RTN_UNICAST)
+        .filter(|r| r.oif == Some(d.iif) || r.nexthops.iter().any(|(o, _)| *o == d.iif))
+        .filter(|r| match r.dst {
+            None => r.dst_len == 0,
+            Some(net) => in_prefix(IpAddr::V6(d.src), net, r.dst_len) == Some(true),
+        })
+        .max_by(|a, b| a.dst_len.cmp(&b.dst_len).then(b.priority.cmp(&a.priority)))
+        .map(|r| {
+            r.nexthops
+                .iter()
+                .find(|(o, _)| *o == d.iif)
+                .map_or(r.gateway, |(_, g)| *g)
+        })
+}
+
 /// A table number for the repair route that no IPv6 rule uses yet.
 fn free_table(t: &Tables) -> u32 {
     (100..RT_TABLE_LOCAL - 3)
@@ -292,11 +313,12 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
         }
     ));
     // The repair route: through the input device, with the gateway the
-    // node already has on that side (on-link without one).
-    let gw = match d.via_iif {
+    // node already uses on that side (on-link when its route has none).
+    let known = way_out_of_iif(t, d);
+    let gw = known.unwrap_or_else(|| match d.via_iif {
         Some(RouteLookup::Found(r)) if r.devices().contains(&d.iif) => r.gateway,
         _ => None,
-    };
+    });
     let table = free_table(t);
     let priority = decided.map_or(1, |r| r.priority.saturating_sub(1).max(1));
     let from = d.asked.src.map_or(String::new(), |s| format!("from {s} "));
@@ -627,6 +649,25 @@ mod tests {
         let mut d = drop(check, &q, &ans);
         d.via_iif = Some(&via);
         let f = explain(nf(), &a, &d, &tables());
+        // The node's own route through eth1 wins over the query's answer.
+        let mut t = tables();
+        t.routes6.push(crate::model::routing::Route {
+            table: 7,
+            family: 10,
+            dst: Some("fd00:61::".parse().unwrap()),
+            dst_len: 32,
+            kind: RTN_UNICAST,
+            scope: 0,
+            oif: Some(3),
+            gateway: Some("fd00:61:1::fe".parse().unwrap()),
+            prefsrc: None,
+            priority: 1024,
+            nexthops: vec![],
+        });
+        assert_eq!(
+            explain(nf(), &a, &d, &t).fix[0],
+            "ip netns exec node ip -6 route add fd00:61:9::1/128 via fd00:61:1::fe dev eth1 table 101"
+        );
         assert!(f.summary.ends_with(
             "leaves by eth0, not eth1 (table 100, rule 1000: from fd00:9::/64 lookup 100): \
              fib saddr . iif oif missing counter drop"

@@ -78,6 +78,8 @@ pub struct Tables {
     pub rules: Vec<Rule>,
     /// IPv6 policy rules (`ip -6 rule`): the IPv6 reverse-path evidence.
     pub rules6: Vec<Rule>,
+    /// IPv6 routes of every table (`ip -6 route show table all`).
+    pub routes6: Vec<Route>,
 }
 
 impl Tables {

@@ -97,6 +97,7 @@ pub(crate) mod tests {
             routes: vec![],
             rules: vec![],
             rules6: vec![],
+            routes6: vec![],
         }
     }
 
