@@ -27,6 +27,16 @@ fn addr(ns: &Ns, cidr: &str, dev: &str) {
     ip6(ns, &format!("addr add {cidr} dev {dev} nodad"));
 }
 
+/// A permanent neighbour entry: no neighbour discovery delays or loses the
+/// first packets (the v4 labs' ARP answers at once; NDP over a fresh bridge
+/// may not), so every transmission of the SYN meets its fate at once.
+fn neigh(ns: &Ns, addr: &str, mac: &str, dev: &str) {
+    ip6(
+        ns,
+        &format!("neigh replace {addr} lladdr {mac} dev {dev} nud permanent"),
+    );
+}
+
 fn forwarding(ns: &Ns) {
     ns.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
 }
@@ -151,6 +161,8 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
     let a = ns(test, "a");
     let b = ns(test, "b");
     node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
+    node.ip(&["link", "set", "cni0", "address", "02:00:00:00:70:01"])
+        .unwrap();
     node.ip(&["link", "set", "cni0", "up"]).unwrap();
     addr(&node, "fd00:245:1::1/64", "cni0");
     for (pod, last) in [(&a, 5u8), (&b, 9)] {
@@ -167,7 +179,12 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
         node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
         addr(pod, &format!("fd00:245:1::{last}/64"), "eth0");
         ip6(pod, "route add default via fd00:245:1::1");
+        neigh(pod, "fd00:245:1::1", "02:00:00:00:70:01", "eth0");
+        let mac = format!("02:00:00:00:71:{last:02x}");
+        neigh(&node, &format!("fd00:245:1::{last}"), &mac, "cni0");
     }
+    neigh(&a, "fd00:245:1::9", "02:00:00:00:71:09", "eth0");
+    neigh(&b, "fd00:245:1::5", "02:00:00:00:71:05", "eth0");
     forwarding(&node);
     dnat(
         &node,
@@ -272,6 +289,9 @@ fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
     for port in ["rb", "ra"] {
         router.ip(&["link", "set", port, "master", "vpc"]).unwrap();
     }
+    router
+        .ip(&["link", "set", "vpc", "address", "02:00:00:00:76:07"])
+        .unwrap();
     router.ip(&["link", "set", "vpc", "up"]).unwrap();
     addr(&router, "fd00:1::1/64", "vpc");
     addr(&router, "fd00:172:17::1/64", "r0");
@@ -292,6 +312,14 @@ fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
     );
     addr(&pod, "fd00:1::13/64", "eth0");
     ip6(&pod, "route add default via fd00:1::1");
+    neigh(&client, "fd00:172:17::1", "02:00:00:00:76:02", "c0");
+    neigh(&router, "fd00:172:17::50", "02:00:00:00:76:01", "r0");
+    neigh(&router, "fd00:1::12", "02:00:00:00:76:03", "vpc");
+    neigh(&router, "fd00:1::13", "02:00:00:00:76:05", "vpc");
+    neigh(&node, "fd00:1::1", "02:00:00:00:76:07", "eth0");
+    neigh(&node, "fd00:1::13", "02:00:00:00:76:05", "eth0");
+    neigh(&pod, "fd00:1::1", "02:00:00:00:76:07", "eth0");
+    neigh(&pod, "fd00:1::12", "02:00:00:00:76:03", "eth0");
     let _l = listen(
         &pod,
         format!("[fd00:1::13]:{BACKEND_PORT}").parse().unwrap(),
