@@ -101,36 +101,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// Each transmission is seen first in the client's namespace (its
-    /// retransmission and its egress: no conntrack entry there, the same
-    /// original tuple), then translated where the DNAT is. The third
-    /// transmission's client-side record reaches the count first: the flow
-    /// must still be where it was DNAT'd (the IPv6 labs showed the client's
-    /// namespace and device otherwise).
-    #[test]
-    fn the_clients_untranslated_copy_does_not_move_the_flow() {
-        let mut tr = Tracker::default();
-        let ct = dnat_ct(8);
-        let copy = |ts| Packet {
-            netns: 3,
-            ifindex: 9,
-            tuple: ct.orig,
-            ct: None,
-            ..syn(ts, None)
-        };
-        let mut dead = None;
-        for s in 0..3u64 {
-            let ts = s * 1_500_000_000;
-            dead = dead.or(tr.on_egress(&copy(ts), &BITS));
-            dead = dead.or(tr.on_egress(&syn(ts + 10_000, Some(ct)), &BITS));
-        }
-        let Some(Dead::Unanswered(f)) = dead else {
-            panic!("{dead:?}")
-        };
-        assert_eq!((f.netns, f.ifindex, f.ct), (7, 2, Some(ct)));
-        assert_eq!(f.wire, tuple("172.16.0.50:40000", "10.0.0.13:80"));
-    }
-
     #[test]
     fn a_dnat_syn_sent_three_times_is_an_asymmetric_return() {
         let mut tr = Tracker::default();

@@ -185,14 +185,9 @@ impl Tracker {
             f.syns += 1;
         }
         f.last_ns = p.ts_ns;
-        // Where the flow was translated is where its findings are: the
-        // client's own untranslated copy of the same SYN (another CPU's
-        // ring record, read after the translated one) does not move it.
-        if p.ct.is_some() || f.ct.is_none() {
-            f.netns = p.netns;
-            f.ifindex = p.ifindex;
-            f.wire = p.tuple;
-        }
+        f.netns = p.netns;
+        f.ifindex = p.ifindex;
+        f.wire = p.tuple;
         if let Some(ct) = p.ct {
             f.ct = Some(ct);
             if ct.status & bits.seen_reply != 0 {
