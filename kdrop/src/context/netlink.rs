@@ -435,8 +435,8 @@ impl Socket {
     }
 }
 
-/// Links, IPv4 addresses, routes and rules of the calling thread's
-/// namespace (run it inside the namespace).
+/// Links, addresses, routes and rules (IPv4 and IPv6) of the calling
+/// thread's namespace (run it inside the namespace).
 pub fn dump_tables() -> Result<Tables> {
     let s = Socket::open(0, false)?;
     let parse = |ty: u16, hdr: usize, family: u8| s.dump(ty, family, hdr);
@@ -447,6 +447,7 @@ pub fn dump_tables() -> Result<Tables> {
             .collect(),
         addrs: parse(RTM_GETADDR, 8, AF_INET)?
             .iter()
+            .chain(parse(RTM_GETADDR, 8, AF_INET6)?.iter())
             .filter_map(|p| parse_addr(p))
             .collect(),
         routes: parse(RTM_GETROUTE, 12, AF_INET)?
@@ -456,6 +457,14 @@ pub fn dump_tables() -> Result<Tables> {
         rules: parse(RTM_GETRULE, 12, AF_INET)?
             .iter()
             .filter_map(|p| parse_rule(p))
+            .collect(),
+        rules6: parse(RTM_GETRULE, 12, AF_INET6)?
+            .iter()
+            .filter_map(|p| parse_rule(p))
+            .collect(),
+        routes6: parse(RTM_GETROUTE, 12, AF_INET6)?
+            .iter()
+            .filter_map(|p| parse_route(p))
             .collect(),
     })
 }

@@ -21,7 +21,7 @@ pub fn read_conf(dev: &str) -> Conf {
     }
 }
 
-/// conf/all, each of `devs`, and the bridge's call-iptables switch.
+/// conf/all, each of `devs`, and the bridge's call-iptables switches.
 pub fn read_confs<'a>(devs: impl IntoIterator<Item = &'a str>) -> Confs {
     Confs {
         all: read_conf("all"),
@@ -30,6 +30,7 @@ pub fn read_confs<'a>(devs: impl IntoIterator<Item = &'a str>) -> Confs {
             .map(|d| (d.to_string(), read_conf(d)))
             .collect(),
         bridge_nf_call_iptables: read_u32("/proc/sys/net/bridge/bridge-nf-call-iptables"),
+        bridge_nf_call_ip6tables: read_u32("/proc/sys/net/bridge/bridge-nf-call-ip6tables"),
     }
 }
 

@@ -399,6 +399,8 @@ mod tests {
                 route(100, Some(("10.50.0.0", 16)), Some("10.0.0.1"), 2),
             ],
             rules: vec![rule(0, 255), rule(32766, 254), rule(32767, 253)],
+            rules6: vec![],
+            routes6: vec![],
         }
     }
 

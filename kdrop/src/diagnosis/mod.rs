@@ -7,6 +7,7 @@
 //! - `handshake`: handshakes followed through NAT that died silently;
 //! - `netfilter`: which rule, policy or conntrack drop it was;
 //! - `kube`: Kubernetes names from kube-proxy's rules, and its own drops;
+//! - `rpfilter6`: an IPv6 rpfilter / fib rule's drop with the way back;
 //! - `names`: the pods a connection involves, named in the summary.
 pub mod conntrack;
 pub mod forwarding;
@@ -17,5 +18,6 @@ pub mod netfilter;
 pub mod reason;
 pub mod routes;
 pub mod routing;
+pub mod rpfilter6;
 
 pub use self::reason::{explain, netfilter_location, reason_evidence, DropFacts};

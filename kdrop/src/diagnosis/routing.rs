@@ -627,6 +627,8 @@ pub(crate) mod tests {
                 rule(32766, 254),
                 rule(32767, 253),
             ],
+            rules6: vec![],
+            routes6: vec![],
         }
     }
 
@@ -641,6 +643,7 @@ pub(crate) mod tests {
             all: conf(all, vmark),
             devs: [("eth1".to_string(), conf(eth1, 0))].into(),
             bridge_nf_call_iptables: None,
+            bridge_nf_call_ip6tables: None,
         }
     }
 

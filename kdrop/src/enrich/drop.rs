@@ -12,7 +12,7 @@ use crate::{
     diagnosis::{
         self, conntrack, forwarding, kube,
         netfilter::{self as nf, Dropped},
-        routing, DropFacts,
+        routing, rpfilter6, DropFacts,
     },
     model::{
         finding::Finding,
@@ -99,6 +99,9 @@ impl<N: Node> Enricher<N> {
                     netfilter: r.netfilter.as_ref(),
                 })
             });
+        if let Some(f) = self.explain_rpfilter6(d, &r) {
+            r.finding = Some(f);
+        }
         let syn_ack = d.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
         let tuple = Tuple {
             src: SocketAddr::new(d.saddr, d.sport),
@@ -303,6 +306,37 @@ impl<N: Node> Enricher<N> {
         };
         stuck.neighbour = neighbour.as_ref();
         forwarding::explain(&stuck, &ctx.tables)
+    }
+
+    /// An IPv6 packet dropped by an rpfilter / fib rule: the netfilter
+    /// finding with the way back the kernel's lookup finds, asked again in
+    /// the drop's namespace.
+    fn explain_rpfilter6(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
+        let a = r.netfilter.as_ref()?;
+        let check = rpfilter6::Check::of(a)?;
+        let (IpAddr::V6(src), IpAddr::V6(dst)) = (d.saddr, d.daddr) else {
+            return None;
+        };
+        let base = r.finding.clone()?;
+        let ctx = self.node.routing(d.netns)?;
+        let asked = check.query(src, dst, d.ifindex, d.mark);
+        let answer = self.node.route_get(d.netns, &asked)?;
+        let via_iif = self
+            .node
+            .route_get(d.netns, &rpfilter6::via_iif_query(src, d.ifindex));
+        let exec = self.netns_name(d.netns).exec();
+        let drop = rpfilter6::Rpf6 {
+            src,
+            dst,
+            iif: d.ifindex,
+            mark: d.mark,
+            check,
+            asked: &asked,
+            answer: &answer,
+            via_iif: via_iif.as_ref(),
+            netns_exec: &exec,
+        };
+        Some(rpfilter6::explain(base, a, &drop, &ctx.tables))
     }
 
     /// Reverse-path and martian drops, with the namespace's routing context.

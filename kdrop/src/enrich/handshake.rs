@@ -237,6 +237,7 @@ impl<N: Node> Enricher<N> {
             bridge: BridgeFacts {
                 br_netfilter_loaded: self.node.br_netfilter_loaded(),
                 call_iptables: ctx.confs.bridge_nf_call_iptables,
+                call_ip6tables: ctx.confs.bridge_nf_call_ip6tables,
             },
             exec: ns.exec(),
             netns: ns.display(),

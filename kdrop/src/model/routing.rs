@@ -70,9 +70,16 @@ pub const FR_ACT_TO_TBL: u8 = 1;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tables {
     pub links: Vec<Link>,
+    /// IPv4 and IPv6 addresses (compare with an address of the same family).
     pub addrs: Vec<Addr>,
+    /// IPv4 routes.
     pub routes: Vec<Route>,
+    /// IPv4 policy rules.
     pub rules: Vec<Rule>,
+    /// IPv6 policy rules (`ip -6 rule`): the IPv6 reverse-path evidence.
+    pub rules6: Vec<Rule>,
+    /// IPv6 routes of every table (`ip -6 route show table all`).
+    pub routes6: Vec<Route>,
 }
 
 impl Tables {
@@ -102,6 +109,8 @@ pub struct Confs {
     pub devs: HashMap<String, Conf>,
     /// net.bridge.bridge-nf-call-iptables (absent without br_netfilter).
     pub bridge_nf_call_iptables: Option<u32>,
+    /// net.bridge.bridge-nf-call-ip6tables: the same switch for IPv6.
+    pub bridge_nf_call_ip6tables: Option<u32>,
 }
 
 impl Confs {

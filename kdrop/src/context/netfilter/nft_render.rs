@@ -51,7 +51,10 @@ pub(super) fn render_match(body: &Value) -> String {
         .get("left")
         .and_then(|l| l.get("meta"))
         .is_some_and(|m| str_of(m, "key").contains("if"));
+    // `fib ... oif missing` / `exists`: the JSON compares with a boolean.
+    let fib = body.get("left").is_some_and(|l| l.get("fib").is_some());
     let right = match body.get("right") {
+        Some(Value::Bool(b)) if fib => if *b { "exists" } else { "missing" }.to_string(),
         Some(Value::String(s)) if iface => quote(s),
         Some(r) => render_value(r),
         None => String::new(),
@@ -86,6 +89,16 @@ fn render_value(v: &Value) -> String {
                     }
                 }
                 "ct" => format!("ct {}", str_of(b, "key")),
+                "fib" => format!(
+                    "fib {} {}",
+                    b.get("flags")
+                        .map_or(Vec::new(), |f| match f {
+                            Value::Array(a) => a.iter().map(render_value).collect(),
+                            other => vec![render_value(other)],
+                        })
+                        .join(" . "),
+                    str_of(b, "result")
+                ),
                 "prefix" => format!(
                     "{}/{}",
                     b.get("addr").map_or(String::new(), render_value),
@@ -131,5 +144,27 @@ fn render_value(v: &Value) -> String {
                 _ => v.to_string(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fib_as_nft_writes_it() {
+        let m = |j: &str| render_match(&serde_json::from_str(j).unwrap());
+        assert_eq!(
+            m(
+                r#"{"op": "==", "left": {"fib": {"result": "oif", "flags": ["saddr", "iif"]}}, "right": false}"#
+            ),
+            "fib saddr . iif oif missing"
+        );
+        assert_eq!(
+            m(
+                r#"{"op": "==", "left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": true}"#
+            ),
+            "fib daddr type exists"
+        );
     }
 }

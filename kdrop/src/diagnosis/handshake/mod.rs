@@ -96,6 +96,8 @@ pub(crate) mod tests {
             }],
             routes: vec![],
             rules: vec![],
+            rules6: vec![],
+            routes6: vec![],
         }
     }
 

@@ -29,6 +29,20 @@ pub struct BridgeFacts {
     pub br_netfilter_loaded: bool,
     /// net.bridge.bridge-nf-call-iptables in that namespace (None: absent).
     pub call_iptables: Option<u32>,
+    /// net.bridge.bridge-nf-call-ip6tables there: IPv6's own switch
+    /// (br_netfilter_hooks.c, brnf_call_ip6tables).
+    pub call_ip6tables: Option<u32>,
+}
+
+impl BridgeFacts {
+    /// The switch that decides for a packet of `a`'s family.
+    pub fn call_for(&self, a: IpAddr) -> Option<u32> {
+        if a.is_ipv4() {
+            self.call_iptables
+        } else {
+            self.call_ip6tables
+        }
+    }
 }
 
 /// A namespace holding a DNAT'd entry of the handshake, with what the
@@ -225,12 +239,12 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
             },
             call_sysctl(client.ip()),
             bridge
-                .call_iptables
+                .call_for(client.ip())
                 .map_or("absent".to_string(), |v| v.to_string())
         ),
     ];
     let mut fix = Vec::new();
-    if !bridge.br_netfilter_loaded && bridge.call_iptables.is_none() {
+    if !bridge.br_netfilter_loaded && bridge.call_for(client.ip()).is_none() {
         fix.push("modprobe br_netfilter".to_string());
     }
     fix.push(format!(
@@ -387,6 +401,62 @@ mod tests {
         let mut snat = r.clone();
         snat.dnat.as_mut().unwrap().flow.ct.as_mut().unwrap().status |= BITS.src_nat;
         assert_eq!(explain(&snat, &BITS), None);
+    }
+
+    /// Incident 2 over IPv6: the bridge's IPv6 subnet holds both ends, and
+    /// the switch that counts is bridge-nf-call-ip6tables (here 0 while the
+    /// IPv4 one is 1); the commands are IPv6's.
+    #[test]
+    fn a_v6_hairpin_names_the_ip6tables_switch() {
+        let mut t = tables();
+        t.addrs.push(crate::model::routing::Addr {
+            index: 5,
+            addr: "fd00:245:1::1".parse().unwrap(),
+            prefix_len: 64,
+            label: None,
+        });
+        let c = ct(
+            ("[fd00:245:1::5]:43801", "[fd00:96::133]:80"),
+            ("[fd00:245:1::9]:8080", "[fd00:245:1::5]:43801"),
+            BITS.dst_nat,
+        );
+        let mut d = translator(&t, "node", flow(7, 6, c));
+        d.bridge = BridgeFacts {
+            br_netfilter_loaded: true,
+            call_iptables: Some(1),
+            call_ip6tables: Some(0),
+        };
+        let r = Refused {
+            syn_ack: tuple("[fd00:245:1::9]:8080", "[fd00:245:1::5]:43801"),
+            kernel: "k".into(),
+            waits_for: Some("[fd00:96::133]:80".parse().unwrap()),
+            dnat: Some(d),
+            back: None,
+            back_stale: None,
+        };
+        let f = explain(&r, &BITS).unwrap();
+        assert_eq!(f.cause, "hairpin_no_reverse_nat");
+        assert!(f.evidence[3].starts_with(
+            "br_netfilter loaded; net.bridge.bridge-nf-call-ip6tables = 0: bridged packets skip"
+        ));
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node sysctl -w net.bridge.bridge-nf-call-ip6tables=1"]
+        );
+        assert_eq!(
+            f.fix_or[0],
+            [
+                "ip netns exec node ip6tables -t nat -A POSTROUTING -s fd00:245:1::5 -d fd00:245:1::9/128 -p tcp --dport 8080 -j MASQUERADE",
+                "ip netns exec node conntrack -D -f ipv6 -p tcp --orig-src fd00:245:1::5 --orig-port-src 43801 --orig-dst fd00:96::133 --orig-port-dst 80",
+            ]
+        );
+        // Without br_netfilter (neither switch), the module is loaded first.
+        let mut bare = r.clone();
+        bare.dnat.as_mut().unwrap().bridge = BridgeFacts::default();
+        assert_eq!(
+            explain(&bare, &BITS).unwrap().fix[0],
+            "modprobe br_netfilter"
+        );
     }
 
     /// A bridge in the DNAT's namespace is not enough: the client must be

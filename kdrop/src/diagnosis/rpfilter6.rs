@@ -1,0 +1,713 @@
+//! IPv6 reverse-path drops by netfilter: an ip6tables `-m rpfilter
+//! --invert -j DROP` rule (firewalld's default, raw PREROUTING) or an nft
+//! `fib saddr . iif oif missing drop`. The netfilter finding names the rule;
+//! this adds the way back the kernel found (the route query that reproduces
+//! the rule's lookup, `RouteQuery::reverse_path_v6`), the policy rule that
+//! chose its table, and the repair: a policy route back through the input
+//! interface, or the check made loose. Pure.
+//!
+//! What the rules compare, as of v6.18:
+//! - `rpfilter_mt` / `rpfilter_lookup_reverse6`
+//!   (https://github.com/torvalds/linux/blob/v6.18/net/ipv6/netfilter/ip6t_rpfilter.c):
+//!   passes when the lookup's device is the input device, or with `--loose`
+//!   when any route is found; `--validmark` puts the packet's mark in the
+//!   lookup; `--invert` turns "passes" into "matches", so the DROP hits the
+//!   packets that fail.
+//! - `nft_fib6_eval` (https://github.com/torvalds/linux/blob/v6.18/net/ipv6/netfilter/nft_fib_ipv6.c):
+//!   with `. iif` the result counts only when its device is the input
+//!   device; `oif missing` is true when it does not.
+use std::net::{IpAddr, Ipv6Addr};
+
+use super::{
+    netfilter::matching::in_prefix,
+    routes::{rule_text, table_name, RT_TABLE_LOCAL},
+};
+use crate::model::{
+    finding::Finding,
+    netfilter::{Attribution, Backend},
+    routing::{RouteAnswer, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL, RTN_UNICAST},
+};
+
+/// The reverse-path check a rule makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// `-m rpfilter`: `loose` (`--loose`), `validmark` (`--validmark`).
+    Rpfilter { loose: bool, validmark: bool },
+    /// nft `fib saddr [. mark] . iif oif missing`: `iif` keyed (strict),
+    /// `mark` keyed.
+    Fib { iif: bool, mark: bool },
+}
+
+impl Check {
+    /// The check of the rule an attribution names, if it is one.
+    pub fn of(a: &Attribution) -> Option<Check> {
+        let text = a.rule.as_deref()?;
+        if text.contains("-m rpfilter") {
+            // Only a rule that drops what fails: `--invert` (passing is
+            // what the match reports).
+            if !text.contains("--invert") {
+                return None;
+            }
+            return Some(Check::Rpfilter {
+                loose: text.contains("--loose"),
+                validmark: text.contains("--validmark"),
+            });
+        }
+        let fib = text.find("fib saddr")?;
+        let expr = &text[fib..];
+        let end = expr.find(" oif missing")?;
+        let keys = &expr[..end];
+        Some(Check::Fib {
+            iif: keys.contains(". iif"),
+            mark: keys.contains(". mark"),
+        })
+    }
+
+    /// Does the result have to leave by the input device?
+    pub fn strict(self) -> bool {
+        match self {
+            Check::Rpfilter { loose, .. } => !loose,
+            Check::Fib { iif, .. } => iif,
+        }
+    }
+
+    fn uses_mark(self) -> bool {
+        match self {
+            Check::Rpfilter { validmark, .. } => validmark,
+            Check::Fib { mark, .. } => mark,
+        }
+    }
+
+    /// The route query that asks what the rule's lookup asks
+    /// (`RouteQuery::reverse_path_v6`): ip6t_rpfilter prefers the input
+    /// device as oif in strict mode; nft's fib looks up without it and
+    /// compares afterwards.
+    pub fn query(self, src: Ipv6Addr, dst: Ipv6Addr, iif: u32, mark: u32) -> RouteQuery {
+        let mark = self.uses_mark().then_some(mark);
+        let loose = match self {
+            Check::Rpfilter { loose, .. } => loose,
+            Check::Fib { .. } => true,
+        };
+        RouteQuery::reverse_path_v6(src, dst, iif, mark, loose)
+    }
+}
+
+/// The query for a route to the client that leaves by the input device
+/// (an oif without a source makes the kernel keep to that device,
+/// RT6_LOOKUP_F_IFACE in `ip6_route_output_flags`): its gateway, if any,
+/// is the one the repair route needs.
+pub fn via_iif_query(src: Ipv6Addr, iif: u32) -> RouteQuery {
+    RouteQuery {
+        oif: Some(iif),
+        ..RouteQuery::get(src.into())
+    }
+}
+
+/// One IPv6 reverse-path drop and what the node answered.
+#[derive(Clone, Debug)]
+pub struct Rpf6<'a> {
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub iif: u32,
+    pub mark: u32,
+    pub check: Check,
+    /// The reverse lookup asked ([`Check::query`]) and its answer.
+    pub asked: &'a RouteQuery,
+    pub answer: &'a RouteLookup,
+    /// The answer of [`via_iif_query`].
+    pub via_iif: Option<&'a RouteLookup>,
+    /// `ip netns exec <name> ` (empty: kdrop's own namespace).
+    pub netns_exec: &'a str,
+}
+
+/// Does policy rule `r` select the reverse lookup (from lo, source the
+/// packet's destination, to the packet's source, with `mark`, oif the
+/// input device when the query names one)? fib_rule_match in
+/// net/core/fib_rules.c and fib6_rule_match in net/ipv6/fib6_rules.c (v6.18).
+fn selects(r: &Rule, d: &Rpf6, oif: Option<&str>) -> bool {
+    let from = d.asked.src;
+    let hit = r.iifname.as_deref().is_none_or(|i| i == "lo")
+        && r.oifname.as_deref().is_none_or(|o| Some(o) == oif)
+        && r.fwmark
+            .is_none_or(|m| (m ^ d.asked.mark.unwrap_or(0)) & r.fwmask.unwrap_or(u32::MAX) == 0)
+        && r.src
+            .is_none_or(|(a, l)| from.and_then(|f| in_prefix(f, a, l)) == Some(true))
+        && r.dst
+            .is_none_or(|(a, l)| in_prefix(IpAddr::V6(d.src), a, l) == Some(true));
+    hit != r.invert
+}
+
+/// The first policy rule that selects the lookup and leads to `table`.
+fn deciding<'a>(t: &'a Tables, d: &Rpf6, table: u32) -> Option<&'a Rule> {
+    let oif = d.asked.oif.map(|i| t.link_name(i));
+    let mut rules: Vec<&Rule> = t.rules6.iter().collect();
+    rules.sort_by_key(|r| r.priority);
+    rules
+        .into_iter()
+        .filter(|r| r.action == FR_ACT_TO_TBL && selects(r, d, oif.as_deref()))
+        .find(|r| r.table == table)
+}
+
+/// `fd00:2::/64 via fe80::1 dev eth0 table main`.
+fn answer_text(a: &RouteAnswer, t: &Tables) -> String {
+    let dst = match a.dst {
+        Some(d) if a.dst_len == 128 => d.to_string(),
+        Some(d) => format!("{d}/{}", a.dst_len),
+        None => "default".into(),
+    };
+    let mut s = dst;
+    if let Some(gw) = a.gateway {
+        s.push_str(&format!(" via {gw}"));
+    }
+    let devs: Vec<String> = a.devices().iter().map(|&i| t.link_name(i)).collect();
+    if !devs.is_empty() {
+        s.push_str(&format!(" dev {}", devs.join(",")));
+    }
+    s.push_str(&format!(" table {}", table_name(a.table)));
+    s
+}
+
+/// `ip -6 route get` as the lookup was asked.
+fn route_get(d: &Rpf6, t: &Tables) -> String {
+    let mut s = format!("{}ip -6 route get {}", d.netns_exec, d.src);
+    if let Some(from) = d.asked.src {
+        s.push_str(&format!(" from {from}"));
+    }
+    if let Some(o) = d.asked.oif {
+        s.push_str(&format!(" oif {}", t.link_name(o)));
+    }
+    if let Some(m) = d.asked.mark.filter(|&m| m != 0) {
+        s.push_str(&format!(" mark {m:#x}"));
+    }
+    s
+}
+
+/// The node's own route towards the client through the input device (the
+/// longest prefix among the unicast routes of every table that use it):
+/// `Some(gateway)`, `Some(None)` for on-link, `None` when there is none.
+fn way_out_of_iif(t: &Tables, d: &Rpf6) -> Option<Option<IpAddr>> {
+    t.routes6
+        .iter()
+        .filter(|r| r.table != RT_TABLE_LOCAL && r.kind == RTN_UNICAST)
+        .filter(|r| r.oif == Some(d.iif) || r.nexthops.iter().any(|(o, _)| *o == d.iif))
+        .filter(|r| match r.dst {
+            None => r.dst_len == 0,
+            Some(net) => in_prefix(IpAddr::V6(d.src), net, r.dst_len) == Some(true),
+        })
+        .max_by(|a, b| a.dst_len.cmp(&b.dst_len).then(b.priority.cmp(&a.priority)))
+        .map(|r| {
+            r.nexthops
+                .iter()
+                .find(|(o, _)| *o == d.iif)
+                .map_or(r.gateway, |(_, g)| *g)
+        })
+}
+
+/// A table number for the repair route that no IPv6 rule uses yet.
+fn free_table(t: &Tables) -> u32 {
+    (100..RT_TABLE_LOCAL - 3)
+        .find(|n| !t.rules6.iter().any(|r| r.table == *n))
+        .unwrap_or(100)
+}
+
+/// The rule changed to loose mode, where a route back through any device
+/// passes: `ip6tables -R` of the rule with `--loose`, or the nft rule
+/// replaced without its `. iif` key.
+fn loosen(a: &Attribution, ns: &str) -> Option<String> {
+    let table = a.table.as_deref()?;
+    let chain = a.chain.as_deref()?;
+    let text = a.rule.as_deref()?;
+    match a.backend? {
+        Backend::Nftables => {
+            let family = a.family?.name();
+            let h = a.handle?;
+            let body = text.replacen(" . iif", "", 1);
+            Some(format!(
+                "{ns}nft replace rule {family} {table} {chain} handle {h} {body}"
+            ))
+        }
+        b => {
+            let tool = match b {
+                Backend::IptablesLegacy => "ip6tables-legacy",
+                _ => "ip6tables-nft",
+            };
+            let n = a.rule_number?;
+            let spec = text.strip_prefix(&format!("-A {chain} "))?;
+            let spec = spec.replacen("-m rpfilter", "-m rpfilter --loose", 1);
+            Some(format!("{ns}{tool} -t {table} -R {chain} {n} {spec}"))
+        }
+    }
+}
+
+/// The netfilter finding `nf` for this drop, with the way back and the
+/// repair.
+pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
+    let ns = d.netns_exec;
+    let iif = t.link_name(d.iif);
+    let place = format!(
+        "{} rule in {}/{}",
+        a.backend.map_or("netfilter", |b| b.name()),
+        a.table.as_deref().unwrap_or(""),
+        a.chain.as_deref().unwrap_or("")
+    );
+    let rule = a.rule.as_deref().unwrap_or("");
+    let mode = if d.check.strict() { "strict" } else { "loose" };
+    let mut evidence = nf.evidence;
+    let asked = route_get(d, t);
+    let found = match d.answer {
+        RouteLookup::Found(r) if r.kind == crate::model::routing::RouteType::Unicast => Some(r),
+        _ => None,
+    };
+    let (why, decided) = match (d.answer, found) {
+        (_, Some(r)) => {
+            evidence.push(format!(
+                "reverse lookup as the rule makes it ({mode}): `{asked}` answers {}",
+                answer_text(r, t)
+            ));
+            let out: Vec<String> = r.devices().iter().map(|&i| t.link_name(i)).collect();
+            let rule6 = deciding(t, d, r.table);
+            let decided = match rule6 {
+                Some(p) => {
+                    evidence.push(format!("policy rule that decided: {}", rule_text(p)));
+                    format!("table {}, rule {}", table_name(r.table), rule_text(p))
+                }
+                None => format!("table {}", table_name(r.table)),
+            };
+            (
+                format!(
+                    "the way back to {} leaves by {}, not {iif} ({decided})",
+                    d.src,
+                    out.join(",")
+                ),
+                rule6,
+            )
+        }
+        (RouteLookup::Failed { name, .. }, _) => {
+            evidence.push(format!(
+                "reverse lookup as the rule makes it ({mode}): `{asked}` answers {name}"
+            ));
+            (
+                format!("there is no route back to {} ({name})", d.src),
+                None,
+            )
+        }
+        (RouteLookup::Found(r), _) => {
+            evidence.push(format!(
+                "reverse lookup as the rule makes it ({mode}): `{asked}` answers a {:?} route ({})",
+                r.kind,
+                answer_text(r, t)
+            ));
+            (
+                format!("the way back to {} is a {:?} route", d.src, r.kind),
+                None,
+            )
+        }
+    };
+    evidence.push(format!(
+        "the check passes only when the way back to {} leaves by {iif}, where the packet came in{}",
+        d.src,
+        if d.check.strict() {
+            ""
+        } else {
+            " (loose: by any device)"
+        }
+    ));
+    // The repair route: through the input device, with the gateway the
+    // node already uses on that side (on-link when its route has none).
+    let known = way_out_of_iif(t, d);
+    let gw = known.unwrap_or_else(|| match d.via_iif {
+        Some(RouteLookup::Found(r)) if r.devices().contains(&d.iif) => r.gateway,
+        _ => None,
+    });
+    let table = free_table(t);
+    let priority = decided.map_or(1, |r| r.priority.saturating_sub(1).max(1));
+    let from = d.asked.src.map_or(String::new(), |s| format!("from {s} "));
+    let fix = vec![
+        format!(
+            "{ns}ip -6 route add {}/128{} dev {iif} table {table}",
+            d.src,
+            gw.map_or(String::new(), |g| format!(" via {g}"))
+        ),
+        format!(
+            "{ns}ip -6 rule add {from}to {}/128 lookup {table} priority {priority}",
+            d.src
+        ),
+    ];
+    let mut fix_or = Vec::new();
+    if found.is_some() && d.check.strict() {
+        fix_or.extend(loosen(a, ns).map(|c| vec![c]));
+    }
+    let mut fix_notes = vec![format!(
+        "the policy route sends the way back to {} (the rule's lookup, and the replies from {}) \
+         out of {iif}, where the client's packets come in{}",
+        d.src,
+        d.asked
+            .src
+            .map_or("this host".to_string(), |s| s.to_string()),
+        if gw.is_none() {
+            format!(
+                "; it assumes {} is reachable on {iif}'s link: add `via <router>` if not",
+                d.src
+            )
+        } else {
+            String::new()
+        }
+    )];
+    if !fix_or.is_empty() {
+        fix_notes.push(
+            "loose mode only checks that some route back exists; a firewall manager \
+             (firewalld: IPv6_rpfilter=loose) rewrites a rule changed by hand"
+                .into(),
+        );
+    }
+    let mut inspect = vec![asked, format!("{ns}ip -6 rule show")];
+    inspect.extend(nf.inspect);
+    Finding {
+        cause: "rpfilter6",
+        summary: format!(
+            "IPv6 reverse-path check failed on {iif}: {place} ({mode}) drops it: {why}: {rule}"
+        ),
+        evidence,
+        fix,
+        fix_or,
+        fix_notes,
+        inspect,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        netfilter::{DroppedBy, Family, Hook},
+        routing::{Link, RouteType},
+    };
+
+    fn attribution(backend: Backend, rule: &str) -> Attribution {
+        Attribution {
+            dropped_by: DroppedBy::Rule,
+            method: "rule counters".into(),
+            hook: Some(Hook::Prerouting),
+            family: Some(if backend == Backend::Nftables {
+                Family::Inet
+            } else {
+                Family::Ip6
+            }),
+            backend: Some(backend),
+            table: Some(
+                if backend == Backend::Nftables {
+                    "fw"
+                } else {
+                    "raw"
+                }
+                .into(),
+            ),
+            chain: Some(
+                if backend == Backend::Nftables {
+                    "pre"
+                } else {
+                    "PREROUTING"
+                }
+                .into(),
+            ),
+            rule: Some(rule.into()),
+            rule_number: Some(1),
+            handle: (backend == Backend::Nftables).then_some(4),
+            target: Some("DROP".into()),
+            packets_before: Some(0),
+            packets_after: Some(1),
+            ctstate_invalid: false,
+            conntrack: None,
+            evidence: vec![],
+        }
+    }
+
+    fn link(index: u32, name: &str) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            master: None,
+            kind: Some("veth".into()),
+            up: true,
+        }
+    }
+
+    fn tables() -> Tables {
+        let rule = |priority, table, src: Option<&str>| Rule {
+            family: 10,
+            priority,
+            table,
+            action: FR_ACT_TO_TBL,
+            src: src.map(|s| (s.parse().unwrap(), 64)),
+            dst: None,
+            fwmark: None,
+            fwmask: None,
+            iifname: None,
+            oifname: None,
+            invert: false,
+            goto: None,
+        };
+        Tables {
+            links: vec![link(1, "lo"), link(2, "eth0"), link(3, "eth1")],
+            rules6: vec![
+                rule(0, 255, None),
+                rule(1000, 100, Some("fd00:9::")),
+                rule(32766, 254, None),
+            ],
+            ..Tables::default()
+        }
+    }
+
+    fn found(table: u32, dev: u32, gw: Option<&str>) -> RouteLookup {
+        RouteLookup::Found(RouteAnswer {
+            family: 10,
+            dst_len: 0,
+            table,
+            kind: RouteType::Unicast,
+            scope: 0,
+            flags: 0,
+            dst: None,
+            oif: Some(dev),
+            gateway: gw.map(|g| g.parse().unwrap()),
+            prefsrc: None,
+            priority: None,
+            nexthops: vec![],
+            nh_id: None,
+        })
+    }
+
+    fn src() -> Ipv6Addr {
+        "fd00:61:9::1".parse().unwrap()
+    }
+
+    fn dst() -> Ipv6Addr {
+        "fd00:61:1::2".parse().unwrap()
+    }
+
+    #[test]
+    fn recognizes_the_rules() {
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        assert_eq!(
+            Check::of(&a),
+            Some(Check::Rpfilter {
+                loose: false,
+                validmark: false
+            })
+        );
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --loose --validmark --invert -j DROP",
+        );
+        assert_eq!(
+            Check::of(&a),
+            Some(Check::Rpfilter {
+                loose: true,
+                validmark: true
+            })
+        );
+        // Without --invert the rule matches the packets that pass.
+        let a = attribution(Backend::IptablesNft, "-A PREROUTING -m rpfilter -j ACCEPT");
+        assert_eq!(Check::of(&a), None);
+        let a = attribution(
+            Backend::Nftables,
+            "fib saddr . iif oif missing counter drop",
+        );
+        assert_eq!(
+            Check::of(&a),
+            Some(Check::Fib {
+                iif: true,
+                mark: false
+            })
+        );
+        let a = attribution(Backend::Nftables, "fib saddr . mark oif missing drop");
+        assert_eq!(
+            Check::of(&a),
+            Some(Check::Fib {
+                iif: false,
+                mark: true
+            })
+        );
+        let a = attribution(Backend::Nftables, "tcp dport 80 drop");
+        assert_eq!(Check::of(&a), None);
+    }
+
+    #[test]
+    fn queries_follow_each_rule() {
+        let strict = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = strict.query(src(), dst(), 3, 0x80);
+        assert_eq!(
+            (q.oif, q.mark, q.src),
+            (Some(3), Some(0), Some(dst().into()))
+        );
+        let q = Check::Rpfilter {
+            loose: false,
+            validmark: true,
+        }
+        .query(src(), dst(), 3, 0x80);
+        assert_eq!(q.mark, Some(0x80));
+        // nft looks up without the oif preference, compares afterwards.
+        let q = Check::Fib {
+            iif: true,
+            mark: false,
+        }
+        .query(src(), dst(), 3, 0x80);
+        assert_eq!((q.oif, q.mark), (None, Some(0)));
+        let v = via_iif_query(src(), 3);
+        assert_eq!((v.oif, v.src), (Some(3), None));
+    }
+
+    fn drop<'a>(check: Check, asked: &'a RouteQuery, answer: &'a RouteLookup) -> Rpf6<'a> {
+        Rpf6 {
+            src: src(),
+            dst: dst(),
+            iif: 3,
+            mark: 0,
+            check,
+            asked,
+            answer,
+            via_iif: None,
+            netns_exec: "ip netns exec node ",
+        }
+    }
+
+    fn nf() -> Finding {
+        Finding {
+            cause: "netfilter_rule",
+            evidence: vec!["kernel drop reason NETFILTER_DROP".into()],
+            inspect: vec!["ip netns exec node ip6tables-nft -t raw -L PREROUTING".into()],
+            ..Finding::default()
+        }
+    }
+
+    #[test]
+    fn ip6tables_strict_way_back_by_another_device() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = found(254, 2, Some("fd00:61:2::1"));
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
+        assert_eq!(f.cause, "rpfilter6");
+        assert_eq!(
+            f.summary,
+            "IPv6 reverse-path check failed on eth1: iptables-nft rule in raw/PREROUTING \
+             (strict) drops it: the way back to fd00:61:9::1 leaves by eth0, not eth1 (table \
+             main, rule 32766: from all lookup main): -A PREROUTING -m rpfilter --invert -j DROP"
+        );
+        assert_eq!(
+            f.evidence[1],
+            "reverse lookup as the rule makes it (strict): `ip netns exec node ip -6 route get \
+             fd00:61:9::1 from fd00:61:1::2 oif eth1` answers default via fd00:61:2::1 dev eth0 \
+             table main"
+        );
+        assert_eq!(
+            f.evidence[2],
+            "policy rule that decided: 32766: from all lookup main"
+        );
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec node ip -6 route add fd00:61:9::1/128 dev eth1 table 101",
+                "ip netns exec node ip -6 rule add from fd00:61:1::2 to fd00:61:9::1/128 lookup 101 priority 32765",
+            ]
+        );
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec node ip6tables-nft -t raw -R PREROUTING 1 -m rpfilter --loose --invert -j DROP"]]
+        );
+        assert_eq!(f.inspect[1], "ip netns exec node ip -6 rule show");
+        assert_eq!(f.inspect.len(), 3);
+    }
+
+    #[test]
+    fn a_policy_rule_names_its_table_and_the_gateway_on_the_input_side() {
+        let check = Check::Fib {
+            iif: true,
+            mark: false,
+        };
+        let q = RouteQuery {
+            src: Some("fd00:9::5".parse().unwrap()),
+            ..check.query(src(), dst(), 3, 0)
+        };
+        let ans = found(100, 2, None);
+        let via = found(254, 3, Some("fe80::1"));
+        let a = attribution(
+            Backend::Nftables,
+            "fib saddr . iif oif missing counter drop",
+        );
+        let mut d = drop(check, &q, &ans);
+        d.via_iif = Some(&via);
+        let f = explain(nf(), &a, &d, &tables());
+        // The node's own route through eth1 wins over the query's answer.
+        let mut t = tables();
+        t.routes6.push(crate::model::routing::Route {
+            table: 7,
+            family: 10,
+            dst: Some("fd00:61::".parse().unwrap()),
+            dst_len: 32,
+            kind: RTN_UNICAST,
+            scope: 0,
+            oif: Some(3),
+            gateway: Some("fd00:61:1::fe".parse().unwrap()),
+            prefsrc: None,
+            priority: 1024,
+            nexthops: vec![],
+        });
+        assert_eq!(
+            explain(nf(), &a, &d, &t).fix[0],
+            "ip netns exec node ip -6 route add fd00:61:9::1/128 via fd00:61:1::fe dev eth1 table 101"
+        );
+        assert!(f.summary.ends_with(
+            "leaves by eth0, not eth1 (table 100, rule 1000: from fd00:9::/64 lookup 100): \
+             fib saddr . iif oif missing counter drop"
+        ));
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec node ip -6 route add fd00:61:9::1/128 via fe80::1 dev eth1 table 101",
+                "ip netns exec node ip -6 rule add from fd00:9::5 to fd00:61:9::1/128 lookup 101 priority 999",
+            ]
+        );
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec node nft replace rule inet fw pre handle 4 fib saddr oif missing counter drop"]]
+        );
+    }
+
+    #[test]
+    fn no_route_back_at_all() {
+        let check = Check::Rpfilter {
+            loose: true,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = RouteLookup::Failed {
+            errno: 101,
+            name: "ENETUNREACH".into(),
+        };
+        let a = attribution(
+            Backend::IptablesLegacy,
+            "-A PREROUTING -m rpfilter --loose --invert -j DROP",
+        );
+        let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
+        assert!(f
+            .summary
+            .contains("(loose) drops it: there is no route back to fd00:61:9::1 (ENETUNREACH)"));
+        assert_eq!(
+            f.fix[1],
+            "ip netns exec node ip -6 rule add from fd00:61:1::2 to fd00:61:9::1/128 lookup 101 priority 1"
+        );
+        assert!(f.fix_or.is_empty());
+    }
+}

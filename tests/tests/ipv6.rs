@@ -1,0 +1,442 @@
+//! Incidents 2 and 5 and a Service REJECT over IPv6, traced as a user
+//! traces them: with only the Service's port (80; the backends listen on
+//! 8080), once with only the client's network (`--host` with an IPv6
+//! CIDR). NAT by ip6tables (hairpin) and by an nft `inet` table
+//! (asymmetric). Every record of the failed handshake must carry one cause,
+//! the right one, under one handshake id; the fix, run as printed, must let
+//! a new connection through. The topologies are the oracle: the test built
+//! them knowing what is broken. Addresses: fd00:… inside the namespaces the
+//! tests create.
+use std::{collections::BTreeSet, net::SocketAddr, path::Path, time::Duration};
+
+use integration_tests::{connect_from, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
+use serde_json::Value;
+
+fn ns(test: &str, role: &str) -> Ns {
+    Ns::new(&ns_name(&format!("{test}-{role}"))).unwrap()
+}
+
+fn ip6(ns: &Ns, args: &str) {
+    let mut a = vec!["-6"];
+    a.extend(args.split(' '));
+    ns.ip(&a).unwrap_or_else(|e| panic!("ip {args}: {e:#}"));
+}
+
+/// An address usable at once (no duplicate address detection).
+fn addr(ns: &Ns, cidr: &str, dev: &str) {
+    ip6(ns, &format!("addr add {cidr} dev {dev} nodad"));
+}
+
+/// A permanent neighbour entry: no neighbour discovery delays or loses the
+/// first packets (the v4 labs' ARP answers at once; NDP over a fresh bridge
+/// may not), so every transmission of the SYN meets its fate at once.
+fn neigh(ns: &Ns, addr: &str, mac: &str, dev: &str) {
+    ip6(
+        ns,
+        &format!("neigh replace {addr} lladdr {mac} dev {dev} nud permanent"),
+    );
+}
+
+fn forwarding(ns: &Ns) {
+    ns.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
+}
+
+/// Is this record about the handshake of `client`?
+fn of(e: &Value, client: SocketAddr) -> bool {
+    let end = |a: &str, p: &str| e[a] == client.ip().to_string() && e[p] == client.port();
+    end("saddr", "sport") || end("daddr", "dport")
+}
+
+/// Every record of `client`'s handshake: read until its "unanswered"
+/// record (the SYN's third transmission), then what kdrop drained at exit.
+fn records(k: Kdrop, client: SocketAddr) -> Vec<Value> {
+    let seen = std::cell::RefCell::new(Vec::new());
+    k.expect_event_within(
+        "the handshake's unanswered record",
+        Duration::from_secs(10),
+        |e| {
+            if of(e, client) {
+                seen.borrow_mut().push(e.clone());
+            }
+            of(e, client) && e["kind"] == "unanswered"
+        },
+    );
+    let mut out = seen.into_inner();
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+    out.extend(done.events().into_iter().filter(|e| of(e, client)));
+    out
+}
+
+/// One handshake, one cause, one id; returns the verdict.
+fn one_verdict(recs: &[Value], cause: &str) -> Value {
+    assert!(!recs.is_empty());
+    let causes: BTreeSet<String> = recs
+        .iter()
+        .map(|e| e["finding"]["cause"].as_str().unwrap_or("none").to_string())
+        .collect();
+    assert_eq!(causes, BTreeSet::from([cause.to_string()]), "{recs:#?}");
+    let ids: BTreeSet<u64> = recs
+        .iter()
+        .map(|e| e["handshake"].as_u64().expect("a handshake id"))
+        .collect();
+    assert_eq!(ids.len(), 1, "{recs:#?}");
+    assert!(recs.iter().all(|e| e["family"] == "ipv6"), "{recs:#?}");
+    recs[0]["finding"].clone()
+}
+
+/// Applies the whole fix after closing the stuck socket, then connects from
+/// the same client address and port (the stale entry is part of the fix).
+fn fix_then_connect(
+    f: &Value,
+    client: &Ns,
+    syn: std::os::fd::OwnedFd,
+    src: SocketAddr,
+    dst: SocketAddr,
+) {
+    drop(syn);
+    for cmd in strs(&f["fix"]) {
+        run_fix(&cmd);
+    }
+    connect_from(client, src, dst).expect("the same 5-tuple after the fix");
+}
+
+/// Who DNATs the Service: ip6tables (kube-proxy's iptables mode) or an
+/// nft `inet` table (its nftables mode uses one family for both).
+#[derive(Clone, Copy)]
+enum Nat {
+    Ip6tables,
+    NftInet,
+}
+
+/// DNAT of `[vip]:port` to `[backend]:to` in PREROUTING.
+fn dnat(node: &Ns, nat: Nat, vip: &str, port: u16, backend: &str, to: u16) {
+    let target = format!("[{backend}]:{to}");
+    match nat {
+        Nat::Ip6tables => {
+            let port = port.to_string();
+            node.exec(
+                "ip6tables",
+                &[
+                    "-t",
+                    "nat",
+                    "-A",
+                    "PREROUTING",
+                    "-d",
+                    vip,
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &port,
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    &target,
+                ],
+            )
+            .unwrap();
+        }
+        Nat::NftInet => {
+            for cmd in [
+                "add table inet kube".to_string(),
+                "add chain inet kube pre { type nat hook prerouting priority dstnat; }".into(),
+                format!(
+                    "add rule inet kube pre ip6 daddr {vip} tcp dport {port} dnat ip6 to {target}"
+                ),
+            ] {
+                node.exec("nft", &[&cmd]).unwrap();
+            }
+        }
+    }
+}
+
+const SERVICE: u16 = 80;
+const BACKEND_PORT: u16 = 8080;
+
+/// Incident 2 over IPv6: pod A -> ClusterIP [fd00:96::133]:80, DNAT'd by
+/// ip6tables to pod B:8080 on the same bridge; bridge-nf-call-ip6tables=0,
+/// so the bridged reply skips netfilter and is not un-DNAT'd.
+fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
+    let node = ns(test, "node");
+    let a = ns(test, "a");
+    let b = ns(test, "b");
+    node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
+    node.ip(&["link", "set", "cni0", "address", "02:00:00:00:70:01"])
+        .unwrap();
+    node.ip(&["link", "set", "cni0", "up"]).unwrap();
+    addr(&node, "fd00:245:1::1/64", "cni0");
+    for (pod, last) in [(&a, 5u8), (&b, 9)] {
+        let port = format!("veth{last}");
+        veth(
+            pod,
+            "eth0",
+            &format!("02:00:00:00:71:{last:02x}"),
+            &node,
+            &port,
+            &format!("02:00:00:00:72:{last:02x}"),
+        )
+        .unwrap();
+        node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
+        addr(pod, &format!("fd00:245:1::{last}/64"), "eth0");
+        ip6(pod, "route add default via fd00:245:1::1");
+        neigh(pod, "fd00:245:1::1", "02:00:00:00:70:01", "eth0");
+        let mac = format!("02:00:00:00:71:{last:02x}");
+        neigh(&node, &format!("fd00:245:1::{last}"), &mac, "cni0");
+    }
+    neigh(&a, "fd00:245:1::9", "02:00:00:00:71:09", "eth0");
+    neigh(&b, "fd00:245:1::5", "02:00:00:00:71:05", "eth0");
+    forwarding(&node);
+    dnat(
+        &node,
+        nat,
+        "fd00:96::133",
+        SERVICE,
+        "fd00:245:1::9",
+        BACKEND_PORT,
+    );
+    if Path::new("/proc/sys/net/bridge/bridge-nf-call-ip6tables").exists() {
+        node.sysctl("net/bridge/bridge-nf-call-ip6tables", "0")
+            .unwrap();
+    }
+    let _l = listen(
+        &b,
+        format!("[fd00:245:1::9]:{BACKEND_PORT}").parse().unwrap(),
+    );
+    let k = Kdrop::start(args);
+    let src: SocketAddr = format!("[fd00:245:1::5]:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("[fd00:96::133]:{SERVICE}").parse().unwrap();
+    let syn = send_syn(&a, src, dst);
+    let recs = records(k, src);
+    let f = one_verdict(&recs, "hairpin_no_reverse_nat");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "hairpin: the SYN-ACK from [fd00:245:1::9]:8080 matches the reply side of a DNAT'd \
+             connection ([fd00:245:1::5]:{sport} -> [fd00:96::133]:80 => [fd00:245:1::9]:8080) \
+             but arrived un-NAT'd: both ends are on bridge cni0"
+        )
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.iter().any(|e| e.ends_with(
+            "net.bridge.bridge-nf-call-ip6tables = 0: bridged packets skip netfilter, so the \
+             reply is not un-DNAT'd"
+        )),
+        "{ev:#?}"
+    );
+    assert_eq!(
+        strs(&f["fix"]).last().unwrap(),
+        &format!(
+            "ip netns exec {} sysctl -w net.bridge.bridge-nf-call-ip6tables=1",
+            node.name
+        ),
+        "{f}"
+    );
+    assert_eq!(
+        strs(&f["fix_or"][0]),
+        [
+            format!(
+                "ip netns exec {} ip6tables -t nat -A POSTROUTING -s fd00:245:1::5 -d fd00:245:1::9/128 -p tcp --dport 8080 -j MASQUERADE",
+                node.name
+            ),
+            format!(
+                "ip netns exec {} conntrack -D -f ipv6 -p tcp --orig-src fd00:245:1::5 --orig-port-src {sport} --orig-dst fd00:96::133 --orig-port-dst 80",
+                node.name
+            ),
+        ]
+    );
+    // The sysctl repairs the entry in place: the same 5-tuple connects.
+    fix_then_connect(&f, &a, syn, src, dst);
+}
+
+#[test]
+fn hairpin_v6_traced_by_the_service_port() {
+    hairpin("v6hp", Nat::Ip6tables, &["--json", "--port", "80"], 43801);
+}
+
+#[test]
+fn hairpin_v6_nft_inet_traced_unfiltered() {
+    hairpin("v6hn", Nat::NftInet, &["--json"], 43802);
+}
+
+/// Incident 5 over IPv6, NAT by an nft `inet` table: an office client ->
+/// a router -> node B, which DNATs the VIP:80 to a backend:8080 on the
+/// router's other side; the backend answers through the router,
+/// bypassing node B.
+fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
+    let client = ns(test, "cl");
+    let router = ns(test, "rt");
+    let node = ns(test, "nb");
+    let pod = ns(test, "pod");
+    for (n, dev, mac, peer_dev, peer_mac) in [
+        (&client, "c0", "01", "r0", "02"),
+        (&node, "eth0", "03", "rb", "04"),
+        (&pod, "eth0", "05", "ra", "06"),
+    ] {
+        veth(
+            n,
+            dev,
+            &format!("02:00:00:00:76:{mac}"),
+            &router,
+            peer_dev,
+            &format!("02:00:00:00:76:{peer_mac}"),
+        )
+        .unwrap();
+    }
+    router
+        .ip(&["link", "add", "vpc", "type", "bridge"])
+        .unwrap();
+    for port in ["rb", "ra"] {
+        router.ip(&["link", "set", port, "master", "vpc"]).unwrap();
+    }
+    router
+        .ip(&["link", "set", "vpc", "address", "02:00:00:00:76:07"])
+        .unwrap();
+    router.ip(&["link", "set", "vpc", "up"]).unwrap();
+    addr(&router, "fd00:1::1/64", "vpc");
+    addr(&router, "fd00:172:17::1/64", "r0");
+    ip6(&router, "route add fd00:1:58::/64 via fd00:1::12");
+    forwarding(&router);
+    addr(&client, "fd00:172:17::50/64", "c0");
+    ip6(&client, "route add default via fd00:172:17::1");
+    addr(&node, "fd00:1::12/64", "eth0");
+    ip6(&node, "route add default via fd00:1::1");
+    forwarding(&node);
+    dnat(
+        &node,
+        nat,
+        "fd00:1:58::158",
+        SERVICE,
+        "fd00:1::13",
+        BACKEND_PORT,
+    );
+    addr(&pod, "fd00:1::13/64", "eth0");
+    ip6(&pod, "route add default via fd00:1::1");
+    neigh(&client, "fd00:172:17::1", "02:00:00:00:76:02", "c0");
+    neigh(&router, "fd00:172:17::50", "02:00:00:00:76:01", "r0");
+    neigh(&router, "fd00:1::12", "02:00:00:00:76:03", "vpc");
+    neigh(&router, "fd00:1::13", "02:00:00:00:76:05", "vpc");
+    neigh(&node, "fd00:1::1", "02:00:00:00:76:07", "eth0");
+    neigh(&node, "fd00:1::13", "02:00:00:00:76:05", "eth0");
+    neigh(&pod, "fd00:1::1", "02:00:00:00:76:07", "eth0");
+    neigh(&pod, "fd00:1::12", "02:00:00:00:76:03", "eth0");
+    let _l = listen(
+        &pod,
+        format!("[fd00:1::13]:{BACKEND_PORT}").parse().unwrap(),
+    );
+    let k = Kdrop::start(args);
+    let src: SocketAddr = format!("[fd00:172:17::50]:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("[fd00:1:58::158]:{SERVICE}").parse().unwrap();
+    let syn = send_syn(&client, src, dst);
+    let recs = records(k, src);
+    let f = one_verdict(&recs, "asymmetric_return_path");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "SYN [fd00:172:17::50]:{sport} -> [fd00:1:58::158]:80 was DNAT'd to \
+             [fd00:1::13]:8080 and sent out eth0, but no reply came back through this host: \
+             asymmetric return path"
+        )
+    );
+    assert_eq!(
+        strs(&f["fix"]),
+        [
+            format!(
+                "ip netns exec {} ip6tables -t nat -A POSTROUTING -d fd00:1::13/128 -p tcp --dport 8080 -j MASQUERADE",
+                node.name
+            ),
+            format!(
+                "ip netns exec {} conntrack -D -f ipv6 -p tcp --orig-src fd00:172:17::50 --orig-port-src {sport} --orig-dst fd00:1:58::158 --orig-port-dst 80",
+                node.name
+            ),
+        ]
+    );
+    fix_then_connect(&f, &client, syn, src, dst);
+}
+
+#[test]
+fn asymmetric_v6_nft_inet_traced_by_the_service_port() {
+    asymmetric("v6as", Nat::NftInet, &["--json", "--port", "80"], 45801);
+}
+
+#[test]
+fn asymmetric_v6_ip6tables_traced_by_the_service_port() {
+    asymmetric("v6ai", Nat::Ip6tables, &["--json", "--port", "80"], 45803);
+}
+
+#[test]
+fn asymmetric_v6_nft_inet_traced_by_the_client_network() {
+    asymmetric(
+        "v6ah",
+        Nat::NftInet,
+        &["--json", "--host", "fd00:172:17::/64"],
+        45802,
+    );
+}
+
+/// A Service with no endpoints, over IPv6: kube-proxy's filter rule
+/// REJECTs new connections to its address (here served on the node, where
+/// an ACCEPT ahead of the REJECT lets them reach the listener).
+#[test]
+fn no_endpoints_reject_v6() {
+    let test = "v6ne";
+    let node = ns(test, "node");
+    let pod = ns(test, "pod");
+    veth(
+        &pod,
+        "eth0",
+        "02:00:00:00:77:01",
+        &node,
+        "cali5",
+        "02:00:00:00:77:02",
+    )
+    .unwrap();
+    addr(&node, "fd00:244:2::1/64", "cali5");
+    addr(&pod, "fd00:244:2::5/64", "eth0");
+    ip6(&pod, "route add default via fd00:244:2::1");
+    addr(&node, "fd00:96::20/128", "lo");
+    let jump = "-A INPUT -m conntrack --ctstate NEW -m comment --comment";
+    let reject = "-A KUBE-SERVICES -d fd00:96::20/128 -p tcp -m comment --comment";
+    let reject_tail = "-m tcp --dport 80 -j REJECT --reject-with icmp6-port-unreachable";
+    for (head, comment, tail) in [
+        ("-N KUBE-SERVICES", None, ""),
+        (jump, Some("kubernetes service portals"), "-j KUBE-SERVICES"),
+        (reject, Some("ns6/svc6:p80 has no endpoints"), reject_tail),
+    ] {
+        let mut args: Vec<&str> = head.split(' ').collect();
+        args.extend(comment);
+        args.extend(tail.split(' ').filter(|s| !s.is_empty()));
+        node.exec("ip6tables", &args).unwrap();
+    }
+    let _l = listen(&node, "[fd00:96::20]:80".parse().unwrap());
+    let k = Kdrop::start(&["--json", "--port", "80"]);
+    let src: SocketAddr = "[fd00:244:2::5]:47801".parse().unwrap();
+    let dst: SocketAddr = "[fd00:96::20]:80".parse().unwrap();
+    let _syn = send_syn(&pod, src, dst);
+    let e = k.expect_event("the REJECTed SYN", |e| {
+        of(e, src) && e["kind"] == "drop" && e["reason"] == "NETFILTER_DROP"
+    });
+    let rule = format!("{reject} \"ns6/svc6:p80 has no endpoints\" {reject_tail}");
+    assert_eq!(e["family"], "ipv6");
+    assert_eq!(e["netfilter"]["family"], "ip6", "{e}");
+    assert_eq!(e["netfilter"]["rule"], rule, "{e}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "netfilter_rule", "{e}");
+    assert_eq!(
+        f["summary"],
+        format!("iptables-nft rule 1 in filter/KUBE-SERVICES (ip6, INPUT hook) dropped it: {rule}")
+    );
+    assert_eq!(
+        strs(&f["fix"]),
+        [format!(
+            "ip netns exec {} ip6tables-nft -t filter -I KUBE-SERVICES 1 -p tcp -d fd00:96::20 --dport 80 -j ACCEPT",
+            node.name
+        )]
+    );
+    k.stop(libc::SIGINT);
+    for cmd in strs(&f["fix"]) {
+        run_fix(&cmd);
+    }
+    connect_from(&pod, "[fd00:244:2::5]:47802".parse().unwrap(), dst)
+        .expect("a new connection after the fix");
+}
