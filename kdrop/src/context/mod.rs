@@ -18,6 +18,7 @@ pub mod netns;
 pub mod pod_addrs;
 pub mod pods;
 pub mod procs;
+pub mod programs;
 pub mod route_query;
 pub mod routing;
 pub mod sockets;
@@ -34,9 +35,11 @@ pub use self::{
     netns::{in_netns, Netns, NetnsRegistry},
 };
 use crate::model::{
+    listen::ListenerFound,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
     pod::Pod,
+    progs::HookProgs,
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
 
@@ -140,6 +143,27 @@ pub trait Node {
     /// (their comments). Not read yet (issue 18, item 3): a hook, the
     /// record's `service` stays null until it is.
     fn service(&mut self, _netns: u32, _vip: SocketAddr) -> Option<String> {
+        None
+    }
+    /// The listener a connection to `dst` reaches: in `near` first, then in
+    /// every namespace of the node where `dst` is a local address; with its
+    /// queues, sysctls, counters and owning processes.
+    fn listener(&mut self, _near: u32, _dst: SocketAddr) -> Option<ListenerFound> {
+        None
+    }
+    /// Does a request socket `local` <- `remote` (SYN-RECV) wait in the
+    /// namespace now? None when it cannot be read.
+    fn request_pending(
+        &mut self,
+        _netns: u32,
+        _local: SocketAddr,
+        _remote: SocketAddr,
+    ) -> Option<bool> {
+        None
+    }
+    /// What runs on `hook` (`ingress`, `egress` or `xdp`) of a device:
+    /// tc filters, tcx and XDP programs, each program described.
+    fn hook_programs(&mut self, _netns: u32, _ifindex: u32, _hook: &str) -> Option<HookProgs> {
         None
     }
 }

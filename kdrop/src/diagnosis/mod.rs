@@ -10,8 +10,10 @@
 pub mod conntrack;
 pub mod forwarding;
 pub mod handshake;
+pub mod listen;
 pub mod names;
 pub mod netfilter;
+pub mod programs;
 pub mod reason;
 pub mod routes;
 pub mod routing;

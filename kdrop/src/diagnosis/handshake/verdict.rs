@@ -21,7 +21,7 @@ const MAX_HANDSHAKES: usize = 65_536;
 pub fn rank(cause: &str) -> u8 {
     match cause {
         "unanswered" | "no_reason" => 0,
-        "no_socket" | "syn_ack_reset" | "netfilter" | "otherhost" => 1,
+        "no_socket" | "syn_ack_reset" | "netfilter" | "otherhost" | "duplicate_syn" => 1,
         "asymmetric_return_path" => 2,
         _ => 3,
     }
