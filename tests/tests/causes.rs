@@ -1,0 +1,347 @@
+//! Causes named from the listener's and the device's side, traced with the
+//! service's port only: a listener that never calls accept() (backlog 1),
+//! a backlog capped by net.core.somaxconn (repaired by the sysctl kdrop
+//! prints), a final ACK refused by a full accept queue, and a tc clsact
+//! ingress filter that drops the SYN (repaired by the `tc filter del` kdrop
+//! prints). The test's own listen() calls, sysctls, `tc filter show` and
+//! /proc/self are the oracles.
+use std::{
+    net::SocketAddr,
+    os::fd::{AsRawFd as _, FromRawFd as _, IntoRawFd as _, OwnedFd},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    bound, connect_from, expected_reason, kernel_has_drop_reasons, listen, run_fix, send_syn,
+    strs, Kdrop, Ns, Pair,
+};
+use kdrop::context::in_netns;
+
+/// A listener in `ns` with listen(2)'s `backlog`, never accepting.
+fn listen_backlog(ns: &Ns, addr: SocketAddr, backlog: i32) -> OwnedFd {
+    in_netns(&ns.path(), move || {
+        let fd = std::net::TcpListener::bind(addr).unwrap().into_raw_fd();
+        // SAFETY: fd is a listening socket we own; listen(2) again sets
+        // sk_max_ack_backlog to min(backlog, somaxconn).
+        assert_eq!(unsafe { libc::listen(fd, backlog) }, 0);
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    })
+    .unwrap()
+}
+
+/// Accepts one waiting connection (non-blocking listener not needed: one
+/// is known to wait).
+fn accept_one(l: &OwnedFd) {
+    // SAFETY: a listening socket; null address arguments are allowed.
+    let fd = unsafe { libc::accept(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
+    assert!(fd >= 0, "accept: {}", std::io::Error::last_os_error());
+    // SAFETY: a new descriptor we own.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+}
+
+/// Output of a command run inside `ns`.
+fn in_ns(ns: &Ns, cmd: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .args(cmd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{cmd:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `ss -ltnH`'s Recv-Q of the listener on `local`.
+fn accept_queue(ns: &Ns, local: SocketAddr) -> u32 {
+    in_ns(ns, &["ss", "-ltnH"])
+        .lines()
+        .find(|l| l.split_whitespace().nth(3) == Some(local.to_string().as_str()))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + bound(Duration::from_secs(10));
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// This process as kdrop should name the listener's owner.
+fn me() -> (String, u32) {
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+    (comm.trim_end().to_string(), std::process::id())
+}
+
+/// Fills a backlog-1 listener: two completed handshakes wait (the kernel
+/// refuses when more than the backlog wait).
+fn fill(p: &Pair, at: SocketAddr, first_port: u16) -> Vec<OwnedFd> {
+    (0..2)
+        .map(|i| {
+            let fd = send_syn(&p.client, p.client_v4(first_port + i), at);
+            wait_until("a handshake completing", || {
+                accept_queue(&p.server, at) == u32::from(i) + 1
+            });
+            fd
+        })
+        .collect()
+}
+
+/// The "unanswered" record of the client's port.
+fn unanswered(k: &Kdrop, sport: u16) -> serde_json::Value {
+    k.expect_event_within("the unanswered SYN", Duration::from_secs(20), |e| {
+        e["kind"] == "unanswered" && e["sport"] == sport
+    })
+}
+
+#[test]
+fn a_listener_that_never_accepts_is_named_with_its_queue() {
+    let p = Pair::new("lovf", 191);
+    p.server.sysctl("net/core/somaxconn", "4096").unwrap();
+    let at = p.server_v4(7191);
+    let l = listen_backlog(&p.server, at, 1);
+    let k = Kdrop::start(&["--json", "--port", "7191"]);
+    let _held = fill(&p, at, 41001);
+    let _syn = send_syn(&p.client, p.client_v4(41003), at);
+    let e = unanswered(&k, 41003);
+    assert_eq!(
+        (&e["saddr"], &e["daddr"], &e["dport"]),
+        (&"10.191.0.1".into(), &"10.191.0.2".into(), &7191.into()),
+        "{e}"
+    );
+    let f = &e["finding"];
+    let (comm, pid) = me();
+    assert_eq!(f["cause"], "listen_overflow", "{e}");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "accept queue of {comm} (pid {pid}) on 10.191.0.2:7191 is full: 2/1 waiting; it is \
+             not calling accept() fast enough"
+        )
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[0].starts_with("SYN 10.191.0.1:41003 -> 10.191.0.2:7191: ")
+            && ev[0].contains("only the counters below show it"),
+        "{ev:?}"
+    );
+    assert_eq!(
+        ev[1],
+        format!(
+            "listener 10.191.0.2:7191 in netns {}: accept queue 2 waiting, backlog 1 (the \
+             kernel refuses when more than 1 wait), SYN queue 0 request sockets",
+            p.server.name
+        )
+    );
+    assert!(ev[2].starts_with(&format!("owner: {comm} (pid {pid}): ")), "{ev:?}");
+    assert!(ev[3].starts_with("net.core.somaxconn = 4096, "), "{ev:?}");
+    assert!(ev[4].starts_with("TcpExt ListenOverflows "), "{ev:?}");
+    // The app chose backlog 1: nothing on the node repairs it.
+    assert!(strs(&f["fix"]).is_empty(), "{f}");
+    assert!(strs(&f["fix_notes"])[0].starts_with(&format!(
+        "{comm} (pid {pid}) asked listen() for a backlog of 1 (net.core.somaxconn is 4096)"
+    )));
+    k.stop(libc::SIGINT);
+    // The note's repair: the application accepts; a new connection works.
+    accept_one(&l);
+    accept_one(&l);
+    connect_from(&p.client, p.client_v4(41004), at).expect("after accepting");
+}
+
+#[test]
+fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
+    let p = Pair::new("lsmx", 192);
+    p.server.sysctl("net/core/somaxconn", "1").unwrap();
+    let at = p.server_v4(7192);
+    // The application asks for 64; the kernel keeps min(64, somaxconn) = 1.
+    let l = listen_backlog(&p.server, at, 64);
+    let k = Kdrop::start(&["--json", "--port", "7192"]);
+    let _held = fill(&p, at, 41011);
+    let _syn = send_syn(&p.client, p.client_v4(41013), at);
+    let e = unanswered(&k, 41013);
+    let f = &e["finding"];
+    let (comm, pid) = me();
+    assert_eq!(f["cause"], "listen_overflow", "{e}");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "accept queue of {comm} (pid {pid}) on 10.192.0.2:7192 is full: 2/1 waiting; it is \
+             not calling accept() fast enough"
+        )
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        vec![format!(
+            "ip netns exec {} sysctl -w net.core.somaxconn=4096",
+            p.server.name
+        )]
+    );
+    let notes = strs(&f["fix_notes"]);
+    assert!(
+        notes[1].contains(&format!("until {comm} (pid {pid}) calls listen() again")),
+        "{notes:?}"
+    );
+    k.stop(libc::SIGINT);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    assert_eq!(
+        in_ns(&p.server, &["sysctl", "-n", "net.core.somaxconn"]).trim(),
+        "4096"
+    );
+    // The note: the application calls listen() again (a restart), asking
+    // for its 64; the queue now has room for a new connection.
+    // SAFETY: the listening socket we own.
+    assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 64) }, 0);
+    connect_from(&p.client, p.client_v4(41014), at).expect("after the fix");
+}
+
+#[test]
+fn a_final_ack_refused_by_a_full_queue_is_a_handshake_packet() {
+    if !kernel_has_drop_reasons() {
+        return;
+    }
+    let p = Pair::new("lack", 194);
+    p.server.sysctl("net/core/somaxconn", "4096").unwrap();
+    let at = p.server_v4(7194);
+    let _l = listen_backlog(&p.server, at, 1);
+    let k = Kdrop::start(&["--json", "--port", "7194"]);
+    // One connection waits for accept(): room for one more (the kernel
+    // refuses when more than the backlog wait).
+    let _first = send_syn(&p.client, p.client_v4(41020), at);
+    wait_until("the first handshake", || accept_queue(&p.server, at) == 1);
+    // The client's final ACKs are held back until two requests wait (two
+    // fit the SYN queue of a backlog-1 listener).
+    let block = [
+        "iptables", "-I", "OUTPUT", "-p", "tcp", "--dport", "7194", "--tcp-flags",
+        "SYN,ACK,RST,FIN", "ACK", "-j", "DROP",
+    ];
+    in_ns(&p.client, &block);
+    let _syns: Vec<OwnedFd> = (0..2)
+        .map(|i| send_syn(&p.client, p.client_v4(41021 + i), at))
+        .collect();
+    wait_until("two requests in SYN-RECV", || {
+        in_ns(&p.server, &["ss", "-tnH", "state", "syn-recv"])
+            .lines()
+            .count()
+            == 2
+    });
+    // The SYN-ACKs' retransmissions now get ACKs through: one fits (2
+    // waiting), the other is refused.
+    let mut unblock = block;
+    unblock[1] = "-D";
+    in_ns(&p.client, &unblock);
+    let e = k.expect_event_within("the refused final ACK", Duration::from_secs(15), |e| {
+        e["kind"] == "drop" && e["reason"] == expected_reason("TCP_LISTEN_OVERFLOW")
+    });
+    assert_eq!(e["tcp_flags"], "ACK", "{e}");
+    assert_eq!(e["netns_name"], p.server.name.as_str());
+    assert_eq!((&e["daddr"], &e["dport"]), (&"10.194.0.2".into(), &7194.into()));
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "listen_overflow", "{e}");
+    let (comm, pid) = me();
+    assert_eq!(
+        f["summary"],
+        format!(
+            "accept queue of {comm} (pid {pid}) on 10.194.0.2:7194 is full: 2/1 waiting; it is \
+             not calling accept() fast enough"
+        )
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[0].starts_with("kernel drop reason TCP_LISTEN_OVERFLOW at "),
+        "{ev:?}"
+    );
+    let fin = k.stop(libc::SIGINT);
+    // No RST of these clients is called a refused SYN-ACK.
+    let events = fin.events();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["finding"]["cause"] == "syn_ack_reset"),
+        "{events:?}"
+    );
+}
+
+/// `tc filter show dev DEV ingress`'s handle of the filter at `pref`.
+fn tc_handle(ns: &Ns, dev: &str, pref: u16) -> String {
+    let text = Command::new("tc")
+        .args(["-n", &ns.name, "filter", "show", "dev", dev, "ingress"])
+        .output()
+        .unwrap()
+        .stdout;
+    let text = String::from_utf8(text).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!(" pref {pref} ")) && l.contains(" handle "))
+        .unwrap_or_else(|| panic!("no filter at pref {pref}:\n{text}"));
+    let w: Vec<&str> = line.split_whitespace().collect();
+    w[w.iter().position(|x| *x == "handle").unwrap() + 1].to_string()
+}
+
+/// Drops IPv4 TCP segments with SYN set and ACK clear (classic BPF over
+/// the Ethernet header), else TC_ACT_UNSPEC (see drop_programs.rs).
+const DROP_SYN: &str = "12,40 0 0 12,21 0 8 2048,48 0 0 23,21 0 6 6,40 0 0 20,69 4 0 8191,\
+177 0 0 14,80 0 0 27,84 0 0 18,21 1 0 2,6 0 0 4294967295,6 0 0 2";
+
+#[test]
+fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
+    if !kernel_has_drop_reasons() {
+        return;
+    }
+    let p = Pair::new("tcin", 193);
+    let ns = p.server.name.clone();
+    let at = p.server_v4(7193);
+    let _srv = listen(&p.server, at);
+    let tc = |args: &[&str]| {
+        let out = Command::new("tc").args(["-n", &ns]).args(args).output().unwrap();
+        assert!(out.status.success(), "tc {args:?}: {out:?}");
+    };
+    tc(&["qdisc", "add", "dev", "s0", "clsact"]);
+    tc(&[
+        "filter", "add", "dev", "s0", "ingress", "pref", "10", "protocol", "ip", "bpf", "da",
+        "bytecode", DROP_SYN,
+    ]);
+    let handle = tc_handle(&p.server, "s0", 10);
+    let k = Kdrop::start(&["--json", "--port", "7193"]);
+    let _syn = send_syn(&p.client, p.client_v4(41093), at);
+    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e["kind"] == "drop" && e["sport"] == 41093
+    });
+    assert_eq!(e["reason"], expected_reason("TC_INGRESS"), "{e}");
+    assert_eq!((&e["netns_name"], &e["ifname"]), (&ns.as_str().into(), &"s0".into()));
+    assert_eq!((&e["saddr"], &e["daddr"], &e["dport"]), (&"10.193.0.1".into(), &"10.193.0.2".into(), &7193.into()));
+    // It died before routing: no route lookup of another packet rides along.
+    assert_eq!(e["route_lookups"], serde_json::json!([]), "{e}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "tc_filter", "{e}");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "SYN 10.193.0.1:41093 -> 10.193.0.2:7193 dropped by the tc ingress filter on s0 in \
+             netns {ns}: pref 10 bpf handle {handle}"
+        )
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[1].starts_with(&format!(
+            "tc ingress on s0: filter protocol ip pref 10 bpf chain 0 handle {handle}"
+        )) && ev[1].contains("direct-action")
+            && ev[1].contains(&format!("bytecode '{DROP_SYN}'")),
+        "{ev:?}"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        vec![format!(
+            "ip netns exec {ns} tc filter del dev s0 ingress protocol ip pref 10 handle {handle} bpf"
+        )]
+    );
+    k.stop(libc::SIGINT);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    connect_from(&p.client, p.client_v4(41094), at).expect("after the fix");
+}
