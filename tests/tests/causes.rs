@@ -345,3 +345,45 @@ fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
     }
     connect_from(&p.client, p.client_v4(41094), at).expect("after the fix");
 }
+
+#[test]
+fn a_duplicate_syn_joins_the_verdict_of_the_lost_syn_ack() {
+    if !kernel_has_drop_reasons() {
+        return;
+    }
+    let p = Pair::new("dsyn", 197);
+    let at = p.server_v4(7197);
+    let _srv = listen(&p.server, at);
+    // The client never gets the SYN-ACK: it repeats its SYN while the
+    // server's request socket waits.
+    in_ns(
+        &p.client,
+        &[
+            "iptables", "-I", "INPUT", "-p", "tcp", "--sport", "7197", "--tcp-flags", "SYN,ACK",
+            "SYN,ACK", "-j", "DROP",
+        ],
+    );
+    let k = Kdrop::start(&["--json", "--port", "7197"]);
+    let _syn = send_syn(&p.client, p.client_v4(41097), at);
+    let e = k.expect_event_within("the repeated SYN", Duration::from_secs(10), |e| {
+        e["kind"] == "drop" && e["tcp_flags"] == "SYN" && e["sport"] == 41097
+    });
+    assert_eq!(e["reason"], "NOT_SPECIFIED", "{e}");
+    assert_eq!(e["netns_name"], p.server.name.as_str());
+    let f = &e["finding"];
+    // The handshake's verdict is the rule that drops the SYN-ACK; the
+    // repeated SYN adds what it shows.
+    assert_eq!(f["cause"], "netfilter_rule", "{e}");
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.contains(
+            &"this packet of the same handshake, by itself: SYN 10.197.0.1:41097 -> \
+              10.197.0.2:7197 repeated while the server's SYN-ACK for it was outstanding: the \
+              server resent its SYN-ACK, so the SYN-ACK or the client's final ACK is being lost \
+              on the way [duplicate_syn]"
+                .to_string()
+        ),
+        "{ev:?}"
+    );
+    k.stop(libc::SIGINT);
+}

@@ -68,6 +68,9 @@ pub struct Live {
     holders: Holders,
     /// Each namespace's listen counters at the previous read.
     listen_counters: HashMap<u32, ListenCounters>,
+    /// Destinations no namespace listened on lately: a burst of
+    /// unanswered SYNs to a remote host costs one search.
+    no_listener: HashMap<SocketAddr, Instant>,
 }
 
 impl Live {
@@ -87,6 +90,7 @@ impl Live {
             pods: Pods::default(),
             holders: Holders::new(),
             listen_counters: HashMap::new(),
+            no_listener: HashMap::new(),
         })
     }
 
@@ -320,6 +324,16 @@ impl Node for Live {
     }
 
     fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
+        if self
+            .no_listener
+            .get(&dst)
+            .is_some_and(|at| at.elapsed() < HOLDER_FRESH)
+        {
+            return None;
+        }
+        if self.no_listener.len() > HOLDERS_KEPT {
+            self.no_listener.clear();
+        }
         let first = self.registry.lookup(near);
         let rest = self.registry.all();
         let spaces: Vec<Netns> = first
@@ -357,6 +371,7 @@ impl Node for Live {
                 owners,
             });
         }
+        self.no_listener.insert(dst, Instant::now());
         None
     }
 
