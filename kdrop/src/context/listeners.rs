@@ -51,7 +51,6 @@ pub const TCP_SYN_RECV: u8 = 3;
 pub const TCP_LISTEN: u8 = 10;
 const TCP_NEW_SYN_RECV: u8 = 12;
 
-
 /// The `inet_diag_req_v2` body asking for TCP sockets of `family` in `states`.
 pub fn diag_request(family: u8, states: u32) -> Vec<u8> {
     // family, protocol, ext, pad, states, then a zeroed inet_diag_sockid (48 bytes).

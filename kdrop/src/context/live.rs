@@ -13,13 +13,13 @@ use anyhow::Result;
 
 use super::{
     conntrack_lookup::{lookup, Side},
+    listeners::{listener_for, snapshot_in, ListenCounters},
     neighbours,
     netfilter::{conntrack::reply_holder, NetfilterContext},
     netns::{self, in_netns, IfNames, Netns, NetnsRegistry},
-    listeners::{listener_for, snapshot_in, ListenCounters},
     pods::Pods,
     procs::{Held, Holders},
-    programs::{hook_progs, request_pending},
+    programs::{hook_progs, request_pending, socket_cgroup_progs},
     route_query::{query, reverse_lookup_v4},
     routing::ContextCache,
     sockets::syn_sent_to,
@@ -32,7 +32,7 @@ use crate::{
         netfilter::Snapshot,
         packet::{CtSeen, Tuple},
         pod::Pod,
-        progs::HookProgs,
+        progs::{CgroupProgs, HookProgs},
         routing::{NetnsContext, RouteLookup, RouteQuery},
     },
 };
@@ -356,9 +356,7 @@ impl Node for Live {
             if l.local.ip().is_unspecified() && !self.is_local(ns.inode, dst.ip()) {
                 continue;
             }
-            let before = self
-                .listen_counters
-                .insert(ns.inode, snap.counters.clone());
+            let before = self.listen_counters.insert(ns.inode, snap.counters.clone());
             let owners = self.holders.lookup(Held::Socket(l.inode));
             return Some(ListenerFound {
                 netns: ns.inode,
@@ -385,6 +383,19 @@ impl Node for Live {
         request_pending(&ns.path, local, remote)
             .map_err(|e| log::debug!("request sockets of netns {netns}: {e:#}"))
             .ok()
+    }
+
+    fn cgroup_programs(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        hook: &str,
+    ) -> Option<CgroupProgs> {
+        let ns = self.registry.lookup(netns)?;
+        socket_cgroup_progs(&ns.path, local, hook, &mut self.holders)
+            .map_err(|e| log::debug!("cgroup programs of {local} in netns {netns}: {e:#}"))
+            .ok()
+            .flatten()
     }
 
     fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs> {

@@ -39,7 +39,7 @@ use crate::model::{
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
     pod::Pod,
-    progs::HookProgs,
+    progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
 
@@ -164,6 +164,16 @@ pub trait Node {
     /// What runs on `hook` (`ingress`, `egress` or `xdp`) of a device:
     /// tc filters, tcx and XDP programs, each program described.
     fn hook_programs(&mut self, _netns: u32, _ifindex: u32, _hook: &str) -> Option<HookProgs> {
+        None
+    }
+    /// The cgroup programs on `hook` for the local socket bound to `local`
+    /// (its owner's cgroup and the ancestors').
+    fn cgroup_programs(
+        &mut self,
+        _netns: u32,
+        _local: SocketAddr,
+        _hook: &str,
+    ) -> Option<CgroupProgs> {
         None
     }
 }

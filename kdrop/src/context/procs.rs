@@ -8,7 +8,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-
 pub use crate::model::listen::ProcessRef;
 
 /// Limits of one scan: a node with a million open files must not stall

@@ -161,7 +161,10 @@ pub fn overflow(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Option<Finding> {
         fix_notes,
         inspect: vec![
             format!("{}ss -ltnp 'sport = :{port}'", f.exec),
-            format!("{}nstat -az TcpExtListenOverflows TcpExtListenDrops", f.exec),
+            format!(
+                "{}nstat -az TcpExtListenOverflows TcpExtListenDrops",
+                f.exec
+            ),
         ],
         ..Finding::default()
     })
@@ -329,16 +332,14 @@ mod tests {
         assert!(fd.fix_notes[0].starts_with(
             "mysqld (pid 812) asked listen() for a backlog of 1 (net.core.somaxconn is 4096)"
         ));
-        assert_eq!(
-            fd.inspect[0],
-            "ip netns exec srv ss -ltnp 'sport = :3306'"
-        );
+        assert_eq!(fd.inspect[0], "ip netns exec srv ss -ltnp 'sport = :3306'");
     }
 
     #[test]
     fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
         let f = found(2, 1, 1, None, 2);
-        let seen = Seen::FinalAck("kernel drop reason TCP_LISTEN_OVERFLOW at tcp_check_req+0x1".into());
+        let seen =
+            Seen::FinalAck("kernel drop reason TCP_LISTEN_OVERFLOW at tcp_check_req+0x1".into());
         let fd = overflow(&f, &t(), &seen).unwrap();
         assert_eq!(
             fd.fix,
@@ -351,11 +352,18 @@ mod tests {
     #[test]
     fn a_listener_with_room_and_quiet_counters_is_not_the_cause() {
         let seen = Seen::Unanswered("x".into());
-        assert_eq!(overflow(&found(0, 128, 4096, Some(5), 5), &t(), &seen), None);
+        assert_eq!(
+            overflow(&found(0, 128, 4096, Some(5), 5), &t(), &seen),
+            None
+        );
         assert_eq!(overflow(&found(0, 128, 4096, None, 0), &t(), &seen), None);
         // Room now, but it overflowed since the previous read.
         let fd = overflow(&found(0, 128, 4096, Some(5), 6), &t(), &seen).unwrap();
-        assert!(fd.summary.contains("overflowed (now 0/128 waiting)"), "{}", fd.summary);
+        assert!(
+            fd.summary.contains("overflowed (now 0/128 waiting)"),
+            "{}",
+            fd.summary
+        );
         // The kernel said so for the final ACK: a verdict whatever the queue is now.
         let fin = Seen::FinalAck("kernel drop reason TCP_LISTEN_OVERFLOW".into());
         assert!(overflow(&found(0, 128, 4096, Some(5), 5), &t(), &fin).is_some());

@@ -9,7 +9,7 @@
 use crate::model::{
     finding::Finding,
     packet::Tuple,
-    progs::{HookProgs, ProgInfo, TcFilter, XdpProg},
+    progs::{CgroupProgs, HookProgs, ProgInfo, TcFilter, XdpProg},
 };
 
 /// Drop reasons a program on the path gives.
@@ -34,6 +34,8 @@ pub struct ProgDrop<'a> {
     pub netns_exec: &'a str,
     /// The device's programs on the hook the reason names (None: unread).
     pub hook: Option<&'a HookProgs>,
+    /// For BPF_CGROUP_EGRESS: the sending socket's cgroup programs.
+    pub cgroup: Option<&'a CgroupProgs>,
 }
 
 /// A BPF program as evidence: id, name, tag, pins, agent, holders.
@@ -109,10 +111,84 @@ pub fn explain(d: &ProgDrop) -> Option<Finding> {
         return None;
     }
     let packet = format!("{} {} -> {}", d.flags, d.tuple.src, d.tuple.dst);
-    match (d.reason, d.hook) {
-        ("TC_INGRESS" | "TC_EGRESS", Some(h)) => Some(tc(d, h, &packet)),
-        ("XDP", Some(h)) => Some(xdp(d, h, &packet)),
+    match (d.reason, d.hook, d.cgroup) {
+        ("TC_INGRESS" | "TC_EGRESS", Some(h), _) => Some(tc(d, h, &packet)),
+        ("XDP", Some(h), _) => Some(xdp(d, h, &packet)),
+        ("BPF_CGROUP_EGRESS", _, Some(c)) if !c.progs.is_empty() => Some(cgroup(d, c, &packet)),
         _ => Some(unnamed(d, &packet)),
+    }
+}
+
+fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
+    let who = c
+        .owner
+        .as_ref()
+        .map(|o| format!("{} (pid {})", o.comm, o.pid))
+        .unwrap_or_else(|| "the sending socket".into());
+    let mut evidence = vec![
+        d.kernel.clone(),
+        format!("the socket {} belongs to {who}, in cgroup {}", d.tuple.src, c.cgroup),
+    ];
+    for p in &c.progs {
+        evidence.push(format!(
+            "cgroup {} on {}{}: {}",
+            c.hook,
+            p.attached_to,
+            p.link_id.map(|l| format!(" (bpf link {l})")).unwrap_or_default(),
+            prog_text(&p.prog)
+        ));
+    }
+    let names: Vec<String> = c
+        .progs
+        .iter()
+        .map(|p| format!("{} id {} on {}", p.prog.name, p.prog.id, p.attached_to))
+        .collect();
+    let (fix, fix_notes) = match c.progs.as_slice() {
+        [p] => match (&p.prog.agent, p.link_id) {
+            (Some(a), _) => (
+                Vec::new(),
+                vec![format!(
+                    "the program belongs to {} ({}): change the policy in {}",
+                    a.name, a.evidence, a.name
+                )],
+            ),
+            (None, Some(l)) => (
+                Vec::new(),
+                vec![format!(
+                    "attached through bpf link {l}: it goes when its holders (evidence) close it"
+                )],
+            ),
+            (None, None) => (
+                vec![format!(
+                    "bpftool cgroup detach {} {} id {}",
+                    p.attached_to, c.hook, p.prog.id
+                )],
+                vec![format!(
+                    "detaching removes everything the program does for the sockets of {}",
+                    p.attached_to
+                )],
+            ),
+        },
+        _ => (
+            Vec::new(),
+            vec![format!(
+                "kdrop cannot tell which of the {} programs returned the drop",
+                c.progs.len()
+            )],
+        ),
+    };
+    Finding {
+        cause: "bpf_cgroup",
+        summary: format!(
+            "{packet} dropped by the cgroup {} BPF program of {who}: {}",
+            c.hook,
+            names.join(", ")
+        ),
+        evidence,
+        fix,
+        fix_notes,
+        inspect: vec![format!("bpftool cgroup show {}", c.cgroup)],
+        ..Finding::default()
     }
 }
 
@@ -283,7 +359,9 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
     Finding {
         cause: "xdp_program",
         summary: if names.is_empty() {
-            format!("{packet} dropped by XDP on {dev} in netns {ns}, by a program no longer attached")
+            format!(
+                "{packet} dropped by XDP on {dev} in netns {ns}, by a program no longer attached"
+            )
         } else {
             format!(
                 "{packet} dropped by the XDP program on {dev} in netns {ns}: {}",
@@ -389,6 +467,7 @@ mod tests {
             netns: "srv",
             netns_exec: "ip netns exec srv ",
             hook: h,
+            cgroup: None,
         }
     }
 
@@ -433,7 +512,9 @@ mod tests {
     fn an_agents_program_gets_a_note_not_a_fix() {
         let h = hook(vec![filter(1, Some(42))], vec![prog(42, Some("cilium"))]);
         let f = explain(&drop(Some(&h), "TC_INGRESS")).unwrap();
-        assert!(f.summary.ends_with("pref 1 bpf handle 0x1 (program cil_from_netdev id 42)"));
+        assert!(f
+            .summary
+            .ends_with("pref 1 bpf handle 0x1 (program cil_from_netdev id 42)"));
         assert!(f.fix.is_empty());
         assert!(f.fix_notes[0].starts_with("the filter's program belongs to cilium (pinned at"));
         assert!(f.evidence[2].starts_with(
@@ -462,9 +543,56 @@ mod tests {
         }];
         let f = explain(&drop(Some(&h), "XDP")).unwrap();
         assert_eq!(f.cause, "xdp_program");
-        assert_eq!(f.fix, vec!["ip netns exec srv ip link set dev s0 xdpgeneric off".to_string()]);
-        assert_eq!(explain(&drop(None, "BPF_CGROUP_EGRESS")).unwrap().cause, "bpf_cgroup");
-        assert_eq!(explain(&drop(None, "SOCKET_FILTER")).unwrap().cause, "socket_filter");
+        assert_eq!(
+            f.fix,
+            vec!["ip netns exec srv ip link set dev s0 xdpgeneric off".to_string()]
+        );
+        assert_eq!(
+            explain(&drop(None, "BPF_CGROUP_EGRESS")).unwrap().cause,
+            "bpf_cgroup"
+        );
+        assert_eq!(
+            explain(&drop(None, "SOCKET_FILTER")).unwrap().cause,
+            "socket_filter"
+        );
         assert!(explain(&drop(None, "NO_SOCKET")).is_none());
+    }
+
+    #[test]
+    fn a_cgroup_program_is_named_with_where_it_is_attached() {
+        let mut p = prog(9, None);
+        p.name = "kdt_drop".into();
+        p.pinned.clear();
+        let c = CgroupProgs {
+            owner: Some(crate::model::listen::ProcessRef {
+                pid: 77,
+                comm: "curl".into(),
+                cmdline: "curl x".into(),
+            }),
+            cgroup: "/sys/fs/cgroup/app".into(),
+            hook: "egress".into(),
+            progs: vec![crate::model::progs::CgroupProg {
+                attached_to: "/sys/fs/cgroup/app".into(),
+                link_id: None,
+                prog: p,
+            }],
+        };
+        let mut d = drop(None, "BPF_CGROUP_EGRESS");
+        d.cgroup = Some(&c);
+        let f = explain(&d).unwrap();
+        assert_eq!(f.cause, "bpf_cgroup");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by the cgroup egress BPF program of curl \
+             (pid 77): kdt_drop id 9 on /sys/fs/cgroup/app"
+        );
+        assert_eq!(
+            f.fix,
+            vec!["bpftool cgroup detach /sys/fs/cgroup/app egress id 9".to_string()]
+        );
+        let mut linked = c.clone();
+        linked.progs[0].link_id = Some(3);
+        d.cgroup = Some(&linked);
+        assert!(explain(&d).unwrap().fix.is_empty());
     }
 }

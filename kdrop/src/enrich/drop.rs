@@ -47,7 +47,8 @@ impl<N: Node> Enricher<N> {
         // belong to other packets.
         let by_program = reason
             .as_deref()
-            .is_some_and(|r| diagnosis::programs::REASONS.contains(&r));
+            .is_some_and(|r| diagnosis::programs::REASONS.contains(&r))
+            || location.starts_with("do_xdp_generic+");
         let route_lookups = d
             .fib
             .iter()

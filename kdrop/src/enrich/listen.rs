@@ -61,10 +61,15 @@ impl<N: Node> Enricher<N> {
     /// A drop by a tc filter, an XDP program, a cgroup program or a socket
     /// filter: what was on the device's hook.
     pub(super) fn explain_program(&mut self, d: &Drop, r: &DropRecord) -> Option<Finding> {
-        let reason = r.reason.as_deref()?;
-        if !programs::REASONS.contains(&reason) {
-            return None;
-        }
+        // Generic XDP frees an XDP_DROP'd packet with plain kfree_skb
+        // (NOT_SPECIFIED; no reason before 5.17) in do_xdp_generic, v6.18
+        // https://github.com/torvalds/linux/blob/v6.18/net/core/dev.c: the
+        // place names it.
+        let reason = match r.reason.as_deref() {
+            Some("NOT_SPECIFIED") | None if r.location.starts_with("do_xdp_generic+") => "XDP",
+            Some(reason) if programs::REASONS.contains(&reason) => reason,
+            _ => return None,
+        };
         let hook = match reason {
             "TC_INGRESS" => Some("ingress"),
             "TC_EGRESS" => Some("egress"),
@@ -72,10 +77,18 @@ impl<N: Node> Enricher<N> {
             _ => None,
         };
         let progs = hook.and_then(|h| self.node.hook_programs(d.netns, d.ifindex, h));
+        let src = SocketAddr::new(d.saddr, d.sport);
+        let cgroup = (reason == "BPF_CGROUP_EGRESS")
+            .then(|| self.node.cgroup_programs(d.netns, src, "egress"))
+            .flatten();
         let ns = self.netns_name(d.netns);
         programs::explain(&ProgDrop {
             reason,
-            kernel: format!("kernel drop reason {reason} at {}", r.location),
+            kernel: format!(
+                "kernel drop reason {} at {}",
+                r.reason.as_deref().unwrap_or("(none)"),
+                r.location
+            ),
             tuple: Tuple {
                 src: SocketAddr::new(d.saddr, d.sport),
                 dst: SocketAddr::new(d.daddr, d.dport),
@@ -84,6 +97,7 @@ impl<N: Node> Enricher<N> {
             netns: &ns.display(),
             netns_exec: &ns.exec(),
             hook: progs.as_ref(),
+            cgroup: cgroup.as_ref(),
         })
     }
 }

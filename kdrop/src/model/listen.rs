@@ -48,9 +48,6 @@ pub struct ListenSnapshot {
     pub counters: ListenCounters,
 }
 
-
-
-
 /// A process holding the object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProcessRef {

@@ -59,9 +59,6 @@ pub struct DeviceProgs {
     pub xdp: Vec<XdpProg>,
 }
 
-
-
-
 /// A loaded BPF program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProgInfo {
@@ -125,4 +122,26 @@ pub struct HookProgs {
     /// tcx programs on the hook (ids).
     pub tcx: Vec<u32>,
     pub xdp: Vec<XdpProg>,
+}
+
+/// The cgroup programs on a socket's hook: its owner, its cgroup, and each
+/// program in force there with the cgroup it is attached to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CgroupProgs {
+    pub owner: Option<ProcessRef>,
+    /// The owner's cgroup (a path under the cgroup2 mount).
+    pub cgroup: String,
+    /// `egress`, `ingress`, ...
+    pub hook: String,
+    pub progs: Vec<CgroupProg>,
+}
+
+/// One program in force on a cgroup hook.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CgroupProg {
+    /// The cgroup it is attached to (the socket's or an ancestor).
+    pub attached_to: String,
+    /// The bpf link holding it, if attached through one.
+    pub link_id: Option<u32>,
+    pub prog: ProgInfo,
 }

@@ -314,6 +314,15 @@ impl Tracker {
     /// so a RST it sends later is not a refusal of the SYN-ACK.
     pub fn final_ack_seen(&mut self, t: &Tuple, ts_ns: u64) {
         self.pending.remove(t);
+        if let Some(s) = self.syn_acks.get_mut(t) {
+            s.reported = true;
+            return;
+        }
+        // A flood of refused ACKs: the table stays bounded (the RST|ACK
+        // test still keeps their aborts out).
+        if self.syn_acks.len() >= MAX_FLOWS {
+            return;
+        }
         self.syn_acks
             .entry(*t)
             .or_insert(SynAckSeen {
