@@ -125,7 +125,11 @@ pub fn socket_cgroup_progs(
         let Ok(hooks) = cgroup_progs(d, false) else {
             break;
         };
-        for a in hooks.iter().filter(|h| h.hook == hook).flat_map(|h| &h.progs) {
+        for a in hooks
+            .iter()
+            .filter(|h| h.hook == hook)
+            .flat_map(|h| &h.progs)
+        {
             match describe(a.prog_id, &pins, holders) {
                 Ok(prog) => progs.push(CgroupProg {
                     attached_to: d.display().to_string(),

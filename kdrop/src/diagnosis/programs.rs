@@ -127,14 +127,19 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
         .unwrap_or_else(|| "the sending socket".into());
     let mut evidence = vec![
         d.kernel.clone(),
-        format!("the socket {} belongs to {who}, in cgroup {}", d.tuple.src, c.cgroup),
+        format!(
+            "the socket {} belongs to {who}, in cgroup {}",
+            d.tuple.src, c.cgroup
+        ),
     ];
     for p in &c.progs {
         evidence.push(format!(
             "cgroup {} on {}{}: {}",
             c.hook,
             p.attached_to,
-            p.link_id.map(|l| format!(" (bpf link {l})")).unwrap_or_default(),
+            p.link_id
+                .map(|l| format!(" (bpf link {l})"))
+                .unwrap_or_default(),
             prog_text(&p.prog)
         ));
     }
