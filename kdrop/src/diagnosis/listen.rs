@@ -38,14 +38,14 @@ pub fn owner_text(owners: &[ProcessRef]) -> String {
     }
 }
 
-/// Did the counters grow since the previous read (or, without one, have
-/// they ever counted)?
+/// Did the counters grow since kdrop's previous read? Without one, a count
+/// may be from long ago: it says nothing about this connection.
 fn overflows_moved(f: &ListenerFound) -> bool {
     let now = f.counters.listen_overflows.unwrap_or(0);
-    match f.counters_before.as_ref().and_then(|b| b.listen_overflows) {
-        Some(before) => now > before,
-        None => now > 0,
-    }
+    f.counters_before
+        .as_ref()
+        .and_then(|b| b.listen_overflows)
+        .is_some_and(|before| now > before)
 }
 
 fn counter_text(name: &str, now: Option<u64>, before: Option<u64>) -> Option<String> {
@@ -357,6 +357,8 @@ mod tests {
             None
         );
         assert_eq!(overflow(&found(0, 128, 4096, None, 0), &t(), &seen), None);
+        // Counted before kdrop first looked: not this connection's.
+        assert_eq!(overflow(&found(0, 128, 4096, None, 9), &t(), &seen), None);
         // Room now, but it overflowed since the previous read.
         let fd = overflow(&found(0, 128, 4096, Some(5), 6), &t(), &seen).unwrap();
         assert!(
