@@ -82,9 +82,25 @@ pub struct Filter {
     /// Emit 1 in this many matched packets (per CPU: the 1st, N+1th, ...);
     /// 0 or 1 emits all. The others are counted in `Counters::sampled_out`.
     pub sample_every: u32,
+    /// A drop with this raw reason is a handshake packet whatever its
+    /// flags: TCP_LISTEN_OVERFLOW frees the client's final ACK (a bare
+    /// ACK). `ABSENT`: none (no reasons, or the kernel lacks it).
+    pub final_ack_reason: u32,
 }
 
 impl Filter {
+    /// The flags test for a drop with raw reason `reason`: none for the
+    /// final ACK's reason, else `tcp_flags_any`. One compare, made before
+    /// any header is read.
+    #[inline(always)]
+    pub fn drop_flags(&self, reason: u32) -> u8 {
+        if reason == self.final_ack_reason {
+            0
+        } else {
+            self.tcp_flags_any
+        }
+    }
+
     pub const fn zeroed() -> Self {
         Self {
             ports: [0; MAX_PORTS],
@@ -96,6 +112,7 @@ impl Filter {
             tcp_flags_any: 0,
             _pad: [0; 3],
             sample_every: 0,
+            final_ack_reason: crate::ABSENT,
         }
     }
 }

@@ -102,7 +102,7 @@ mod tests {
         assert_eq!(size_of::<Cidr>(), 36);
         assert_eq!(
             size_of::<Filter>(),
-            2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 4 + 4
+            2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 4 + 4 + 4
         );
         assert_eq!(
             core::mem::offset_of!(Filter, sample_every),
@@ -122,6 +122,17 @@ mod tests {
         assert_eq!(size_of::<HeadEvent>(), 16 + HEAD_BYTES);
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<LimiterState>(), 16);
+    }
+
+    #[test]
+    fn the_final_acks_reason_skips_the_flags_test() {
+        let mut f = Filter::zeroed();
+        f.tcp_flags_any = TCP_SYN;
+        // Unset: every reason keeps the flags test (0 is NOT_SPECIFIED).
+        assert_eq!(f.drop_flags(0), TCP_SYN);
+        f.final_ack_reason = 70;
+        assert_eq!(f.drop_flags(70), 0);
+        assert_eq!(f.drop_flags(71), TCP_SYN);
     }
 
     #[test]

@@ -33,7 +33,9 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
         return None;
     }
     let mut a = Admitted::zeroed();
-    if !admit::<L>(skb, filter().tcp_flags_any, &mut a) {
+    // The final ACK refused by a full accept queue is a handshake packet
+    // though it carries no SYN.
+    if !admit::<L>(skb, filter().drop_flags(reason), &mut a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(COUNTERS_KEY)?;

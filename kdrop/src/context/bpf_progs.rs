@@ -15,62 +15,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use serde::Serialize;
 
-use super::procs::{Held, Holders, ProcessRef};
+use super::procs::{Held, Holders};
 
-// Model:
-
-/// A loaded BPF program.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProgInfo {
-    pub id: u32,
-    /// `sched_cls`, `xdp`, `cgroup_skb`, ... (`prog_type` N if unknown).
-    pub prog_type: String,
-    pub name: String,
-    /// The program tag, 16 hex digits as bpftool and tc print it.
-    pub tag: String,
-    /// Nanoseconds since boot when it was loaded.
-    pub load_time_ns: u64,
-    /// The same as seconds since the epoch (derived from the boot time now).
-    pub loaded_at_unix: Option<u64>,
-    pub created_by_uid: u32,
-    pub map_ids: Vec<u32>,
-    /// bpffs paths of the program or of a link holding it.
-    pub pinned: Vec<String>,
-    /// The agent that loaded it, when its pins or name say so.
-    pub agent: Option<Agent>,
-    /// Processes with a descriptor of the program.
-    pub holders: Vec<ProcessRef>,
-}
-
-/// Which agent a program belongs to, and what says so.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Agent {
-    /// `cilium` or `calico`.
-    pub name: String,
-    pub evidence: String,
-}
-
-/// One program attached at a hook (tcx, cgroup).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AttachedProg {
-    pub prog_id: u32,
-    /// The bpf link holding it (tcx and link-based cgroup attachments).
-    pub link_id: Option<u32>,
-    /// BPF_F_ALLOW_MULTI and friends, where the kernel reports them.
-    pub attach_flags: u32,
-}
-
-/// Programs on one cgroup hook.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CgroupHook {
-    /// `ingress`, `egress`, `sock_create`, `connect4`, ...
-    pub hook: String,
-    pub progs: Vec<AttachedProg>,
-}
-
-// End of model.
+pub use crate::model::progs::{Agent, AttachedProg, CgroupHook, ProgInfo};
 
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET: libc::c_long = 7;

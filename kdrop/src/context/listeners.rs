@@ -20,58 +20,15 @@ use std::{
 };
 
 use anyhow::Result;
-use serde::Serialize;
 
 use super::{
     netlink::{u32_of, Socket, AF_INET, AF_INET6, NLM_F_DUMP},
     netns::in_netns,
 };
 
-// Model:
-
-/// A TCP listener and its queues.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Listener {
-    pub local: SocketAddr,
-    /// SO_BINDTODEVICE ifindex (0: none).
-    pub bound_if: u32,
-    /// Connections waiting for accept() (`sk_ack_backlog`).
-    pub accept_queue: u32,
-    /// The backlog in force: min(listen()'s backlog, somaxconn) (`sk_max_ack_backlog`).
-    pub accept_backlog: u32,
-    /// Request sockets waiting for the final ACK (SYN queue).
-    pub syn_queue: u32,
-    pub inode: u64,
-    pub uid: u32,
-}
-
-/// Sysctls of the namespace that bound listen queues (None: unreadable).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ListenSysctls {
-    pub somaxconn: Option<u32>,
-    pub tcp_max_syn_backlog: Option<u32>,
-    pub tcp_syncookies: Option<u32>,
-}
-
-/// TcpExt counters of the namespace (/proc/thread-self/net/netstat).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ListenCounters {
-    pub listen_overflows: Option<u64>,
-    pub listen_drops: Option<u64>,
-    pub syncookies_sent: Option<u64>,
-    pub req_q_full_drop: Option<u64>,
-    pub req_q_full_do_cookies: Option<u64>,
-}
-
-/// Everything above for one namespace, read at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ListenSnapshot {
-    pub listeners: Vec<Listener>,
-    pub sysctls: ListenSysctls,
-    pub counters: ListenCounters,
-}
-
-// End of model.
+pub use crate::model::listen::{
+    listener_for, ListenCounters, ListenSnapshot, ListenSysctls, Listener,
+};
 
 /// One socket of a sock_diag answer (`struct inet_diag_msg`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,41 +50,6 @@ const IPPROTO_TCP: u8 = 6;
 pub const TCP_SYN_RECV: u8 = 3;
 pub const TCP_LISTEN: u8 = 10;
 const TCP_NEW_SYN_RECV: u8 = 12;
-
-impl Listener {
-    /// The kernel's test: more waiting than the backlog allows.
-    pub fn accept_queue_full(&self) -> bool {
-        self.accept_queue > self.accept_backlog
-    }
-
-    /// Does a SYN to `dst` reach this listener's address? (The wildcard
-    /// address, or the same address; an IPv6 wildcard also takes IPv4 unless
-    /// IPV6_V6ONLY, which diag does not report.)
-    pub fn serves(&self, dst: SocketAddr) -> bool {
-        if self.local.port() != dst.port() {
-            return false;
-        }
-        let (mine, theirs) = (canon(self.local.ip()), canon(dst.ip()));
-        mine == theirs
-            || mine.is_unspecified() && (mine.is_ipv4() == theirs.is_ipv4() || mine.is_ipv6())
-    }
-}
-
-/// The listener a SYN to `dst` goes to: an exact address before a wildcard.
-pub fn listener_for(listeners: &[Listener], dst: SocketAddr) -> Option<&Listener> {
-    let serving = || listeners.iter().filter(move |l| l.serves(dst));
-    serving()
-        .find(|l| !l.local.ip().is_unspecified())
-        .or_else(|| serving().next())
-}
-
-/// IPv4-mapped IPv6 addresses as IPv4.
-fn canon(a: IpAddr) -> IpAddr {
-    match a {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, IpAddr::V4),
-        v4 => v4,
-    }
-}
 
 /// The `inet_diag_req_v2` body asking for TCP sockets of `family` in `states`.
 pub fn diag_request(family: u8, states: u32) -> Vec<u8> {

@@ -14,10 +14,13 @@ use anyhow::Result;
 use super::{
     conntrack_lookup::{lookup, Side},
     kube::KubeCache,
+    listeners::{listener_for, snapshot_in, ListenCounters},
     neighbours,
     netfilter::{conntrack::reply_holder, NetfilterContext},
-    netns::{self, in_netns, IfNames, NetnsRegistry},
+    netns::{self, in_netns, IfNames, Netns, NetnsRegistry},
     pods::Pods,
+    procs::{Held, Holders},
+    programs::{hook_progs, request_pending, socket_cgroup_progs},
     route_query::{query, reverse_lookup_v4},
     routing::ContextCache,
     sockets::syn_sent_to,
@@ -27,9 +30,11 @@ use crate::{
     diagnosis::kube::Services,
     kernel::symbols::Symbols,
     model::{
+        listen::ListenerFound,
         netfilter::Snapshot,
         packet::{CtSeen, Tuple},
         pod::Pod,
+        progs::{CgroupProgs, HookProgs},
         routing::{NetnsContext, RouteLookup, RouteQuery},
     },
 };
@@ -62,6 +67,13 @@ pub struct Live {
     symbols_loading: Option<JoinHandle<Result<Symbols>>>,
     pods: Pods,
     kube: KubeCache,
+    /// Processes holding sockets and BPF programs (one bounded scan).
+    holders: Holders,
+    /// Each namespace's listen counters at the previous read.
+    listen_counters: HashMap<u32, ListenCounters>,
+    /// Destinations no namespace listened on lately: a burst of
+    /// unanswered SYNs to a remote host costs one search.
+    no_listener: HashMap<SocketAddr, Instant>,
 }
 
 impl Live {
@@ -80,12 +92,36 @@ impl Live {
             symbols_loading: Some(std::thread::spawn(Symbols::load)),
             pods: Pods::default(),
             kube: KubeCache::default(),
+            holders: Holders::new(),
+            listen_counters: HashMap::new(),
+            no_listener: HashMap::new(),
         })
     }
 
     /// kdrop's own namespace.
     pub fn own_netns(&self) -> u32 {
         self.own_netns
+    }
+
+    /// Is `ip` one of the namespace's addresses?
+    fn is_local(&mut self, netns: u32, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.routing(netns)
+            .is_some_and(|c| c.tables.addrs.iter().any(|a| a.addr == ip))
+    }
+
+    /// The prefix that runs a command in the namespace: its name, else
+    /// (a pod's) through a process in it, else nothing (kdrop's own).
+    fn exec_in(&self, ns: &Netns, pid: Option<u32>) -> String {
+        match (&ns.name, pid) {
+            (Some(n), _) => format!("ip netns exec {n} "),
+            (None, _) if ns.inode == self.own_netns => String::new(),
+            (None, Some(pid)) => format!("nsenter -t {pid} -n "),
+            (None, None) => String::new(),
+        }
     }
 
     /// Reads the rulesets of the namespace now, so that its first
@@ -303,5 +339,85 @@ impl Node for Live {
         self.kube
             .get(&mut self.netfilter, &own, true)
             .filter(|s| !s.is_empty())
+    fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
+        if self
+            .no_listener
+            .get(&dst)
+            .is_some_and(|at| at.elapsed() < HOLDER_FRESH)
+        {
+            return None;
+        }
+        if self.no_listener.len() > HOLDERS_KEPT {
+            self.no_listener.clear();
+        }
+        let first = self.registry.lookup(near);
+        let rest = self.registry.all();
+        let spaces: Vec<Netns> = first
+            .into_iter()
+            .chain(rest.into_iter().filter(|n| n.inode != near))
+            .take(MAX_SEARCHED)
+            .collect();
+        for ns in spaces {
+            let snap = match snapshot_in(&ns.path) {
+                Ok(s) => s,
+                Err(e) => {
+                    log::debug!("listeners of netns {}: {e:#}", ns.inode);
+                    continue;
+                }
+            };
+            let Some(l) = listener_for(&snap.listeners, dst).cloned() else {
+                continue;
+            };
+            // A wildcard listener takes the SYN only where dst is local.
+            if l.local.ip().is_unspecified() && !self.is_local(ns.inode, dst.ip()) {
+                continue;
+            }
+            let before = self.listen_counters.insert(ns.inode, snap.counters.clone());
+            let owners = self.holders.lookup(Held::Socket(l.inode));
+            return Some(ListenerFound {
+                netns: ns.inode,
+                netns_name: ns.name.clone().unwrap_or_else(|| ns.inode.to_string()),
+                exec: self.exec_in(&ns, owners.first().map(|p| p.pid)),
+                listener: l,
+                sysctls: snap.sysctls,
+                counters: snap.counters,
+                counters_before: before,
+                owners,
+            });
+        }
+        self.no_listener.insert(dst, Instant::now());
+        None
+    }
+
+    fn request_pending(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Option<bool> {
+        let ns = self.registry.lookup(netns)?;
+        request_pending(&ns.path, local, remote)
+            .map_err(|e| log::debug!("request sockets of netns {netns}: {e:#}"))
+            .ok()
+    }
+
+    fn cgroup_programs(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        hook: &str,
+    ) -> Option<CgroupProgs> {
+        let ns = self.registry.lookup(netns)?;
+        socket_cgroup_progs(&ns.path, local, hook, &mut self.holders)
+            .map_err(|e| log::debug!("cgroup programs of {local} in netns {netns}: {e:#}"))
+            .ok()
+            .flatten()
+    }
+
+    fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs> {
+        let ns = self.registry.lookup(netns)?;
+        hook_progs(&ns.path, ifindex, hook, &mut self.holders)
+            .map_err(|e| log::debug!("programs of if{ifindex} in netns {netns}: {e:#}"))
+            .ok()
     }
 }

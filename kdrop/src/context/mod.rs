@@ -21,6 +21,7 @@ pub mod pods;
 pub mod procs;
 pub mod recording;
 pub mod replay;
+pub mod programs;
 pub mod route_query;
 pub mod routing;
 pub mod sockets;
@@ -39,9 +40,11 @@ pub use self::{
 };
 use crate::diagnosis::kube::Services;
 use crate::model::{
+    listen::ListenerFound,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
     pod::Pod,
+    progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
 
@@ -155,5 +158,35 @@ pub trait Node {
             .map(|f| &f.svc)
             .or_else(|| s.serving(addr))
             .map(|svc| svc.display())
+    /// The listener a connection to `dst` reaches: in `near` first, then in
+    /// every namespace of the node where `dst` is a local address; with its
+    /// queues, sysctls, counters and owning processes.
+    fn listener(&mut self, _near: u32, _dst: SocketAddr) -> Option<ListenerFound> {
+        None
+    }
+    /// Does a request socket `local` <- `remote` (SYN-RECV) wait in the
+    /// namespace now? None when it cannot be read.
+    fn request_pending(
+        &mut self,
+        _netns: u32,
+        _local: SocketAddr,
+        _remote: SocketAddr,
+    ) -> Option<bool> {
+        None
+    }
+    /// What runs on `hook` (`ingress`, `egress` or `xdp`) of a device:
+    /// tc filters, tcx and XDP programs, each program described.
+    fn hook_programs(&mut self, _netns: u32, _ifindex: u32, _hook: &str) -> Option<HookProgs> {
+        None
+    }
+    /// The cgroup programs on `hook` for the local socket bound to `local`
+    /// (its owner's cgroup and the ancestors').
+    fn cgroup_programs(
+        &mut self,
+        _netns: u32,
+        _local: SocketAddr,
+        _hook: &str,
+    ) -> Option<CgroupProgs> {
+        None
     }
 }

@@ -8,20 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
-
-// Model:
-
-/// A process holding the object.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProcessRef {
-    pub pid: u32,
-    pub comm: String,
-    /// argv joined by spaces (empty for kernel threads).
-    pub cmdline: String,
-}
-
-// End of model.
+pub use crate::model::listen::ProcessRef;
 
 /// Limits of one scan: a node with a million open files must not stall
 /// kdrop; what was not reached is simply not named.

@@ -8,70 +8,14 @@
 use std::path::Path;
 
 use anyhow::Result;
-use serde::Serialize;
 
 use super::{
-    bpf_progs::{tcx_progs, AttachedProg},
+    bpf_progs::tcx_progs,
     netlink::{attrs, str_of, u32_of, Socket, NLM_F_DUMP},
     netns::{ifname, in_netns},
 };
 
-// Model:
-
-/// One tc filter, named as `tc filter show dev DEV ingress|egress` names it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TcFilter {
-    pub dev: String,
-    pub ifindex: u32,
-    /// `ingress` or `egress`.
-    pub hook: String,
-    /// `bpf`, `u32`, `matchall`, ...
-    pub kind: String,
-    pub pref: u16,
-    /// As tc prints it: `all`, `ip`, `ipv6`, `arp`, `802.1Q`, or 0xNNNN.
-    pub protocol: String,
-    /// As tc prints it: `0x1` (cls_bpf and most kinds), `800::800` (u32).
-    pub handle: String,
-    pub chain: u32,
-    pub bpf: Option<ClsBpf>,
-}
-
-/// cls_bpf details.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ClsBpf {
-    /// The program's verdict is the action (TCA_BPF_FLAG_ACT_DIRECT).
-    pub direct_action: bool,
-    /// eBPF: the program.
-    pub prog_id: Option<u32>,
-    /// TCA_BPF_NAME: what tc was given (object file and section, or pin).
-    pub name: Option<String>,
-    pub tag: Option<String>,
-    /// Classic BPF: the bytecode as tc prints it (`N,code jt jf k,...`).
-    pub bytecode: Option<String>,
-    pub in_hw: bool,
-}
-
-/// The XDP program of one mode on a device.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct XdpProg {
-    /// `native` (driver), `generic` (skb) or `offload` (hardware).
-    pub mode: String,
-    pub prog_id: u32,
-}
-
-/// Everything on one device's packet path.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct DeviceProgs {
-    pub dev: String,
-    pub ifindex: u32,
-    pub tc: Vec<TcFilter>,
-    /// None: the kernel has no tcx (before 6.6).
-    pub tcx_ingress: Option<Vec<AttachedProg>>,
-    pub tcx_egress: Option<Vec<AttachedProg>>,
-    pub xdp: Vec<XdpProg>,
-}
-
-// End of model.
+pub use crate::model::progs::{ClsBpf, DeviceProgs, TcFilter, XdpProg};
 
 const RTM_GETLINK: u16 = 18;
 const RTM_GETTFILTER: u16 = 46;

@@ -42,9 +42,17 @@ impl<N: Node> Enricher<N> {
             }
             _ => None,
         };
+        // A packet a program dropped died before routing (tc ingress, XDP)
+        // or after it was done (tc egress, cgroup): lookups recorded then
+        // belong to other packets.
+        let by_program = reason
+            .as_deref()
+            .is_some_and(|r| diagnosis::programs::REASONS.contains(&r))
+            || location.starts_with("do_xdp_generic+");
         let route_lookups = d
             .fib
             .iter()
+            .filter(|_| !by_program)
             .map(|l| LookupRecord {
                 table: l.table,
                 err: l.err,
@@ -88,6 +96,8 @@ impl<N: Node> Enricher<N> {
             .or_else(|| self.explain_refused(d, &r))
             .or_else(|| self.explain_conntrack_drop(d, &r))
             .or_else(|| self.explain_kube(d, &r))
+            .or_else(|| self.explain_program(d, &r))
+            .or_else(|| self.explain_listen(d, &r))
             .or_else(|| {
                 diagnosis::explain(&DropFacts {
                     reason: r.reason.as_deref(),

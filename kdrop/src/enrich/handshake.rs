@@ -43,7 +43,13 @@ impl<N: Node> Enricher<N> {
             }
             None => {
                 let status = self.status(flow.ct.as_ref());
-                handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec)
+                let f = handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec);
+                // Nothing on the way explains it: the listener's side may.
+                if f.cause == "unanswered" {
+                    self.unanswered_listener(flow).unwrap_or(f)
+                } else {
+                    f
+                }
             }
         };
         let mut r = DropRecord {

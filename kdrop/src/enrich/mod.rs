@@ -3,6 +3,7 @@
 //! asked through [`Node`] (I/O, cached); the reasoning is `diagnosis`'s.
 mod drop;
 mod handshake;
+mod listen;
 mod pods;
 
 use std::collections::{HashMap, VecDeque};
@@ -288,6 +289,8 @@ fn client_end(r: &DropRecord) -> Option<std::net::SocketAddr> {
     );
     match (r.kind, r.tcp_flags.as_str()) {
         ("drop", f) if f.contains("SYN") && f.contains("ACK") => Some(dst),
+        // The client's final ACK, refused by a full accept queue.
+        ("drop", _) if r.reason.as_deref() == Some("TCP_LISTEN_OVERFLOW") => Some(src),
         ("drop", f) if f.contains("SYN") => Some(src),
         ("drop", _) => None,
         _ => Some(src),

@@ -3,10 +3,12 @@
 //! what the data says about itself; `context` fills it, `diagnosis` reads
 //! it, `output` renders it.
 pub mod finding;
+pub mod listen;
 pub mod neighbour;
 pub mod netfilter;
 pub mod packet;
 pub mod pod;
+pub mod progs;
 pub mod record;
 pub mod routing;
 pub mod stats;

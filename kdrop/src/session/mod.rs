@@ -124,10 +124,12 @@ impl Session {
         let sigint = signal(SignalKind::interrupt())?;
         let sigterm = signal(SignalKind::terminate())?;
         let setup = KernelSetup::read()?;
+        let mut filter = o.filter;
+        filter.final_ack_reason = final_ack_reason(&setup.reasons);
         let mut probes = probes::load(
             &setup,
             &probes::Config {
-                filter: &o.filter,
+                filter: &filter,
                 monitor: &o.monitor,
                 evidence: &evidence(&setup.reasons, o.pcap.is_some()),
                 ring_kib: o.ring_kib,
@@ -466,6 +468,14 @@ impl Session {
             elapsed: self.started.elapsed(),
         })
     }
+}
+
+/// The raw reason of a refused final ACK (TCP_LISTEN_OVERFLOW) on this
+/// kernel, or ABSENT.
+fn final_ack_reason(reasons: &Reasons) -> u32 {
+    reasons
+        .value("TCP_LISTEN_OVERFLOW")
+        .unwrap_or(kdrop_common::ABSENT)
 }
 
 /// Which drop reasons carry route lookups on this kernel; whether drops

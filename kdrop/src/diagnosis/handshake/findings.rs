@@ -57,7 +57,7 @@ pub(crate) fn ct_text(ct: &Ct, status: &[String]) -> String {
     )
 }
 
-pub(super) fn transmissions(flow: &Flow) -> String {
+pub fn transmissions(flow: &Flow) -> String {
     let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
     if flow.syns == 1 {
         return "1 transmission of the SYN, not answered".into();

@@ -416,6 +416,28 @@ pub(crate) mod tests {
         assert!(tr.due_resets(u64::MAX).is_empty());
     }
 
+    /// The client believed the connection open: its RST|ACK (an abort) or
+    /// any RST after its final ACK was refused is not a SYN-ACK refusal.
+    #[test]
+    fn a_client_that_acked_is_not_refusing_the_syn_ack() {
+        let mut tr = Tracker::default();
+        let syn_ack = tuple("10.0.0.13:80", "172.16.0.50:40000");
+        tr.on_egress(&packet(0, 3, syn_ack, TCP_SYN | TCP_ACK), &BITS);
+        tr.on_egress(&packet(10, 4, syn_ack.reversed(), TCP_RST | TCP_ACK), &BITS);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+        let mut tr = Tracker::default();
+        tr.on_egress(&packet(0, 3, syn_ack, TCP_SYN | TCP_ACK), &BITS);
+        tr.final_ack_seen(&syn_ack, 5);
+        tr.on_egress(&packet(10, 4, syn_ack.reversed(), TCP_RST), &BITS);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+        // Seen before the SYN-ACK left: still not a refusal.
+        let mut tr = Tracker::default();
+        tr.final_ack_seen(&syn_ack, 0);
+        tr.on_egress(&packet(5, 3, syn_ack, TCP_SYN | TCP_ACK), &BITS);
+        tr.on_egress(&packet(10, 4, syn_ack.reversed(), TCP_RST), &BITS);
+        assert!(tr.due_resets(u64::MAX).is_empty());
+    }
+
     #[test]
     fn rsts_that_answer_no_syn_ack_are_not_resets() {
         let mut tr = Tracker::default();

@@ -269,6 +269,13 @@ impl Tracker {
     /// RST refusing a SYN-ACK has none (tcp_v4_send_reset,
     /// https://github.com/torvalds/linux/blob/v6.1/net/ipv4/tcp_ipv4.c).
     fn on_rst(&mut self, p: &Packet) {
+        // A RST refusing a SYN-ACK carries no ACK (the SYN-ACK had one:
+        // `tcp_v4_send_reset` then sets only seq, v6.18
+        // https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_ipv4.c);
+        // RST|ACK is a socket aborting a connection it believed open.
+        if p.tcp_flags & TCP_ACK != 0 {
+            return;
+        }
         let syn_ack = p.tuple.reversed();
         let Some(seen) = self.syn_acks.get_mut(&syn_ack) else {
             return;
@@ -300,6 +307,31 @@ impl Tracker {
         if let Some(s) = self.syn_acks.get_mut(t) {
             s.reported = true;
         }
+    }
+
+    /// The client's final ACK answering the SYN-ACK `t` was seen (refused
+    /// by a full accept queue): the client believed the connection open,
+    /// so a RST it sends later is not a refusal of the SYN-ACK.
+    pub fn final_ack_seen(&mut self, t: &Tuple, ts_ns: u64) {
+        self.pending.remove(t);
+        if let Some(s) = self.syn_acks.get_mut(t) {
+            s.reported = true;
+            return;
+        }
+        // A flood of refused ACKs: the table stays bounded (the RST|ACK
+        // test still keeps their aborts out).
+        if self.syn_acks.len() >= MAX_FLOWS {
+            return;
+        }
+        self.syn_acks
+            .entry(*t)
+            .or_insert(SynAckSeen {
+                ts_ns,
+                netns: 0,
+                ifindex: 0,
+                reported: true,
+            })
+            .reported = true;
     }
 
     /// RSTs held long enough (all of them with `now_ns == u64::MAX`).

@@ -23,7 +23,9 @@ const MAX_HANDSHAKES: usize = 2_048;
 /// from what did not happen (no reply), which outranks saying nothing.
 pub fn rank(cause: &str) -> u8 {
     match cause {
-        "unanswered" | "no_reason" => 0,
+        // A repeated SYN only says an answer is being lost: it waits for
+        // the handshake's verdict.
+        "unanswered" | "no_reason" | "duplicate_syn" => 0,
         "no_socket" | "syn_ack_reset" | "netfilter" | "otherhost" => 1,
         "asymmetric_return_path" => 2,
         _ => 3,

@@ -1,0 +1,603 @@
+//! Drops by programs on the packet's path: a tc filter (TC_INGRESS,
+//! TC_EGRESS: `tcf_classify` said TC_ACT_SHOT, freed in
+//! `__netif_receive_skb_core` / `sch_handle_egress`, v6.18
+//! https://github.com/torvalds/linux/blob/v6.18/net/core/dev.c), an XDP
+//! program (XDP: generic XDP's XDP_DROP), a cgroup program
+//! (BPF_CGROUP_EGRESS) or a socket filter (SOCKET_FILTER). Names the
+//! device, hook, filter and program, and the agent that owns it; a fix only
+//! when no agent does (it would put the program back).
+use crate::model::{
+    finding::Finding,
+    packet::Tuple,
+    progs::{CgroupProgs, HookProgs, ProgInfo, TcFilter, XdpProg},
+};
+
+/// Drop reasons a program on the path gives.
+pub const REASONS: [&str; 5] = [
+    "TC_INGRESS",
+    "TC_EGRESS",
+    "XDP",
+    "BPF_CGROUP_EGRESS",
+    "SOCKET_FILTER",
+];
+
+/// What diagnosis needs about a drop by a program.
+#[derive(Clone, Debug)]
+pub struct ProgDrop<'a> {
+    pub reason: &'a str,
+    /// `kernel drop reason X at LOC`.
+    pub kernel: String,
+    pub tuple: Tuple,
+    /// `SYN`, `ACK`, ... as records print them.
+    pub flags: &'a str,
+    pub netns: &'a str,
+    pub netns_exec: &'a str,
+    /// The device's programs on the hook the reason names (None: unread).
+    pub hook: Option<&'a HookProgs>,
+    /// For BPF_CGROUP_EGRESS: the sending socket's cgroup programs.
+    pub cgroup: Option<&'a CgroupProgs>,
+}
+
+/// A BPF program as evidence: id, name, tag, pins, agent, holders.
+pub fn prog_text(p: &ProgInfo) -> String {
+    let mut s = format!(
+        "BPF program id {} ({}) name {} tag {}",
+        p.id,
+        p.prog_type,
+        if p.name.is_empty() { "-" } else { &p.name },
+        p.tag
+    );
+    if !p.pinned.is_empty() {
+        s += &format!(", pinned at {}", p.pinned.join(", "));
+    }
+    if let Some(a) = &p.agent {
+        s += &format!(", loaded by {} ({})", a.name, a.evidence);
+    }
+    if !p.holders.is_empty() {
+        let h: Vec<String> = p
+            .holders
+            .iter()
+            .map(|h| format!("{} (pid {})", h.comm, h.pid))
+            .collect();
+        s += &format!(", held open by {}", h.join(", "));
+    }
+    s
+}
+
+/// A tc filter as `tc filter show` prints its head.
+pub fn filter_text(f: &TcFilter) -> String {
+    let mut s = format!(
+        "filter protocol {} pref {} {} chain {} handle {}",
+        f.protocol, f.pref, f.kind, f.chain, f.handle
+    );
+    if let Some(b) = &f.bpf {
+        if let Some(n) = &b.name {
+            s += &format!(" {n}");
+        }
+        if b.direct_action {
+            s += " direct-action";
+        }
+        if let Some(id) = b.prog_id {
+            s += &format!(" id {id}");
+        }
+        if let Some(t) = &b.tag {
+            s += &format!(" tag {t}");
+        }
+        if let Some(code) = &b.bytecode {
+            s += &format!(" bytecode '{code}'");
+        }
+    }
+    s
+}
+
+/// The program of a filter (cls_bpf eBPF), if described.
+fn filter_prog<'a>(f: &TcFilter, progs: &'a [ProgInfo]) -> Option<&'a ProgInfo> {
+    let id = f.bpf.as_ref()?.prog_id?;
+    progs.iter().find(|p| p.id == id)
+}
+
+fn xdp_flag(x: &XdpProg) -> &'static str {
+    match x.mode.as_str() {
+        "generic" => "xdpgeneric",
+        "native" => "xdpdrv",
+        "offload" => "xdpoffload",
+        _ => "xdp",
+    }
+}
+
+/// The finding for a drop by a program, or None for other reasons.
+pub fn explain(d: &ProgDrop) -> Option<Finding> {
+    if !REASONS.contains(&d.reason) {
+        return None;
+    }
+    let packet = format!("{} {} -> {}", d.flags, d.tuple.src, d.tuple.dst);
+    match (d.reason, d.hook, d.cgroup) {
+        ("TC_INGRESS" | "TC_EGRESS", Some(h), _) => Some(tc(d, h, &packet)),
+        ("XDP", Some(h), _) => Some(xdp(d, h, &packet)),
+        ("BPF_CGROUP_EGRESS", _, Some(c)) if !c.progs.is_empty() => Some(cgroup(d, c, &packet)),
+        _ => Some(unnamed(d, &packet)),
+    }
+}
+
+fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
+    let who = c
+        .owner
+        .as_ref()
+        .map(|o| format!("{} (pid {})", o.comm, o.pid))
+        .unwrap_or_else(|| "the sending socket".into());
+    let mut evidence = vec![
+        d.kernel.clone(),
+        format!(
+            "the socket {} belongs to {who}, in cgroup {}",
+            d.tuple.src, c.cgroup
+        ),
+    ];
+    for p in &c.progs {
+        evidence.push(format!(
+            "cgroup {} on {}{}: {}",
+            c.hook,
+            p.attached_to,
+            p.link_id
+                .map(|l| format!(" (bpf link {l})"))
+                .unwrap_or_default(),
+            prog_text(&p.prog)
+        ));
+    }
+    let names: Vec<String> = c
+        .progs
+        .iter()
+        .map(|p| format!("{} id {} on {}", p.prog.name, p.prog.id, p.attached_to))
+        .collect();
+    let (fix, fix_notes) = match c.progs.as_slice() {
+        [p] => match (&p.prog.agent, p.link_id) {
+            (Some(a), _) => (
+                Vec::new(),
+                vec![format!(
+                    "the program belongs to {} ({}): change the policy in {}",
+                    a.name, a.evidence, a.name
+                )],
+            ),
+            (None, Some(l)) => (
+                Vec::new(),
+                vec![format!(
+                    "attached through bpf link {l}: it goes when its holders (evidence) close it"
+                )],
+            ),
+            (None, None) => (
+                vec![format!(
+                    "bpftool cgroup detach {} {} id {}",
+                    p.attached_to, c.hook, p.prog.id
+                )],
+                vec![format!(
+                    "detaching removes everything the program does for the sockets of {}",
+                    p.attached_to
+                )],
+            ),
+        },
+        _ => (
+            Vec::new(),
+            vec![format!(
+                "kdrop cannot tell which of the {} programs returned the drop",
+                c.progs.len()
+            )],
+        ),
+    };
+    Finding {
+        cause: "bpf_cgroup",
+        summary: format!(
+            "{packet} dropped by the cgroup {} BPF program of {who}: {}",
+            c.hook,
+            names.join(", ")
+        ),
+        evidence,
+        fix,
+        fix_notes,
+        inspect: vec![format!("bpftool cgroup show {}", c.cgroup)],
+        ..Finding::default()
+    }
+}
+
+fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
+    let (dev, hook, ns) = (&h.dev, &h.hook, d.netns);
+    let mut evidence = vec![d.kernel.clone()];
+    let candidates = h.tc.len() + h.tcx.len();
+    for f in &h.tc {
+        evidence.push(format!("tc {hook} on {dev}: {}", filter_text(f)));
+        if let Some(p) = filter_prog(f, &h.progs) {
+            evidence.push(format!("its program: {}", prog_text(p)));
+        }
+    }
+    for id in &h.tcx {
+        let p = h.progs.iter().find(|p| p.id == *id);
+        evidence.push(format!(
+            "tcx {hook} on {dev}: {}",
+            p.map_or(format!("BPF program id {id}"), prog_text)
+        ));
+    }
+    let inspect = vec![
+        format!("{}tc filter show dev {dev} {hook}", d.netns_exec),
+        format!("{}bpftool net show dev {dev}", d.netns_exec),
+    ];
+    let (summary, fix, fix_notes) = match (h.tc.as_slice(), h.tcx.as_slice()) {
+        ([f], []) => {
+            let owner = filter_prog(f, &h.progs).and_then(|p| p.agent.as_ref());
+            let summary = format!(
+                "{packet} dropped by the tc {hook} filter on {dev} in netns {ns}: pref {} {} \
+                 handle {}{}",
+                f.pref,
+                f.kind,
+                f.handle,
+                filter_prog(f, &h.progs)
+                    .map(|p| format!(" (program {} id {})", p.name, p.id))
+                    .unwrap_or_default()
+            );
+            match owner {
+                Some(a) => (
+                    summary,
+                    Vec::new(),
+                    vec![format!(
+                        "the filter's program belongs to {} ({}): change the policy in {} \
+                         rather than the filter, which it would put back",
+                        a.name, a.evidence, a.name
+                    )],
+                ),
+                None => (
+                    summary,
+                    vec![format!(
+                        "{}tc filter del dev {dev} {hook} protocol {} pref {} handle {} {}{}",
+                        d.netns_exec,
+                        f.protocol,
+                        f.pref,
+                        f.handle,
+                        f.kind,
+                        if f.chain != 0 {
+                            format!(" chain {}", f.chain)
+                        } else {
+                            String::new()
+                        }
+                    )],
+                    vec![format!(
+                        "deleting the filter removes whatever else it did on {dev}; no agent \
+                         kdrop knows claims it"
+                    )],
+                ),
+            }
+        }
+        ([], [id]) => {
+            let p = h.progs.iter().find(|p| p.id == *id);
+            (
+                format!(
+                    "{packet} dropped by the tcx {hook} program on {dev} in netns {ns}: {}",
+                    p.map_or(format!("id {id}"), |p| format!("{} id {}", p.name, p.id))
+                ),
+                Vec::new(),
+                vec![match p.and_then(|p| p.agent.as_ref()) {
+                    Some(a) => format!(
+                        "the program belongs to {} ({}): change the policy in {}",
+                        a.name, a.evidence, a.name
+                    ),
+                    None => "a tcx program is held by a bpf link: detach it through the link's \
+                             owner (evidence names its holders)"
+                        .into(),
+                }],
+            )
+        }
+        _ => (
+            format!(
+                "{packet} dropped by one of the {candidates} tc {hook} programs on {dev} in \
+                 netns {ns}"
+            ),
+            Vec::new(),
+            vec![format!(
+                "kdrop cannot tell which of the {candidates} returned the drop: the evidence \
+                 lists them in the order the kernel runs them"
+            )],
+        ),
+    };
+    let summary = if candidates == 0 {
+        format!(
+            "{packet} dropped at tc {hook} on {dev} in netns {ns}, by a filter or program \
+             no longer attached"
+        )
+    } else {
+        summary
+    };
+    Finding {
+        cause: "tc_filter",
+        summary,
+        evidence,
+        fix,
+        fix_notes,
+        inspect,
+        ..Finding::default()
+    }
+}
+
+fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
+    let (dev, ns) = (&h.dev, d.netns);
+    let mut evidence = vec![d.kernel.clone()];
+    for x in &h.xdp {
+        let p = h.progs.iter().find(|p| p.id == x.prog_id);
+        evidence.push(format!(
+            "XDP ({}) on {dev}: {}",
+            x.mode,
+            p.map_or(format!("BPF program id {}", x.prog_id), prog_text)
+        ));
+    }
+    let agent = h
+        .xdp
+        .iter()
+        .filter_map(|x| h.progs.iter().find(|p| p.id == x.prog_id))
+        .find_map(|p| p.agent.clone());
+    let (fix, fix_notes) = match (&agent, h.xdp.as_slice()) {
+        (Some(a), _) => (
+            Vec::new(),
+            vec![format!(
+                "the XDP program belongs to {} ({}): change the policy in {}",
+                a.name, a.evidence, a.name
+            )],
+        ),
+        (None, [x]) => (
+            vec![format!(
+                "{}ip link set dev {dev} {} off",
+                d.netns_exec,
+                xdp_flag(x)
+            )],
+            vec![format!(
+                "detaching removes everything the program does on {dev}"
+            )],
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let names: Vec<String> = h
+        .xdp
+        .iter()
+        .map(|x| {
+            h.progs
+                .iter()
+                .find(|p| p.id == x.prog_id)
+                .map_or(format!("id {}", x.prog_id), |p| {
+                    format!("{} id {}", p.name, p.id)
+                })
+        })
+        .collect();
+    Finding {
+        cause: "xdp_program",
+        summary: if names.is_empty() {
+            format!(
+                "{packet} dropped by XDP on {dev} in netns {ns}, by a program no longer attached"
+            )
+        } else {
+            format!(
+                "{packet} dropped by the XDP program on {dev} in netns {ns}: {}",
+                names.join(", ")
+            )
+        },
+        evidence,
+        fix,
+        fix_notes,
+        inspect: vec![format!("{}ip -d link show dev {dev}", d.netns_exec)],
+        ..Finding::default()
+    }
+}
+
+/// Cgroup programs and socket filters, or a tc/XDP drop whose device could
+/// not be read: the reason and where to look.
+fn unnamed(d: &ProgDrop, packet: &str) -> Finding {
+    let (cause, summary, inspect) = match d.reason {
+        "BPF_CGROUP_EGRESS" => (
+            "bpf_cgroup",
+            format!("{packet} dropped by a cgroup egress BPF program of the sending socket's cgroup"),
+            vec!["bpftool cgroup tree".to_string()],
+        ),
+        "SOCKET_FILTER" => (
+            "socket_filter",
+            format!("{packet} dropped by a socket filter (SO_ATTACH_FILTER / SO_ATTACH_BPF) of the receiving socket"),
+            vec![format!("{}ss -tnp0", d.netns_exec)],
+        ),
+        "XDP" => (
+            "xdp_program",
+            format!("{packet} dropped by an XDP program in netns {}", d.netns),
+            vec![format!("{}ip -d link", d.netns_exec)],
+        ),
+        hook => (
+            "tc_filter",
+            format!("{packet} dropped by a tc filter ({hook}) in netns {}", d.netns),
+            vec![format!("{}tc filter show", d.netns_exec)],
+        ),
+    };
+    Finding {
+        cause,
+        summary,
+        evidence: vec![d.kernel.clone()],
+        inspect,
+        ..Finding::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::progs::{Agent, ClsBpf};
+
+    fn filter(pref: u16, prog: Option<u32>) -> TcFilter {
+        TcFilter {
+            dev: "s0".into(),
+            ifindex: 2,
+            hook: "ingress".into(),
+            kind: "bpf".into(),
+            pref,
+            protocol: "all".into(),
+            handle: "0x1".into(),
+            chain: 0,
+            bpf: Some(ClsBpf {
+                direct_action: true,
+                prog_id: prog,
+                name: prog.map(|_| "drop.o:[tc]".into()),
+                tag: prog.map(|_| "abababababababab".into()),
+                bytecode: prog.is_none().then(|| "2,6 0 0 0,6 0 0 2".into()),
+                in_hw: false,
+            }),
+        }
+    }
+
+    fn prog(id: u32, agent: Option<&str>) -> ProgInfo {
+        ProgInfo {
+            id,
+            prog_type: "sched_cls".into(),
+            name: "cil_from_netdev".into(),
+            tag: "abababababababab".into(),
+            load_time_ns: 0,
+            loaded_at_unix: None,
+            created_by_uid: 0,
+            map_ids: vec![],
+            pinned: vec!["/sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev".into()],
+            agent: agent.map(|a| Agent {
+                name: a.into(),
+                evidence: "pinned at /sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev".into(),
+            }),
+            holders: vec![],
+        }
+    }
+
+    fn drop<'a>(h: Option<&'a HookProgs>, reason: &'a str) -> ProgDrop<'a> {
+        ProgDrop {
+            reason,
+            kernel: "kernel drop reason TC_INGRESS at __netif_receive_skb_core+0x1".into(),
+            tuple: Tuple {
+                src: "10.1.0.1:41000".parse().unwrap(),
+                dst: "10.1.0.2:80".parse().unwrap(),
+            },
+            flags: "SYN",
+            netns: "srv",
+            netns_exec: "ip netns exec srv ",
+            hook: h,
+            cgroup: None,
+        }
+    }
+
+    fn hook(tc: Vec<TcFilter>, progs: Vec<ProgInfo>) -> HookProgs {
+        HookProgs {
+            dev: "s0".into(),
+            ifindex: 2,
+            hook: "ingress".into(),
+            tc,
+            progs,
+            tcx: vec![],
+            xdp: vec![],
+        }
+    }
+
+    #[test]
+    fn one_classic_filter_is_named_and_deleted() {
+        let h = hook(vec![filter(49152, None)], vec![]);
+        let f = explain(&drop(Some(&h), "TC_INGRESS")).unwrap();
+        assert_eq!(f.cause, "tc_filter");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by the tc ingress filter on s0 in netns \
+             srv: pref 49152 bpf handle 0x1"
+        );
+        assert_eq!(
+            f.evidence[1],
+            "tc ingress on s0: filter protocol all pref 49152 bpf chain 0 handle 0x1 \
+             direct-action bytecode '2,6 0 0 0,6 0 0 2'"
+        );
+        assert_eq!(
+            f.fix,
+            vec![
+                "ip netns exec srv tc filter del dev s0 ingress protocol all pref 49152 handle \
+                 0x1 bpf"
+                    .to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn an_agents_program_gets_a_note_not_a_fix() {
+        let h = hook(vec![filter(1, Some(42))], vec![prog(42, Some("cilium"))]);
+        let f = explain(&drop(Some(&h), "TC_INGRESS")).unwrap();
+        assert!(f
+            .summary
+            .ends_with("pref 1 bpf handle 0x1 (program cil_from_netdev id 42)"));
+        assert!(f.fix.is_empty());
+        assert!(f.fix_notes[0].starts_with("the filter's program belongs to cilium (pinned at"));
+        assert!(f.evidence[2].starts_with(
+            "its program: BPF program id 42 (sched_cls) name cil_from_netdev tag abababababababab, pinned at"
+        ));
+    }
+
+    #[test]
+    fn several_filters_are_candidates_without_a_fix() {
+        let h = hook(vec![filter(1, None), filter(2, None)], vec![]);
+        let f = explain(&drop(Some(&h), "TC_INGRESS")).unwrap();
+        assert!(f.summary.contains("one of the 2 tc ingress programs on s0"));
+        assert!(f.fix.is_empty());
+        let none = hook(vec![], vec![]);
+        let f = explain(&drop(Some(&none), "TC_INGRESS")).unwrap();
+        assert!(f.summary.ends_with("no longer attached"), "{}", f.summary);
+    }
+
+    #[test]
+    fn xdp_cgroup_and_socket_filters() {
+        let mut h = hook(vec![], vec![]);
+        h.hook = "xdp".into();
+        h.xdp = vec![XdpProg {
+            mode: "generic".into(),
+            prog_id: 7,
+        }];
+        let f = explain(&drop(Some(&h), "XDP")).unwrap();
+        assert_eq!(f.cause, "xdp_program");
+        assert_eq!(
+            f.fix,
+            vec!["ip netns exec srv ip link set dev s0 xdpgeneric off".to_string()]
+        );
+        assert_eq!(
+            explain(&drop(None, "BPF_CGROUP_EGRESS")).unwrap().cause,
+            "bpf_cgroup"
+        );
+        assert_eq!(
+            explain(&drop(None, "SOCKET_FILTER")).unwrap().cause,
+            "socket_filter"
+        );
+        assert!(explain(&drop(None, "NO_SOCKET")).is_none());
+    }
+
+    #[test]
+    fn a_cgroup_program_is_named_with_where_it_is_attached() {
+        let mut p = prog(9, None);
+        p.name = "kdt_drop".into();
+        p.pinned.clear();
+        let c = CgroupProgs {
+            owner: Some(crate::model::listen::ProcessRef {
+                pid: 77,
+                comm: "curl".into(),
+                cmdline: "curl x".into(),
+            }),
+            cgroup: "/sys/fs/cgroup/app".into(),
+            hook: "egress".into(),
+            progs: vec![crate::model::progs::CgroupProg {
+                attached_to: "/sys/fs/cgroup/app".into(),
+                link_id: None,
+                prog: p,
+            }],
+        };
+        let mut d = drop(None, "BPF_CGROUP_EGRESS");
+        d.cgroup = Some(&c);
+        let f = explain(&d).unwrap();
+        assert_eq!(f.cause, "bpf_cgroup");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by the cgroup egress BPF program of curl \
+             (pid 77): kdt_drop id 9 on /sys/fs/cgroup/app"
+        );
+        assert_eq!(
+            f.fix,
+            vec!["bpftool cgroup detach /sys/fs/cgroup/app egress id 9".to_string()]
+        );
+        let mut linked = c.clone();
+        linked.progs[0].link_id = Some(3);
+        d.cgroup = Some(&linked);
+        assert!(explain(&d).unwrap().fix.is_empty());
+    }
+}
