@@ -158,6 +158,7 @@ pub trait Node {
             .map(|f| &f.svc)
             .or_else(|| s.serving(addr))
             .map(|svc| svc.display())
+    }
     /// The listener a connection to `dst` reaches: in `near` first, then in
     /// every namespace of the node where `dst` is a local address; with its
     /// queues, sysctls, counters and owning processes.
