@@ -339,6 +339,8 @@ impl Node for Live {
         self.kube
             .get(&mut self.netfilter, &own, true)
             .filter(|s| !s.is_empty())
+    }
+
     fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
         if self
             .no_listener

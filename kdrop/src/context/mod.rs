@@ -19,9 +19,9 @@ pub mod netns;
 pub mod pod_addrs;
 pub mod pods;
 pub mod procs;
+pub mod programs;
 pub mod recording;
 pub mod replay;
-pub mod programs;
 pub mod route_query;
 pub mod routing;
 pub mod sockets;
@@ -146,9 +146,9 @@ pub trait Node {
     /// The Service names kube-proxy's rules give in `netns` (or, when it
     /// holds none, in kdrop's own namespace, the node's), with the
     /// namespace's own addresses (for node ports). None without kube-proxy.
-    fn kube(&mut self, _netns: u32) -> Option<Arc<Services>> {
-        None
-    }
+    /// Required, not defaulted: a wrapper (recording, replay) that forgot
+    /// it would silently lose the names.
+    fn kube(&mut self, netns: u32) -> Option<Arc<Services>>;
     /// The Service `namespace/name:port` that `addr` reaches in `netns`: its
     /// virtual address or node port, or a backend endpoint it serves, as
     /// kube-proxy's rules there name it (their comments).
@@ -162,32 +162,20 @@ pub trait Node {
     /// The listener a connection to `dst` reaches: in `near` first, then in
     /// every namespace of the node where `dst` is a local address; with its
     /// queues, sysctls, counters and owning processes.
-    fn listener(&mut self, _near: u32, _dst: SocketAddr) -> Option<ListenerFound> {
-        None
-    }
+    fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound>;
     /// Does a request socket `local` <- `remote` (SYN-RECV) wait in the
     /// namespace now? None when it cannot be read.
     fn request_pending(
         &mut self,
-        _netns: u32,
-        _local: SocketAddr,
-        _remote: SocketAddr,
-    ) -> Option<bool> {
-        None
-    }
+        netns: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Option<bool>;
     /// What runs on `hook` (`ingress`, `egress` or `xdp`) of a device:
     /// tc filters, tcx and XDP programs, each program described.
-    fn hook_programs(&mut self, _netns: u32, _ifindex: u32, _hook: &str) -> Option<HookProgs> {
-        None
-    }
+    fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs>;
     /// The cgroup programs on `hook` for the local socket bound to `local`
     /// (its owner's cgroup and the ancestors').
-    fn cgroup_programs(
-        &mut self,
-        _netns: u32,
-        _local: SocketAddr,
-        _hook: &str,
-    ) -> Option<CgroupProgs> {
-        None
-    }
+    fn cgroup_programs(&mut self, netns: u32, local: SocketAddr, hook: &str)
+        -> Option<CgroupProgs>;
 }

@@ -13,11 +13,14 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{conntrack_lookup::Side, tape::Line, NetnsName, Node};
+use crate::diagnosis::kube::Services;
 use crate::model::{
+    listen::ListenerFound,
     neighbour::Neighbour,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
     pod::Pod,
+    progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
 
@@ -204,6 +207,46 @@ impl<N: Node> Node for Recorder<N> {
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
         let a = self.inner.pod_of_addr(addr);
         self.keep(json!(["pod_of_addr", addr]), &a);
+        a
+    }
+
+    fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
+        let a = self.inner.kube(netns);
+        self.keep_blobs(json!(["kube", netns]), &[a.as_deref()]);
+        a
+    }
+
+    fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
+        let a = self.inner.listener(near, dst);
+        self.keep(json!(["listener", near, dst]), &a);
+        a
+    }
+
+    fn request_pending(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Option<bool> {
+        let a = self.inner.request_pending(netns, local, remote);
+        self.keep(json!(["request_pending", netns, local, remote]), &a);
+        a
+    }
+
+    fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs> {
+        let a = self.inner.hook_programs(netns, ifindex, hook);
+        self.keep(json!(["hook_programs", netns, ifindex, hook]), &a);
+        a
+    }
+
+    fn cgroup_programs(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        hook: &str,
+    ) -> Option<CgroupProgs> {
+        let a = self.inner.cgroup_programs(netns, local, hook);
+        self.keep(json!(["cgroup_programs", netns, local, hook]), &a);
         a
     }
 

@@ -13,11 +13,14 @@ use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{json, Value};
 
 use super::{conntrack_lookup::Side, tape::Line, NetnsName, Node};
+use crate::diagnosis::kube::Services;
 use crate::model::{
+    listen::ListenerFound,
     neighbour::Neighbour,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
     pod::Pod,
+    progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
 
@@ -27,6 +30,7 @@ pub struct Replay {
     blobs: HashMap<u64, Value>,
     contexts: HashMap<u64, Arc<NetnsContext>>,
     snapshots: HashMap<u64, Arc<Snapshot>>,
+    kube: HashMap<u64, Arc<Services>>,
     /// Questions the bundle has no answer to (a newer kdrop asking more).
     pub unanswered: u64,
 }
@@ -109,6 +113,11 @@ impl Node for Replay {
         Some((before, after))
     }
 
+    fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
+        let id = self.ids(json!(["kube", netns]))?.first().copied()??;
+        Self::typed(&self.blobs, &mut self.kube, id)
+    }
+
     fn netfilter_latest(&mut self, netns: u32) -> Option<Arc<Snapshot>> {
         let id = self
             .ids(json!(["netfilter_latest", netns]))?
@@ -175,6 +184,36 @@ impl Node for Replay {
 
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
         self.answer::<Option<Pod>>(json!(["pod_of_addr", addr]))
+            .flatten()
+    }
+
+    fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
+        self.answer::<Option<ListenerFound>>(json!(["listener", near, dst]))
+            .flatten()
+    }
+
+    fn request_pending(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Option<bool> {
+        self.answer::<Option<bool>>(json!(["request_pending", netns, local, remote]))
+            .flatten()
+    }
+
+    fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs> {
+        self.answer::<Option<HookProgs>>(json!(["hook_programs", netns, ifindex, hook]))
+            .flatten()
+    }
+
+    fn cgroup_programs(
+        &mut self,
+        netns: u32,
+        local: SocketAddr,
+        hook: &str,
+    ) -> Option<CgroupProgs> {
+        self.answer::<Option<CgroupProgs>>(json!(["cgroup_programs", netns, local, hook]))
             .flatten()
     }
 
@@ -264,6 +303,21 @@ mod tests {
             None
         }
         fn pod_of_addr(&mut self, _: IpAddr) -> Option<Pod> {
+            None
+        }
+        fn kube(&mut self, _: u32) -> Option<Arc<Services>> {
+            None
+        }
+        fn listener(&mut self, _: u32, _: SocketAddr) -> Option<ListenerFound> {
+            None
+        }
+        fn request_pending(&mut self, _: u32, _: SocketAddr, _: SocketAddr) -> Option<bool> {
+            None
+        }
+        fn hook_programs(&mut self, _: u32, _: u32, _: &str) -> Option<HookProgs> {
+            None
+        }
+        fn cgroup_programs(&mut self, _: u32, _: SocketAddr, _: &str) -> Option<CgroupProgs> {
             None
         }
     }

@@ -4,10 +4,10 @@
 //! `context::listeners` and `context::procs`.
 use std::net::{IpAddr, SocketAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A TCP listener and its queues.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Listener {
     pub local: SocketAddr,
     /// SO_BINDTODEVICE ifindex (0: none).
@@ -23,7 +23,7 @@ pub struct Listener {
 }
 
 /// Sysctls of the namespace that bound listen queues (None: unreadable).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenSysctls {
     pub somaxconn: Option<u32>,
     pub tcp_max_syn_backlog: Option<u32>,
@@ -31,7 +31,7 @@ pub struct ListenSysctls {
 }
 
 /// TcpExt counters of the namespace (/proc/thread-self/net/netstat).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenCounters {
     pub listen_overflows: Option<u64>,
     pub listen_drops: Option<u64>,
@@ -41,7 +41,7 @@ pub struct ListenCounters {
 }
 
 /// Everything above for one namespace, read at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenSnapshot {
     pub listeners: Vec<Listener>,
     pub sysctls: ListenSysctls,
@@ -49,7 +49,7 @@ pub struct ListenSnapshot {
 }
 
 /// A process holding the object.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessRef {
     pub pid: u32,
     pub comm: String,
@@ -59,7 +59,7 @@ pub struct ProcessRef {
 
 /// The listener a SYN went to, found in its namespace, with what bounds
 /// its queues and the process that should be calling accept().
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerFound {
     pub netns: u32,
     /// The namespace's name (or inode) as records show it.

@@ -2,12 +2,12 @@
 //! programs of a device, cgroup programs, and what a BPF program is (id,
 //! name, tag, pins, the agent that loaded it). Filled by
 //! `context::tc_filters` and `context::bpf_progs`.
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::listen::ProcessRef;
 
 /// One tc filter, named as `tc filter show dev DEV ingress|egress` names it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcFilter {
     pub dev: String,
     pub ifindex: u32,
@@ -25,7 +25,7 @@ pub struct TcFilter {
 }
 
 /// cls_bpf details.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClsBpf {
     /// The program's verdict is the action (TCA_BPF_FLAG_ACT_DIRECT).
     pub direct_action: bool,
@@ -40,7 +40,7 @@ pub struct ClsBpf {
 }
 
 /// The XDP program of one mode on a device.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XdpProg {
     /// `native` (driver), `generic` (skb) or `offload` (hardware).
     pub mode: String,
@@ -48,7 +48,7 @@ pub struct XdpProg {
 }
 
 /// Everything on one device's packet path.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceProgs {
     pub dev: String,
     pub ifindex: u32,
@@ -60,7 +60,7 @@ pub struct DeviceProgs {
 }
 
 /// A loaded BPF program.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProgInfo {
     pub id: u32,
     /// `sched_cls`, `xdp`, `cgroup_skb`, ... (`prog_type` N if unknown).
@@ -83,7 +83,7 @@ pub struct ProgInfo {
 }
 
 /// Which agent a program belongs to, and what says so.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Agent {
     /// `cilium` or `calico`.
     pub name: String,
@@ -91,7 +91,7 @@ pub struct Agent {
 }
 
 /// One program attached at a hook (tcx, cgroup).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachedProg {
     pub prog_id: u32,
     /// The bpf link holding it (tcx and link-based cgroup attachments).
@@ -101,7 +101,7 @@ pub struct AttachedProg {
 }
 
 /// Programs on one cgroup hook.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupHook {
     /// `ingress`, `egress`, `sock_create`, `connect4`, ...
     pub hook: String,
@@ -109,7 +109,7 @@ pub struct CgroupHook {
 }
 
 /// The programs of one hook of a device where a packet died, described.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HookProgs {
     pub dev: String,
     pub ifindex: u32,
@@ -126,7 +126,7 @@ pub struct HookProgs {
 
 /// The cgroup programs on a socket's hook: its owner, its cgroup, and each
 /// program in force there with the cgroup it is attached to.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupProgs {
     pub owner: Option<ProcessRef>,
     /// The owner's cgroup (a path under the cgroup2 mount).
@@ -137,7 +137,7 @@ pub struct CgroupProgs {
 }
 
 /// One program in force on a cgroup hook.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupProg {
     /// The cgroup it is attached to (the socket's or an ancestor).
     pub attached_to: String,

@@ -10,12 +10,14 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
+use serde::{Deserialize, Serialize};
+
 use crate::model::netfilter::{Backend, Table};
 
 /// A Service port as kube-proxy names it (`ServicePortName`): namespace,
 /// name, the port's name (empty for a Service's only, unnamed port), and
 /// its number when a cluster IP rule gave it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SvcPort {
     pub namespace: String,
     pub name: String,
@@ -72,7 +74,7 @@ impl SvcPort {
 }
 
 /// How traffic reaches a Service port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     ClusterIp,
     ExternalIp,
@@ -95,7 +97,7 @@ impl Kind {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frontend {
     pub svc: SvcPort,
     pub kind: Kind,
@@ -207,8 +209,9 @@ pub fn chain_hash(chain: &str) -> Option<&str> {
     .find_map(|p| chain.strip_prefix(p))
 }
 
-/// Every name kube-proxy's rules of one namespace give.
-#[derive(Clone, Debug, Default)]
+/// Every name kube-proxy's rules of one namespace give. Serialized into
+/// `kdrop record` bundles (the answer to `Node::kube`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Services {
     pub vips: HashMap<SocketAddr, Frontend>,
     pub node_ports: HashMap<u16, Frontend>,
@@ -218,6 +221,7 @@ pub struct Services {
     /// Service ports whose packets a nat rule marks for KUBE-FIREWALL to
     /// drop (kube-proxy before 1.25): true when it is for want of a local
     /// endpoint, false for a load-balancer source range.
+    #[serde(with = "pairs")]
     pub mark_drops: HashMap<(String, String, String), bool>,
     /// The namespace's own addresses: a node port is reached on these.
     pub local: HashSet<IpAddr>,
@@ -226,6 +230,29 @@ pub struct Services {
     /// all) rather than dropped (none on this node).
     pub nft_no_endpoints: HashMap<SocketAddr, (SvcPort, bool)>,
     pub nft_no_endpoint_ports: HashMap<u16, (SvcPort, bool)>,
+}
+
+/// A map whose keys JSON cannot hold (tuples) as a list of pairs.
+mod pairs {
+    use std::{collections::HashMap, hash::Hash};
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        m: &HashMap<K, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(m.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<HashMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Eq + Hash,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 impl Services {
