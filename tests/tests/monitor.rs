@@ -725,9 +725,12 @@ fn syn_here(src: SocketAddr, dst: SocketAddr) -> std::io::Result<std::net::TcpSt
     Ok(unsafe { std::net::TcpStream::from_raw_fd(owned.into_raw_fd()) })
 }
 
-/// `Tcp: InCsumErrors` of `/proc/net/snmp` in `ns`.
+/// `Tcp: InCsumErrors` of `/proc/net/snmp` in `ns` (thread-self: /proc/net
+/// is the main thread's namespace, not the one this thread entered).
 fn tcp_csum_errors(ns: &Ns) -> u64 {
-    let snmp = in_netns(&ns.path(), || std::fs::read_to_string("/proc/net/snmp"))
+    let snmp = in_netns(&ns.path(), || {
+        std::fs::read_to_string("/proc/thread-self/net/snmp")
+    })
         .unwrap()
         .unwrap();
     let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
