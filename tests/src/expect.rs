@@ -67,7 +67,10 @@ pub fn return_rung_or_skip(test: &str, func: &str) -> Option<String> {
     let got = point_rung(&format!("{func} (return)"));
     match (oracle::return_rung(func), got) {
         (Ok(want), Ok(got)) => {
-            assert_eq!(got, want, "kdrop check chose {got} for {func}, the oracle says {want}");
+            assert_eq!(
+                got, want,
+                "kdrop check chose {got} for {func}, the oracle says {want}"
+            );
             Some(got)
         }
         (Ok(want), Err(why)) => panic!(

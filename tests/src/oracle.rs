@@ -29,7 +29,11 @@ pub const REASONS: &[(&str, Version, &str)] = &[
     ("IP_CSUM", (5, 17), "v5.17 include/linux/skbuff.h"),
     ("IP_INHDR", (5, 17), "v5.17 include/linux/skbuff.h"),
     ("IP_RPFILTER", (5, 17), "v5.17 include/linux/skbuff.h"),
-    ("UNICAST_IN_L2_MULTICAST", (5, 17), "v5.17 include/linux/skbuff.h"),
+    (
+        "UNICAST_IN_L2_MULTICAST",
+        (5, 17),
+        "v5.17 include/linux/skbuff.h",
+    ),
     // Menglong Dong's neigh and dev conversions, net-next Feb-Mar 2022.
     // https://github.com/torvalds/linux/blob/v5.18/include/linux/skbuff.h
     ("NEIGH_FAILED", (5, 18), "v5.18 include/linux/skbuff.h"),
@@ -41,12 +45,28 @@ pub const REASONS: &[(&str, Version, &str)] = &[
     // "net: ip: make fib_validate_source() return drop reason" and "make
     // ip_route_input_slow() return drop reasons", net-next Nov 2024.
     // https://github.com/torvalds/linux/blob/v6.13/include/net/dropreason-core.h
-    ("IP_LOCAL_SOURCE", (6, 13), "v6.13 include/net/dropreason-core.h"),
-    ("IP_INVALID_SOURCE", (6, 13), "v6.13 include/net/dropreason-core.h"),
-    ("IP_LOCALNET", (6, 13), "v6.13 include/net/dropreason-core.h"),
+    (
+        "IP_LOCAL_SOURCE",
+        (6, 13),
+        "v6.13 include/net/dropreason-core.h",
+    ),
+    (
+        "IP_INVALID_SOURCE",
+        (6, 13),
+        "v6.13 include/net/dropreason-core.h",
+    ),
+    (
+        "IP_LOCALNET",
+        (6, 13),
+        "v6.13 include/net/dropreason-core.h",
+    ),
     // "tcp: add four drop reasons to tcp_check_req()", net-next 2025-02-28.
     // https://github.com/torvalds/linux/blob/v6.15/include/net/dropreason-core.h
-    ("TCP_LISTEN_OVERFLOW", (6, 15), "v6.15 include/net/dropreason-core.h"),
+    (
+        "TCP_LISTEN_OVERFLOW",
+        (6, 15),
+        "v6.15 include/net/dropreason-core.h",
+    ),
 ];
 
 /// The first kernel whose `kfree_skb` tracepoint carries `reason`

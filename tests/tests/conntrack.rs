@@ -211,7 +211,9 @@ fn incident5_asymmetric_return_path_and_its_fix() {
 /// word of the rule (iptables -L -v -x -n).
 fn rule_packets(ns: &Ns, chain: &str, has: &str) -> u64 {
     let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns.name, "iptables", "-L", chain, "-v", "-x", "-n"])
+        .args([
+            "netns", "exec", &ns.name, "iptables", "-L", chain, "-v", "-x", "-n",
+        ])
         .output()
         .expect("running iptables");
     assert!(out.status.success(), "iptables -L {chain}: {out:?}");
@@ -235,7 +237,9 @@ fn answered_three_times(client: &Ns, server: &Ns, src: SocketAddr, dst: SocketAd
     let sport = src.port().to_string();
     iptables(
         server,
-        &["-I", "INPUT", "-p", "tcp", "--syn", "--dport", &port, "-j", "ACCEPT"],
+        &[
+            "-I", "INPUT", "-p", "tcp", "--syn", "--dport", &port, "-j", "ACCEPT",
+        ],
     );
     iptables(
         client,
@@ -247,7 +251,10 @@ fn answered_three_times(client: &Ns, server: &Ns, src: SocketAddr, dst: SocketAd
         assert!(Instant::now() < deadline, "the server never saw 3 SYNs");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(rule_packets(client, "INPUT", "DROP") >= 3, "SYN-ACKs not dropped");
+    assert!(
+        rule_packets(client, "INPUT", "DROP") >= 3,
+        "SYN-ACKs not dropped"
+    );
     iptables(
         client,
         &["-D", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],

@@ -31,7 +31,9 @@ fn btf_raw() -> String {
 /// the indented lines after it, each's quoted name.
 fn members(raw: &str, header: &str) -> Option<Vec<String>> {
     let mut lines = raw.lines().skip_while(|l| {
-        !(l.starts_with('[') && l.split_once("] ").is_some_and(|(_, r)| r.starts_with(header)))
+        !(l.starts_with('[')
+            && l.split_once("] ")
+                .is_some_and(|(_, r)| r.starts_with(header)))
     });
     lines.next()?;
     Some(
@@ -67,7 +69,11 @@ fn drop_reason_table_matches_this_kernels_btf() {
                 "{n} (table: from {}.{}, {src}; BTF: {})",
                 first.0,
                 first.1,
-                if names.contains(*n) { "present" } else { "absent" }
+                if names.contains(*n) {
+                    "present"
+                } else {
+                    "absent"
+                }
             )
         })
         .collect();

@@ -49,6 +49,9 @@ enum Cmd {
         /// Only this machine's kernel: skip the VM kernels.
         #[arg(long)]
         no_vm: bool,
+        /// Skip the short bounded fuzz run of every fuzz target.
+        #[arg(long)]
+        no_fuzz: bool,
         /// Kernels for the VM leg (repeatable; default: 5.10, 6.1 and 6.12).
         #[arg(long = "vm-kernel", value_name = "VERSION")]
         vm_kernels: Vec<String>,
@@ -78,8 +81,9 @@ enum Cmd {
     /// scratch, the static musl binary with the DaemonSet's file
     /// capabilities); also written to target/image/kdrop.oci.tar.
     Image(image::Opts),
-    /// Fuzz the event decoder and the BTF parser (cargo-fuzz, installed if
-    /// missing), each for a bounded time.
+    /// Fuzz the event decoder, the BTF parser, the netlink messages and the
+    /// iptables-save / nft JSON parsers (cargo-fuzz, installed if missing),
+    /// each for a bounded time.
     Fuzz(fuzz::Opts),
 }
 
@@ -92,23 +96,31 @@ fn main() -> ExitCode {
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
         Cmd::Test {
             no_vm,
+            no_fuzz,
             vm_kernels,
             args,
-        } => test(&args).and_then(|()| {
-            if no_vm {
-                return Ok(());
-            }
-            let kernels = if vm_kernels.is_empty() {
-                vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
-            } else {
-                vm_kernels
-            };
-            vm::run(&vm::Options {
-                kernels,
-                tests: vm::CI_TESTS.iter().map(|t| t.to_string()).collect(),
-                args: Vec::new(),
+        } => test(&args)
+            .and_then(|()| {
+                if no_fuzz {
+                    return Ok(());
+                }
+                fuzz::run_all(&fuzz::Opts::bounded(fuzz::FUZZ_SECS_IN_TEST))
             })
-        }),
+            .and_then(|()| {
+                if no_vm {
+                    return Ok(());
+                }
+                let kernels = if vm_kernels.is_empty() {
+                    vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
+                } else {
+                    vm_kernels
+                };
+                vm::run(&vm::Options {
+                    kernels,
+                    tests: vm::CI_TESTS.iter().map(|t| t.to_string()).collect(),
+                    args: Vec::new(),
+                })
+            }),
         Cmd::Vm {
             kernels,
             tests,
@@ -224,7 +236,10 @@ fn test(args: &[String]) -> Result<()> {
         bail!("cargo test failed: {status}");
     }
     if !t.ok() {
-        bail!("skips this kernel does not allow: {}", t.unexpected.join(", "));
+        bail!(
+            "skips this kernel does not allow: {}",
+            t.unexpected.join(", ")
+        );
     }
     Ok(())
 }

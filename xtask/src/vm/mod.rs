@@ -117,7 +117,10 @@ pub fn run(opts: &Options) -> Result<()> {
         .map(|r| r.kernel)
         .collect();
     if !bad.is_empty() {
-        bail!("the suite failed (or skipped what it may not) on {}", bad.join(", "));
+        bail!(
+            "the suite failed (or skipped what it may not) on {}",
+            bad.join(", ")
+        );
     }
     if results.iter().all(|r| r.tally.passed == 0) {
         bail!("no test ran: does the filter match any test?");
