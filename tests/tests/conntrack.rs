@@ -2,15 +2,11 @@
 //! on one bridge, the SYN-ACK skips de-NAT) and incident 5 (DNAT'd SYN
 //! forwarded, the reply returns another way). The remote side lives in
 //! namespaces of its own; controls must produce nothing.
-use std::{
-    net::SocketAddr,
-    os::fd::{AsRawFd as _, OwnedFd},
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
 use integration_tests::{
-    bound, connect_from, expected_reason, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+    answered_three_times, bound, connect_from, expected_reason, ns_name, run_fix, send_syn, strs,
+    veth, Kdrop, Ns,
 };
 
 fn listen(ns: &Ns, addr: &str) -> std::net::TcpListener {
@@ -207,72 +203,6 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     connect_from(&a.client, src, dst).expect("handshake after the fix");
 }
 
-/// Packets a rule in `chain` of `ns`'s filter table has matched, by a
-/// word of the rule (iptables -L -v -x -n).
-fn rule_packets(ns: &Ns, chain: &str, has: &str) -> u64 {
-    let out = std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &ns.name, "iptables", "-L", chain, "-v", "-x", "-n",
-        ])
-        .output()
-        .expect("running iptables");
-    assert!(out.status.success(), "iptables -L {chain}: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find(|l| l.contains(has))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no rule with {has} in {chain}:\n{text}"))
-}
-
-/// A handshake through the node whose SYN passes it three times, each one
-/// answered: the client's own namespace (which kdrop does not trace)
-/// drops the SYN-ACKs until the server has counted three SYNs (Linux
-/// sends them 0, 1 and 3 s apart: TCP_TIMEOUT_INIT, doubled per retry,
-/// include/net/tcp.h), then lets the handshake complete. Three
-/// transmissions is what an "unanswered" finding takes, so a kdrop that
-/// did not tell answered from unanswered reports it here. Returns the
-/// connected socket.
-fn answered_three_times(client: &Ns, server: &Ns, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
-    let port = dst.port().to_string();
-    let sport = src.port().to_string();
-    iptables(
-        server,
-        &[
-            "-I", "INPUT", "-p", "tcp", "--syn", "--dport", &port, "-j", "ACCEPT",
-        ],
-    );
-    iptables(
-        client,
-        &["-I", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],
-    );
-    let fd = send_syn(client, src, dst);
-    let deadline = Instant::now() + bound(Duration::from_secs(10));
-    while rule_packets(server, "INPUT", "flags:0x17/0x02") < 3 {
-        assert!(Instant::now() < deadline, "the server never saw 3 SYNs");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        rule_packets(client, "INPUT", "DROP") >= 3,
-        "SYN-ACKs not dropped"
-    );
-    iptables(
-        client,
-        &["-D", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],
-    );
-    // The next SYN-ACK (the server's or the client's 7 s retransmission)
-    // completes it.
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    let ms = bound(Duration::from_secs(10)).as_millis() as i32;
-    // SAFETY: one valid pollfd.
-    assert_eq!(unsafe { libc::poll(&mut pfd, 1, ms) }, 1, "no handshake");
-    assert!(connected(&fd), "the handshake failed");
-    fd
-}
-
 /// With masquerade in place from the start: the handshake completes (its
 /// SYN sent three times, each answered) and kdrop reports nothing.
 #[test]
@@ -282,7 +212,8 @@ fn control_masquerade_reports_nothing() {
     let _l = listen(&a.pod, "10.0.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
-    let _c = answered_three_times(&a.client, &a.pod, "172.16.0.50:45007".parse().unwrap(), dst);
+    let src = "172.16.0.50:45007".parse().unwrap();
+    let _c = answered_three_times(&a.client, &a.pod, 8005, src, dst);
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
     assert_eq!(done.counts().matched, 0);
@@ -770,7 +701,8 @@ fn control_vip_served_locally_with_snat_reports_nothing() {
     let dst: SocketAddr = format!("{LB_VIP}:8004").parse().unwrap();
     // Three transmissions, each answered: the count a looped-back
     // handshake is reported at.
-    let _c = answered_three_times(&l.pod_a, &l.pod_b, "10.244.2.5:46006".parse().unwrap(), dst);
+    let src = "10.244.2.5:46006".parse().unwrap();
+    let _c = answered_three_times(&l.pod_a, &l.pod_b, 8004, src, dst);
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
 }
