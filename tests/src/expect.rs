@@ -7,31 +7,13 @@ use crate::*;
 
 /// Is the running kernel at least `major.minor` (uname's release)?
 pub fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let have = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    have >= (major, minor)
+    oracle::running() >= (major, minor)
 }
 
 /// Does this kernel's `kfree_skb` carry a drop reason (5.17+; not on
-/// Debian 11's 5.10)? Asked of `kdrop check` once per test process, so tests
-/// key on what kdrop found in BTF, not on version strings.
+/// Debian 11's 5.10)? From uname's version and the oracle, not from kdrop.
 pub fn kernel_has_drop_reasons() -> bool {
-    let text = check_output();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("kfree_skb "))
-        .unwrap_or_else(|| panic!("kdrop check names no kfree_skb arguments:\n{text}"));
-    if line.contains("no reason argument") {
-        false
-    } else if line.contains("reason #") {
-        true
-    } else {
-        panic!("kdrop check: unexpected {line:?}")
-    }
+    oracle::has_drop_reasons()
 }
 
 /// The rungs of the drop path's ladder that `kdrop check` could attach here
@@ -49,12 +31,10 @@ pub fn attachable_rungs() -> Vec<String> {
 }
 
 /// Does the fib_validate_source return rung (fexit or kretprobe) attach
-/// here? Then reverse-path drops are named even without kernel reasons.
+/// here (the oracle's matrix)? Then reverse-path drops are named even
+/// without kernel reasons.
 pub fn src_check_attaches() -> bool {
-    check_output()
-        .lines()
-        .find(|l| l.starts_with("probe       fib_validate_source (return)"))
-        .is_some_and(|l| !l.ends_with("using none"))
+    oracle::return_rung("fib_validate_source").is_ok()
 }
 
 /// The rung `kdrop check` chose for an optional probe point (`"nft_do_chain
@@ -74,6 +54,57 @@ pub fn point_rung(point: &str) -> Result<String, String> {
             .map(str::trim)
             .collect::<Vec<_>>()
             .join("; ")),
+    }
+}
+
+/// The rung of `func`'s return point (`"kretprobe"`), where the oracle
+/// says one attaches here: kdrop check must then have chosen it, or the
+/// test fails. Where the oracle says none does, kdrop check must agree,
+/// each refusal must be the one the kernel's skip kind explains (a
+/// verifier's refusal is not), and the test is recorded as skipped:
+/// `None`.
+pub fn return_rung_or_skip(test: &str, func: &str) -> Option<String> {
+    let got = point_rung(&format!("{func} (return)"));
+    match (oracle::return_rung(func), got) {
+        (Ok(want), Ok(got)) => {
+            assert_eq!(
+                got, want,
+                "kdrop check chose {got} for {func}, the oracle says {want}"
+            );
+            Some(got)
+        }
+        (Ok(want), Err(why)) => panic!(
+            "{func}'s {want} attaches on kernel {} (tests/src/oracle.rs), kdrop check attached \
+             nothing: {why}",
+            oracle::release()
+        ),
+        (Err(kind), Ok(got)) => panic!(
+            "kdrop check attached {got} for {func}, where the oracle expects none ({kind}): \
+             update tests/src/oracle.rs"
+        ),
+        (Err(kind), Err(why)) => {
+            let explained = |r: &str| match (kind, r.split_whitespace().next()) {
+                ("no-kprobes", Some("kretprobe")) => r.contains("no kprobes in this kernel"),
+                // EPERM with an empty verifier log: the kernel refuses the
+                // program type, the verifier never ran.
+                ("no-kprobes", Some("fexit")) => r.ends_with(
+                    "returned Operation not permitted (os error 1). Verifier output: : \
+                     Operation not permitted (os error 1)",
+                ),
+                ("no-module-btf", Some("kretprobe")) => {
+                    r.contains("which this kernel does not have")
+                }
+                ("no-module-btf", Some("fexit")) => true,
+                _ => false,
+            };
+            let refusals: Vec<&str> = why.split("; ").collect();
+            assert!(
+                !refusals.is_empty() && refusals.iter().all(|r| explained(r)),
+                "{func}'s return point was refused for a reason other than {kind}: {why}"
+            );
+            skip(test, kind, &format!("no {func} return point: {why}"));
+            None
+        }
     }
 }
 
@@ -103,12 +134,20 @@ fn check_output() -> &'static str {
 }
 
 /// The `reason` an event must carry for a drop the kernel names `name`:
-/// that name where kfree_skb has reasons, null where it has none.
+/// that name where the oracle says this kernel has it, null where kfree_skb
+/// has no reasons. A kernel with reasons but not this one is a test that
+/// must say what it expects instead (`kernel_reason`).
 pub fn expected_reason(name: &str) -> Value {
-    if kernel_has_drop_reasons() {
+    if oracle::has_reason(name) {
         Value::from(name)
-    } else {
+    } else if !kernel_has_drop_reasons() {
         Value::Null
+    } else {
+        panic!(
+            "kernel {} has drop reasons but not {name} (tests/src/oracle.rs): the test must \
+             say which reason it expects here",
+            oracle::release()
+        )
     }
 }
 
@@ -123,22 +162,24 @@ pub fn expected_cause(cause: &str) -> &str {
 }
 
 /// Whether the running kernel's `enum skb_drop_reason` has `name` (e.g.
-/// IP_LOCAL_SOURCE came in 6.13): the reason kdrop reports where it has,
-/// `None` where the kernel names the drop otherwise (or not at all).
+/// IP_LOCAL_SOURCE came in 6.13), by the oracle's table: the reason kdrop
+/// must report where it has, `None` where the kernel names the drop
+/// otherwise (or not at all).
 pub fn kernel_reason(name: &str) -> Option<&str> {
-    let btf = kdrop::kernel::btf::Btf::from_file(std::path::Path::new("/sys/kernel/btf/vmlinux"))
-        .unwrap();
-    kdrop::kernel::facts::Reasons::from_btf(&btf)
-        .has(name)
-        .then_some(name)
+    oracle::has_reason(name).then_some(name)
 }
 
 /// The `reason` label kdrop monitor gives a drop the kernel names `name`:
 /// `unknown` on a kernel without drop reasons.
 pub fn expected_reason_label(name: &str) -> &str {
-    if kernel_has_drop_reasons() {
+    if oracle::has_reason(name) {
         name
     } else {
+        assert!(
+            !kernel_has_drop_reasons(),
+            "kernel {} has drop reasons but not {name}",
+            oracle::release()
+        );
         "unknown"
     }
 }

@@ -2,15 +2,19 @@
 //! readiness line, provoke real drops from namespaces the test owns.
 use std::{path::PathBuf, process::Command, time::Duration};
 
+pub mod allowed_skips;
 mod binary;
 mod bpf;
 pub mod containerd;
 mod expect;
+pub mod oracle;
+mod skip;
 mod sockets;
 mod topo;
 pub use binary::*;
 pub use bpf::*;
 pub use expect::*;
+pub use skip::skip;
 pub use sockets::*;
 pub use topo::*;
 pub mod cri;

@@ -3,6 +3,7 @@ use std::{
     net::SocketAddr,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::Path,
+    time::{Duration, Instant},
 };
 
 use kdrop::context::netns::in_netns;
@@ -142,4 +143,83 @@ pub fn listen(ns: &Ns, addr: SocketAddr) -> std::net::TcpListener {
     in_netns(&ns.path(), move || std::net::TcpListener::bind(addr))
         .expect("entering the namespace")
         .unwrap_or_else(|e| panic!("listening on {addr}: {e}"))
+}
+
+/// `iptables ARGS` in `ns`, failing the test if it fails.
+fn iptables_in(ns: &Ns, args: &[&str]) {
+    ns.exec("iptables", args)
+        .unwrap_or_else(|e| panic!("iptables {args:?}: {e:#}"));
+}
+
+/// Packets a rule in `chain` of `ns`'s filter table has matched, by a
+/// word of the rule (iptables -L -v -x -n).
+pub fn rule_packets(ns: &Ns, chain: &str, has: &str) -> u64 {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &ns.name, "iptables", "-L", chain, "-v", "-x", "-n",
+        ])
+        .output()
+        .expect("running iptables");
+    assert!(out.status.success(), "iptables -L {chain}: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains(has))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no rule with {has} in {chain}:\n{text}"))
+}
+
+/// A handshake through a node whose SYN passes it three times, each one
+/// answered: the client's own namespace (which the tests do not trace)
+/// drops the SYN-ACKs until the server (listening on `server_port`, after
+/// any DNAT) has counted three SYNs (Linux
+/// sends them 0, 1 and 3 s apart: TCP_TIMEOUT_INIT, doubled per retry,
+/// include/net/tcp.h), then lets the handshake complete. Three
+/// transmissions is what an "unanswered" finding takes, so a kdrop that
+/// did not tell answered from unanswered reports it here. Returns the
+/// connected socket.
+pub fn answered_three_times(
+    client: &Ns,
+    server: &Ns,
+    server_port: u16,
+    src: SocketAddr,
+    dst: SocketAddr,
+) -> OwnedFd {
+    let port = server_port.to_string();
+    let sport = src.port().to_string();
+    iptables_in(
+        server,
+        &[
+            "-I", "INPUT", "-p", "tcp", "--syn", "--dport", &port, "-j", "ACCEPT",
+        ],
+    );
+    iptables_in(
+        client,
+        &["-I", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],
+    );
+    let fd = send_syn(client, src, dst);
+    let deadline = Instant::now() + bound(Duration::from_secs(10));
+    while rule_packets(server, "INPUT", "flags:0x17/0x02") < 3 {
+        assert!(Instant::now() < deadline, "the server never saw 3 SYNs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        rule_packets(client, "INPUT", "DROP") >= 3,
+        "SYN-ACKs not dropped"
+    );
+    iptables_in(
+        client,
+        &["-D", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],
+    );
+    // The next SYN-ACK (the server's or the client's 7 s retransmission)
+    // completes it.
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ms = bound(Duration::from_secs(10)).as_millis() as i32;
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, ms) }, 1, "no handshake");
+    assert_eq!(pfd.revents & libc::POLLERR, 0, "the handshake failed");
+    fd
 }

@@ -5,7 +5,8 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use integration_tests::{
-    connect_from, expected_reason, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+    answered_three_times, bound, connect_from, expected_reason, ns_name, run_fix, send_syn, strs,
+    veth, Kdrop, Ns,
 };
 
 fn listen(ns: &Ns, addr: &str) -> std::net::TcpListener {
@@ -202,8 +203,8 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     connect_from(&a.client, src, dst).expect("handshake after the fix");
 }
 
-/// With masquerade in place from the start: the handshake completes and
-/// kdrop reports nothing.
+/// With masquerade in place from the start: the handshake completes (its
+/// SYN sent three times, each answered) and kdrop reports nothing.
 #[test]
 fn control_masquerade_reports_nothing() {
     let a = asymmetric("asymc");
@@ -211,7 +212,8 @@ fn control_masquerade_reports_nothing() {
     let _l = listen(&a.pod, "10.0.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
-    connect_from(&a.client, "172.16.0.50:45007".parse().unwrap(), dst).expect("handshake");
+    let src = "172.16.0.50:45007".parse().unwrap();
+    let _c = answered_three_times(&a.client, &a.pod, 8005, src, dst);
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
     assert_eq!(done.counts().matched, 0);
@@ -697,7 +699,10 @@ fn control_vip_served_locally_with_snat_reports_nothing() {
     let _b = listen(&l.pod_b, "10.244.2.9:8004");
     let k = Kdrop::start(&["--json", "--netns", &l.node.name, "--port", "8004"]);
     let dst: SocketAddr = format!("{LB_VIP}:8004").parse().unwrap();
-    connect_from(&l.pod_a, "10.244.2.5:46006".parse().unwrap(), dst).expect("handshake");
+    // Three transmissions, each answered: the count a looped-back
+    // handshake is reported at.
+    let src = "10.244.2.5:46006".parse().unwrap();
+    let _c = answered_three_times(&l.pod_a, &l.pod_b, 8004, src, dst);
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
 }
@@ -832,6 +837,7 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         .args(["netns", "exec", &s.router.name, "conntrack", "-S"])
         .output()
         .unwrap();
+    assert!(out.status.success(), "conntrack -S: {out:?}");
     let total: u64 = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .filter_map(|w| w.strip_prefix("insert_failed=")?.parse::<u64>().ok())
@@ -901,13 +907,20 @@ fn control_snat_with_a_port_range_reports_nothing() {
     assert_eq!(done.counts().matched, 0);
 }
 
-/// Runs `conntrack` inside `ns`, returning stdout.
+/// Runs `conntrack` inside `ns`, returning stdout; fails the test if it
+/// fails (`-D` that deleted nothing included).
 fn conntrack(ns: &Ns, args: &[&str]) -> String {
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", &ns.name, "conntrack"])
         .args(args)
         .output()
         .expect("running conntrack");
+    assert!(
+        out.status.success(),
+        "conntrack {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -1032,6 +1045,8 @@ fn control_an_answered_entry_that_dies_is_filtered_in_the_kernel() {
     connect_from(&a.client, "172.16.0.50:45009".parse().unwrap(), dst).expect("handshake");
     wait_entry(&a.node, 45009);
     conntrack(&a.node, &["-D", "-p", "tcp"]);
+    // As long as the unreplied entry's test waits for its record.
+    assert_eq!(k.next_event(bound(Duration::from_secs(2))), None);
     let done = k.stop(libc::SIGINT);
     assert!(done.stdout.is_empty(), "{:?}", done.stdout);
     assert!(

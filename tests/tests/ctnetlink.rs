@@ -216,6 +216,7 @@ impl Lab {
             .args(["-L", "FORWARD", "-v", "-x", "-n"])
             .output()
             .expect("running iptables");
+        assert!(out.status.success(), "{tool} -L FORWARD: {out:?}");
         let text = String::from_utf8_lossy(&out.stdout);
         text.lines()
             .find(|l| l.contains("DROP"))
@@ -530,6 +531,7 @@ fn nf_conntrack_events_off_is_told_and_left_alone() {
             .arg("net.netfilter.nf_conntrack_events")
             .output()
             .unwrap();
+        assert!(out.status.success(), "sysctl: {out:?}");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     let on_before = read(&on);

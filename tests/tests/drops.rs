@@ -200,7 +200,10 @@ fn non_handshake_drops_need_all_flags() {
 #[test]
 fn every_attachable_rung_reports_the_drop() {
     let rungs = attachable_rungs();
-    assert!(rungs.iter().any(|r| r == "tp_btf"), "{rungs:?}");
+    // Every rung the oracle says this kernel allows must have attached.
+    for want in integration_tests::oracle::kernel().kfree_skb_rungs {
+        assert!(rungs.iter().any(|r| r == want), "{want} missing: {rungs:?}");
+    }
     let p = Pair::new("rungs", 57);
     for (i, rung) in rungs.iter().enumerate() {
         let k = Kdrop::start_env(

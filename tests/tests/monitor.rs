@@ -12,7 +12,7 @@ use std::{
 
 use integration_tests::{
     expected_cause, expected_reason, expected_reason_label, kdrop_bin, ns_name, send_syn, Kdrop,
-    Ns, Pair,
+    Ns, Pair, EVENT_TIMEOUT,
 };
 use kdrop::context::netns::in_netns;
 
@@ -723,4 +723,143 @@ fn syn_here(src: SocketAddr, dst: SocketAddr) -> std::io::Result<std::net::TcpSt
     unsafe { libc::connect(fd, (&raw const ds).cast(), len) };
     // SAFETY: the fd is a socket we own.
     Ok(unsafe { std::net::TcpStream::from_raw_fd(owned.into_raw_fd()) })
+}
+
+/// `Tcp: InCsumErrors` of `/proc/net/snmp` in `ns` (thread-self: /proc/net
+/// is the main thread's namespace, not the one this thread entered).
+fn tcp_csum_errors(ns: &Ns) -> u64 {
+    let snmp = in_netns(&ns.path(), || {
+        std::fs::read_to_string("/proc/thread-self/net/snmp")
+    })
+    .unwrap()
+    .unwrap();
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next().unwrap(), tcp.next().unwrap());
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "InCsumErrors")
+        .expect("InCsumErrors in /proc/net/snmp");
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+}
+
+/// A SYN from `src` to `dst` with a wrong TCP checksum, sent from a raw
+/// socket in `ns` (the kernel writes the IP header).
+fn bad_checksum_syn(ns: &Ns, src: std::net::SocketAddrV4, dst: std::net::SocketAddrV4) {
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&src.port().to_be_bytes());
+    tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+    tcp[4..8].copy_from_slice(&0x1000_0000u32.to_be_bytes());
+    tcp[12] = 5 << 4; // data offset: 5 words
+    tcp[13] = 0x02; // SYN
+    tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    // The right checksum (pseudo-header + header, RFC 793), then one off.
+    let mut sum: u32 = 0;
+    let mut add = |b: &[u8]| {
+        for w in b.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+    };
+    add(&src.ip().octets());
+    add(&dst.ip().octets());
+    add(&[0, libc::IPPROTO_TCP as u8, 0, 20]);
+    add(&tcp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let right = !(sum as u16);
+    tcp[16..18].copy_from_slice(&right.wrapping_add(1).to_be_bytes());
+    in_netns(&ns.path(), move || -> std::io::Result<()> {
+        // SAFETY: plain socket calls on an fd owned right away.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 6) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let _owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_addr.s_addr = u32::from_ne_bytes(src.ip().octets());
+        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        if unsafe { libc::bind(fd, (&raw const sin).cast(), len) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        sin.sin_addr.s_addr = u32::from_ne_bytes(dst.ip().octets());
+        let n =
+            unsafe { libc::sendto(fd, tcp.as_ptr().cast(), 20, 0, (&raw const sin).cast(), len) };
+        if n != 20 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+}
+
+/// The exit drain is the tracing mode's: a drop kdrop holds back (no
+/// finding of its own: a bad checksum, held in case its handshake's
+/// verdict follows) when the monitor is told to stop must still be
+/// written, not lost with the held queue.
+#[test]
+fn monitor_writes_a_held_record_at_exit() {
+    let p = Pair::new("monheld", 67);
+    let out = std::env::temp_dir().join(format!("kdrop-monheld-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&out);
+    let k = Kdrop::start(&[
+        "monitor",
+        "--netns",
+        &p.server.name,
+        "-p",
+        "5607",
+        "--listen",
+        "127.0.0.1:0",
+        "--events-per-sec",
+        "0",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    // A first drop in the namespace, written at once (a refused SYN has a
+    // finding of its own): kdrop has read what it needs of this namespace,
+    // so the next record is not slowed past its hold.
+    let _first = send_syn(&p.client, p.client_v4(46600), p.server_v4(5607));
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while lines().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first drop was never written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (std::net::SocketAddr::V4(src), std::net::SocketAddr::V4(dst)) =
+        (p.client_v4(46601), p.server_v4(5607))
+    else {
+        unreachable!()
+    };
+    let before = tcp_csum_errors(&p.server);
+    bad_checksum_syn(&p.client, src, dst);
+    // Stop as soon as the kernel has dropped it: well inside the hold.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tcp_csum_errors(&p.server) == before {
+        assert!(Instant::now() < deadline, "the bad SYN was never dropped");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+    let lines = lines();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let e = &lines[1];
+    assert_eq!(e["sport"], 46601, "{e}");
+    assert_eq!(e["dport"], 5607, "{e}");
+    assert_eq!(e["tcp_flags"], "SYN", "{e}");
+    assert_eq!(e["reason"], expected_reason("TCP_CSUM"), "{e}");
+    assert!(
+        e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
+        "{e}"
+    );
 }

@@ -20,6 +20,7 @@ fn ip_neigh(ns: &Ns, dev: &str) -> Vec<String> {
         .args(["-n", &ns.name, "-4", "neigh", "show", "dev", dev])
         .output()
         .unwrap();
+    assert!(out.status.success(), "ip neigh show: {out:?}");
     String::from_utf8(out.stdout)
         .unwrap()
         .lines()

@@ -518,6 +518,7 @@ fn nft_handle(ns: &Ns, family: &str, table: &str, chain: &str, text_has: &str) -
         ])
         .output()
         .unwrap();
+    assert!(out.status.success(), "nft -j list chain: {out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["nftables"]
         .as_array()
@@ -672,7 +673,7 @@ fn busy_ruleset(b: Backend, net: u8) {
 
     let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6109"]);
     let stop = AtomicBool::new(false);
-    let (e, sent) = std::thread::scope(|scope| {
+    let (decoy, e) = std::thread::scope(|scope| {
         // Unrelated traffic until the event is in, bounded in count and time.
         let noise = scope.spawn(|| {
             let start = Instant::now();
@@ -690,15 +691,21 @@ fn busy_ruleset(b: Backend, net: u8) {
                 // Paces the noise; there is nothing to wait for.
                 std::thread::sleep(Duration::from_millis(10));
             }
-            sent
         });
         // The noise is under way once its first drops are reported.
-        k.expect_event("a decoy drop", |e| e["saddr"] == format!("10.{net}.0.3"));
+        let decoy = k.expect_event("a decoy drop", |e| e["saddr"] == format!("10.{net}.0.3"));
         let e = drop_of(&k, &p.client, p.client_v4(42112), p.server_v4(6109));
         stop.store(true, Ordering::Relaxed);
-        (e, noise.join().unwrap())
+        noise.join().unwrap();
+        (decoy, e)
     });
-    assert!(sent > 0);
+    // The decoy, to the same port from the client's other address, is its
+    // own rule's: the counters told the two apart under the same noise.
+    assert_eq!(
+        decoy["netfilter"]["rule"],
+        format!("-A KDT-ZONE -s 10.{net}.0.3/32 -p tcp -m tcp --dport 6109 -j DROP"),
+        "{decoy}"
+    );
     // Whether other counters moved inside this drop's own snapshot window
     // depends on scheduling (kdrop snapshots again after every decoy it
     // attributes), so it is not asserted; the decoys above are under way,

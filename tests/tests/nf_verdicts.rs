@@ -1,15 +1,18 @@
 //! The kernel's own netfilter verdicts (fexit/kretprobe on nf_conntrack_in,
 //! nf_nat_inet_fn, nft_do_chain, ipt_do_table) on real drops: each test
-//! runs where `kdrop check` attached its point and says why it skips where
-//! not (this host: no kprobes, no fexit; 5.10: no module BTF for nftables).
+//! runs where the oracle (tests/src/oracle.rs) says its point attaches, and
+//! fails if kdrop check did not attach it; it skips, visibly, only where
+//! tests/src/allowed_skips.rs allows (this host: no kprobes, no fexit; 5.10:
+//! no module BTF for nftables).
 use std::{
     net::SocketAddr,
     os::fd::{AsRawFd as _, OwnedFd},
-    path::Path,
     sync::Mutex,
 };
 
-use integration_tests::{expected_reason, inode, ns_name, point_rung, send_syn, Kdrop, Ns, Pair};
+use integration_tests::{
+    expected_reason, inode, ns_name, oracle, return_rung_or_skip, send_syn, skip, Kdrop, Ns, Pair,
+};
 use kdrop::context::netns::in_netns;
 use serde_json::Value;
 
@@ -18,30 +21,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The rung of `func`'s verdict point, or `None` after printing why the
-/// test does not run here. Only a kernel without kprobes, or without the
-/// module BTF a point needs, is a reason to skip: any other refusal (the
-/// verifier's, above all) fails the test.
-fn rung_or_skip(test: &str, func: &str) -> Option<String> {
-    match point_rung(&format!("{func} (return)")) {
-        Ok(r) => Some(r),
-        Err(why) => {
-            let expected = [
-                "no kprobes in this kernel",
-                "which this kernel does not have",
-            ];
-            assert!(
-                why.split("; ")
-                    .filter(|r| r.starts_with("kretprobe"))
-                    .all(|r| expected.iter().any(|e| r.contains(e))),
-                "{func}'s verdict point was refused for a reason other than the kernel's: {why}"
-            );
-            println!("skipping {test}: no {func} verdict on this kernel ({why})");
-            None
-        }
-    }
 }
 
 fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
@@ -91,7 +70,7 @@ fn evidence(e: &Value) -> Vec<String> {
 
 #[test]
 fn ipt_do_table_verdict_confirms_the_counted_rule() {
-    let Some(rung) = rung_or_skip("ipt_do_table_verdict", "ipt_do_table") else {
+    let Some(rung) = return_rung_or_skip("ipt_do_table_verdict", "ipt_do_table") else {
         return;
     };
     let _g = serial();
@@ -126,8 +105,8 @@ fn ipt_do_table_verdict_confirms_the_counted_rule() {
             && ev[0].contains("hook INPUT"),
         "{ev:?}"
     );
-    // The table's name needs struct xt_table from BTF (not on 5.10).
-    if Path::new("/sys/kernel/btf/ip_tables").exists() {
+    // The table's name needs struct xt_table from module BTF (not on 5.10).
+    if oracle::kernel().module_btf {
         assert!(ev[0].contains("table filter"), "{ev:?}");
     }
     assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e}");
@@ -149,7 +128,7 @@ fn ipt_do_table_verdict_confirms_the_counted_rule() {
 
 #[test]
 fn nft_do_chain_verdict_names_table_chain_and_hook() {
-    let Some(rung) = rung_or_skip("nft_do_chain_verdict", "nft_do_chain") else {
+    let Some(rung) = return_rung_or_skip("nft_do_chain_verdict", "nft_do_chain") else {
         return;
     };
     let _g = serial();
@@ -175,7 +154,11 @@ fn nft_do_chain_verdict_names_table_chain_and_hook() {
         // Debian's 6.12 frees the packet inside nft_do_chain (the drop's
         // location) and returns NF_STOLEN: no NF_DROP verdict to record.
         if e["location"].as_str().unwrap().starts_with("nft_do_chain+") {
-            println!("nft_do_chain freed the packet itself here: no NF_DROP verdict ({e})");
+            skip(
+                "nft_do_chain_verdict",
+                "nft-frees-inside",
+                &format!("nft_do_chain freed the packet itself: no NF_DROP verdict ({e})"),
+            );
             assert_eq!(
                 nf["method"], "ruleset evaluation (nft -j list ruleset)",
                 "{e}"
@@ -238,7 +221,7 @@ fn established(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
 /// returns NF_DROP), which no rule counter would show.
 #[test]
 fn conntrack_table_full_is_conntracks_own_verdict() {
-    let Some(rung) = rung_or_skip("conntrack_table_full", "nf_conntrack_in") else {
+    let Some(rung) = return_rung_or_skip("conntrack_table_full", "nf_conntrack_in") else {
         return;
     };
     let _g = serial();

@@ -149,12 +149,21 @@ fn our_reverse(ns: &Ns, t: &RpFilter, mark: u32, src_valid_mark: bool) -> (Strin
     .unwrap()
 }
 
-/// `ip route get` in `ns`, as text.
-fn ip_route_get(ns: &Ns, args: &[&str]) -> String {
+/// `ip route get` in `ns`, as text (stdout and stderr), failing the test
+/// unless ip's exit status says `ok`.
+fn ip_route_get_expecting(ns: &Ns, args: &[&str], ok: bool) -> String {
     let mut all = vec!["-n", &ns.name, "route", "get"];
     all.extend_from_slice(args);
     let out = Command::new("ip").args(&all).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.success(), ok, "ip {all:?}: {text}");
+    text
+}
+
+/// `ip route get` in `ns` that must succeed, as text.
+fn ip_route_get(ns: &Ns, args: &[&str]) -> String {
+    ip_route_get_expecting(ns, args, true)
 }
 
 fn word_after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
@@ -248,7 +257,7 @@ fn errors_and_route_types_are_the_kernels() {
         ("10.63.2.1", libc::EACCES, "Permission denied"),
         ("10.63.3.1", libc::EINVAL, "Invalid argument"),
     ] {
-        let ip = ip_route_get(&ns, &[dst]);
+        let ip = ip_route_get_expecting(&ns, &[dst], false);
         assert!(ip.contains(text), "ip route get {dst}: {ip}");
         let r = ask(&ns, RouteQuery::get(dst.parse().unwrap()));
         let RouteLookup::Failed { errno: e, .. } = r else {
@@ -314,7 +323,7 @@ fn errors_and_route_types_are_the_kernels() {
     assert!(
         matches!(r, RouteLookup::Failed { errno, .. } if errno == libc::ENETUNREACH),
         "{r:?}: {}",
-        ip_route_get(&ns, &["fd00:99::1"])
+        ip_route_get_expecting(&ns, &["fd00:99::1"], false)
     );
 }
 

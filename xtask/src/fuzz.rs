@@ -1,20 +1,23 @@
 //! `cargo xtask fuzz`: the fuzz targets in fuzz/ (cargo-fuzz, libFuzzer),
-//! each for a bounded time. On demand, not in CI: the sanitizer build of
-//! kdrop and its dependencies alone takes minutes on two cores.
+//! each for a bounded time. `cargo xtask test` runs each for a few seconds
+//! (`FUZZ_SECS_IN_TEST`) after the host's suite: the sanitizer build of kdrop
+//! takes minutes on two cores, the runs themselves little.
 use std::process::Command;
 
 use anyhow::Result;
 
 use crate::{bootstrap, root, run};
 
-pub const TARGETS: &[&str] = &["decode", "btf"];
+pub const TARGETS: &[&str] = &["decode", "btf", "netlink", "iptables_save", "nft_json"];
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {
     /// Seconds per target.
     #[arg(long, default_value_t = 30)]
     secs: u64,
-    /// Only this target (decode: ring buffer records; btf: the BTF parser).
+    /// Only this target (decode: ring buffer records; btf: the BTF parser;
+    /// netlink: rtnetlink and ctnetlink messages; iptables_save, nft_json:
+    /// the rule dumps).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(TARGETS))]
     target: Option<String>,
 }
@@ -24,6 +27,16 @@ fn have_cargo_fuzz() -> bool {
         .args(["fuzz", "--version"])
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// Seconds per target in `cargo xtask test`.
+pub const FUZZ_SECS_IN_TEST: u64 = 10;
+
+impl Opts {
+    /// Every target for `secs` seconds.
+    pub fn bounded(secs: u64) -> Self {
+        Opts { secs, target: None }
+    }
 }
 
 pub fn run_all(o: &Opts) -> Result<()> {
@@ -59,30 +72,68 @@ pub fn run_all(o: &Opts) -> Result<()> {
 fn seed(target: &str) -> Vec<u8> {
     match target {
         "decode" => drop_record(),
+        "netlink" => route_message(),
+        "iptables_save" => b"*filter\n:INPUT ACCEPT [3:180]\n[1:60] -A INPUT -s 10.0.0.3/32 -p tcp -m tcp \
+            --dport 6109 -j DROP\nCOMMIT\n"
+            .to_vec(),
+        "nft_json" => br#"{"nftables":[{"table":{"family":"inet","name":"t","handle":1}},{"chain":{"family":"inet","table":"t","name":"input","handle":1,"type":"filter","hook":"input","prio":0,"policy":"accept"}},{"rule":{"family":"inet","table":"t","chain":"input","handle":2,"expr":[{"match":{"op":"==","left":{"payload":{"protocol":"tcp","field":"dport"}},"right":6202}},{"drop":null}]}}]}"#
+            .to_vec(),
         _ => small_btf(),
     }
 }
 
-/// A ring buffer record as kdrop-ebpf writes it: an IPv4 SYN drop
-/// (kdrop_common::DropEvent, 80 bytes, little-endian).
+/// A ring buffer record as kdrop-ebpf writes it: an IPv4 SYN drop, a
+/// `kdrop_common::DropEvent` laid out by the crate itself (its size follows
+/// the struct).
 fn drop_record() -> Vec<u8> {
-    let mut r = Vec::new();
-    r.extend(1u32.to_le_bytes()); // kind: EVENT_DROP
-    r.extend(0u32.to_le_bytes()); // cpu
-    r.extend(42u64.to_le_bytes()); // ts_ns
-    r.extend(0xffff_ffff_8100_0000u64.to_le_bytes()); // location
-    for v in [16u32, 4026532000, 3, 0] {
-        r.extend(v.to_le_bytes()); // reason, netns, ifindex, mark
+    use kdrop_common::{DropEvent, EVENT_DROP};
+    // SAFETY: DropEvent is #[repr(C)] plain integers and byte arrays: all
+    // zeroes is a valid value.
+    let mut e: DropEvent = unsafe { std::mem::zeroed() };
+    e.header.kind = EVENT_DROP;
+    e.header.ts_ns = 42;
+    e.location = 0xffff_ffff_8100_0000;
+    e.reason = 16;
+    e.pkt.netns = 4026532000;
+    e.pkt.ifindex = 3;
+    e.pkt.saddr[..4].copy_from_slice(&[198, 51, 100, 7]);
+    e.pkt.daddr[..4].copy_from_slice(&[10, 0, 2, 20]);
+    e.pkt.sport = 40000;
+    e.pkt.dport = 8080;
+    e.pkt.family = 2; // AF_INET
+    e.pkt.tcp_flags = 0x02; // SYN
+                            // SAFETY: reading the bytes of a plain #[repr(C)] value.
+    unsafe {
+        std::slice::from_raw_parts(
+            (&raw const e).cast::<u8>(),
+            std::mem::size_of::<DropEvent>(),
+        )
     }
-    let mut addr = [0u8; 16];
-    addr[..4].copy_from_slice(&[198, 51, 100, 7]);
-    r.extend(addr);
-    addr[..4].copy_from_slice(&[10, 0, 2, 20]);
-    r.extend(addr);
-    r.extend(40000u16.to_le_bytes());
-    r.extend(8080u16.to_le_bytes());
-    r.extend([2, 0x02, 0, 0]); // AF_INET, SYN, padding
-    r
+    .to_vec()
+}
+
+/// A netlink message as the kernel sends it: an RTM_NEWROUTE for
+/// 10.0.0.0/24 via 10.0.0.1, table main (rtnetlink(7)).
+fn route_message() -> Vec<u8> {
+    let mut attrs = Vec::new();
+    for (ty, v) in [
+        (1u16, [10u8, 0, 0, 0]),
+        (5, [10, 0, 0, 1]),
+        (15, [254, 0, 0, 0]),
+    ] {
+        attrs.extend(8u16.to_ne_bytes());
+        attrs.extend(ty.to_ne_bytes()); // RTA_DST, RTA_GATEWAY, RTA_TABLE
+        attrs.extend(v);
+    }
+    let rtmsg = [2u8, 24, 0, 0, 254, 3, 0, 1, 0, 0, 0, 0]; // AF_INET /24 main boot universe unicast
+    let len = 16 + rtmsg.len() + attrs.len();
+    let mut m = Vec::new();
+    m.extend((len as u32).to_ne_bytes());
+    m.extend(24u16.to_ne_bytes()); // RTM_NEWROUTE
+    m.extend([0u8; 10]); // flags, seq, pid
+    m.extend(rtmsg);
+    m.extend(attrs);
+    m
 }
 
 /// A small BTF blob with the kinds kdrop looks at: an int, pointers, a
@@ -143,8 +194,20 @@ mod tests {
 
     #[test]
     fn seeds_have_the_right_shape() {
-        // DropEvent's size (kdrop-common's layout test pins it).
-        assert_eq!(drop_record().len(), 80);
+        assert_eq!(
+            drop_record().len(),
+            std::mem::size_of::<kdrop_common::DropEvent>()
+        );
+        let d = drop_record();
+        assert_eq!(u32::from_ne_bytes(d[..4].try_into().unwrap()), 1);
+        let m = route_message();
+        assert_eq!(
+            u32::from_ne_bytes(m[..4].try_into().unwrap()) as usize,
+            m.len()
+        );
+        for t in TARGETS {
+            assert!(!seed(t).is_empty(), "{t}");
+        }
         let b = small_btf();
         assert_eq!(&b[..2], &[0x9f, 0xeb]);
         let type_len = u32::from_le_bytes(b[12..16].try_into().unwrap()) as usize;

@@ -2,11 +2,15 @@
 //!
 //! Everything a fresh machine lacks is installed here, idempotently, so the
 //! README's two commands work with nothing installed by hand.
+// The allow-list the tests themselves check (one file, shared).
+#[path = "../../tests/src/allowed_skips.rs"]
+mod allowed_skips;
 mod arch;
 mod bench;
 mod bootstrap;
 mod fuzz;
 mod image;
+mod tally;
 mod vm;
 
 use std::{
@@ -40,12 +44,15 @@ enum Cmd {
     Lint,
     /// Everything CI runs: bootstrap, lint, build, unit and integration
     /// tests on this kernel, then the incident labs and probe rungs on
-    /// Debian 5.10 and 6.1 in VMs (`cargo xtask vm`).
+    /// Debian 5.10, 6.1 and 6.12 in VMs (`cargo xtask vm`).
     Test {
         /// Only this machine's kernel: skip the VM kernels.
         #[arg(long)]
         no_vm: bool,
-        /// Kernels for the VM leg (repeatable; default: 5.10 and 6.1).
+        /// Skip the short bounded fuzz run of every fuzz target.
+        #[arg(long)]
+        no_fuzz: bool,
+        /// Kernels for the VM leg (repeatable; default: 5.10, 6.1 and 6.12).
         #[arg(long = "vm-kernel", value_name = "VERSION")]
         vm_kernels: Vec<String>,
         /// Extra arguments for `cargo test` (e.g. a test name filter); the
@@ -74,8 +81,9 @@ enum Cmd {
     /// scratch, the static musl binary with the DaemonSet's file
     /// capabilities); also written to target/image/kdrop.oci.tar.
     Image(image::Opts),
-    /// Fuzz the event decoder and the BTF parser (cargo-fuzz, installed if
-    /// missing), each for a bounded time.
+    /// Fuzz the event decoder, the BTF parser, the netlink messages and the
+    /// iptables-save / nft JSON parsers (cargo-fuzz, installed if missing),
+    /// each for a bounded time.
     Fuzz(fuzz::Opts),
 }
 
@@ -88,23 +96,31 @@ fn main() -> ExitCode {
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
         Cmd::Test {
             no_vm,
+            no_fuzz,
             vm_kernels,
             args,
-        } => test(&args).and_then(|()| {
-            if no_vm {
-                return Ok(());
-            }
-            let kernels = if vm_kernels.is_empty() {
-                vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
-            } else {
-                vm_kernels
-            };
-            vm::run(&vm::Options {
-                kernels,
-                tests: vm::CI_TESTS.iter().map(|t| t.to_string()).collect(),
-                args: Vec::new(),
+        } => test(&args)
+            .and_then(|()| {
+                if no_fuzz {
+                    return Ok(());
+                }
+                fuzz::run_all(&fuzz::Opts::bounded(fuzz::FUZZ_SECS_IN_TEST))
             })
-        }),
+            .and_then(|()| {
+                if no_vm {
+                    return Ok(());
+                }
+                let kernels = if vm_kernels.is_empty() {
+                    vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
+                } else {
+                    vm_kernels
+                };
+                vm::run(&vm::Options {
+                    kernels,
+                    tests: vm::CI_TESTS.iter().map(|t| t.to_string()).collect(),
+                    args: Vec::new(),
+                })
+            }),
         Cmd::Vm {
             kernels,
             tests,
@@ -209,5 +225,41 @@ fn test(args: &[String]) -> Result<()> {
         .args(args)
         .env("KDROP_BIN", kdrop_bin())
         .env("KDROP_IMAGE", image::archive());
-    run(&mut cmd)
+    let (status, log) = run_teed(&mut cmd)?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .context("reading the kernel release")?;
+    let release = release.trim();
+    let t = tally::Tally::of(&log, &tally::version_of(release));
+    // The closing line CI reads for this machine's kernel.
+    println!("host {release}: {}", t.line());
+    if !status.success() {
+        bail!("cargo test failed: {status}");
+    }
+    if !t.ok() {
+        bail!(
+            "skips this kernel does not allow: {}",
+            t.unexpected.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Runs a command in the workspace root with its stdout shown as it comes
+/// and kept; its exit status and that output.
+fn run_teed(cmd: &mut Command) -> Result<(std::process::ExitStatus, String)> {
+    use std::io::{BufRead as _, Write as _};
+    cmd.current_dir(root()).stdout(std::process::Stdio::piped());
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: {shown}");
+    let mut child = cmd.spawn().with_context(|| format!("starting {shown}"))?;
+    let mut log = String::new();
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    for line in stdout.lines() {
+        let line = line.context("reading cargo test's output")?;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        log.push_str(&line);
+        log.push('\n');
+    }
+    Ok((child.wait()?, log))
 }

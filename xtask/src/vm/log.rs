@@ -1,14 +1,16 @@
 //! What a guest's log says: test counts, the rung kdrop chose, reasons.
 use std::time::Duration;
 
+use crate::tally::Tally;
+
 pub struct VmResult {
     pub kernel: &'static str,
     pub release: String,
     /// `kdrop check`'s chosen rung for skb:kfree_skb, as the guest printed it.
     pub rung: String,
     pub reasons: String,
-    pub passed: u32,
-    pub failed: u32,
+    /// Passed, failed, skipped (and skips this kernel does not allow).
+    pub tally: Tally,
     /// None when the guest never wrote its status (crash, timeout).
     pub status: Option<i32>,
     pub boot: Duration,
@@ -17,19 +19,18 @@ pub struct VmResult {
 
 impl VmResult {
     pub fn ok(&self) -> bool {
-        self.status == Some(0) && self.failed == 0
+        self.status == Some(0) && self.tally.ok()
     }
 
     pub fn line(&self) -> String {
         format!(
-            "{:<5} {:<24} {}: {}; drop reasons: {}; {} passed, {} failed; boot {:.0} s, total {:.0} s",
+            "{:<5} {:<24} {}: {}; drop reasons: {}; {}; boot {:.0} s, total {:.0} s",
             self.kernel,
             self.release,
             if self.ok() { "PASS" } else { "FAIL" },
             self.rung,
             self.reasons,
-            self.passed,
-            self.failed,
+            self.tally.line(),
             self.boot.as_secs_f64(),
             self.total.as_secs_f64(),
         )
@@ -52,30 +53,6 @@ pub(super) fn is_kernel_message(line: &str) -> bool {
             && us.len() == 6
             && us.bytes().all(|b| b.is_ascii_digit())
     })
-}
-
-/// Sums libtest's `test result: ok. 5 passed; 0 failed; ...` lines.
-pub fn test_counts(log: &str) -> (u32, u32) {
-    let mut passed = 0;
-    let mut failed = 0;
-    for line in log.lines() {
-        let Some(rest) = line.trim().strip_prefix("test result: ") else {
-            continue;
-        };
-        for part in rest.split(';') {
-            let mut words = part.split_whitespace().rev();
-            let (Some(what), Some(n)) = (words.next(), words.next()) else {
-                continue;
-            };
-            let n: u32 = n.parse().unwrap_or(0);
-            match what {
-                "passed" => passed += n,
-                "failed" => failed += n,
-                _ => {}
-            }
-        }
-    }
-    (passed, failed)
 }
 
 /// `probe       skb:kfree_skb (drop path): using tp_btf` → `kfree_skb via tp_btf`.
