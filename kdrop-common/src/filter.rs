@@ -94,7 +94,10 @@ impl Filter {
     /// any header is read.
     #[inline(always)]
     pub fn drop_flags(&self, reason: u32) -> u8 {
-        if reason == self.final_ack_reason {
+        // Before 5.17 kfree_skb has no reason (ABSENT), and before 6.15 no
+        // TCP_LISTEN_OVERFLOW (ABSENT too): ABSENT == ABSENT must not admit
+        // every drop whatever its flags (seen on Debian 5.10).
+        if self.final_ack_reason != crate::ABSENT && reason == self.final_ack_reason {
             0
         } else {
             self.tcp_flags_any
@@ -244,5 +247,26 @@ impl Evidence {
         if reason < 256 {
             self.route_reasons[(reason >> 5) as usize] |= 1 << (reason & 31);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ABSENT;
+
+    #[test]
+    fn the_final_ack_is_admitted_only_where_the_kernel_names_it() {
+        let mut f = Filter::zeroed();
+        // SYN only.
+        f.tcp_flags_any = 0x02;
+        // 6.15+: TCP_LISTEN_OVERFLOW exists (any value).
+        f.final_ack_reason = 77;
+        assert_eq!(f.drop_flags(77), 0);
+        assert_eq!(f.drop_flags(5), 0x02);
+        // 5.10: no reason argument (ABSENT) and no such reason (ABSENT).
+        f.final_ack_reason = ABSENT;
+        assert_eq!(f.drop_flags(ABSENT), 0x02);
+        assert_eq!(f.drop_flags(5), 0x02);
     }
 }
