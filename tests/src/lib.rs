@@ -19,6 +19,7 @@ pub use sockets::*;
 pub use topo::*;
 pub mod cri;
 pub mod flood;
+pub mod handshake;
 pub mod manifest;
 pub mod prom;
 pub mod scrape;

@@ -7,9 +7,13 @@
 //! a new connection through. The topologies are the oracle: the test built
 //! them knowing what is broken. Addresses: fd00:… inside the namespaces the
 //! tests create.
-use std::{collections::BTreeSet, net::SocketAddr, path::Path, time::Duration};
+use std::{net::SocketAddr, path::Path};
 
-use integration_tests::{connect_from, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
+use integration_tests::{
+    connect_from,
+    handshake::{self, of, records},
+    listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+};
 use serde_json::Value;
 
 fn ns(test: &str, role: &str) -> Ns {
@@ -41,48 +45,10 @@ fn forwarding(ns: &Ns) {
     ns.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
 }
 
-/// Is this record about the handshake of `client`?
-fn of(e: &Value, client: SocketAddr) -> bool {
-    let end = |a: &str, p: &str| e[a] == client.ip().to_string() && e[p] == client.port();
-    end("saddr", "sport") || end("daddr", "dport")
-}
-
-/// Every record of `client`'s handshake: read until its "unanswered"
-/// record (the SYN's third transmission), then what kdrop drained at exit.
-fn records(k: Kdrop, client: SocketAddr) -> Vec<Value> {
-    let seen = std::cell::RefCell::new(Vec::new());
-    k.expect_event_within(
-        "the handshake's unanswered record",
-        Duration::from_secs(10),
-        |e| {
-            if of(e, client) {
-                seen.borrow_mut().push(e.clone());
-            }
-            of(e, client) && e["kind"] == "unanswered"
-        },
-    );
-    let mut out = seen.into_inner();
-    let done = k.stop(libc::SIGINT);
-    assert!(done.status.success(), "{done:?}");
-    out.extend(done.events().into_iter().filter(|e| of(e, client)));
-    out
-}
-
-/// One handshake, one cause, one id; returns the verdict.
+/// One handshake, one cause, one id, over IPv6; returns the verdict.
 fn one_verdict(recs: &[Value], cause: &str) -> Value {
-    assert!(!recs.is_empty());
-    let causes: BTreeSet<String> = recs
-        .iter()
-        .map(|e| e["finding"]["cause"].as_str().unwrap_or("none").to_string())
-        .collect();
-    assert_eq!(causes, BTreeSet::from([cause.to_string()]), "{recs:#?}");
-    let ids: BTreeSet<u64> = recs
-        .iter()
-        .map(|e| e["handshake"].as_u64().expect("a handshake id"))
-        .collect();
-    assert_eq!(ids.len(), 1, "{recs:#?}");
     assert!(recs.iter().all(|e| e["family"] == "ipv6"), "{recs:#?}");
-    recs[0]["finding"].clone()
+    handshake::one_verdict(recs, cause)
 }
 
 /// Applies the whole fix after closing the stuck socket, then connects from
