@@ -266,6 +266,19 @@ impl Btf {
         std::str::from_utf8(&s[..end]).unwrap_or("")
     }
 
+    /// Whether the string at `off` is `name`: bytes
+    /// only, no UTF-8 check or length scan. `find` runs this over every type
+    /// of vmlinux (~130k) per lookup, and kdrop's startup is dominated by it
+    /// under emulation (2.4 s of a 6.1 guest's 7 s start with `str_at`).
+    fn name_is(&self, off: u32, name: &[u8]) -> bool {
+        let Some(at) = off.checked_sub(self.str_base) else {
+            // A module's type may be named by a string of vmlinux.
+            return self.base.as_deref().is_some_and(|b| b.name_is(off, name));
+        };
+        let s = self.strings.get(at as usize..).unwrap_or_default();
+        s.starts_with(name) && s.get(name.len()).is_none_or(|&c| c == 0)
+    }
+
     /// Item `i` of `t`, which must be one of this BTF's own types.
     fn item(&self, t: &Type, i: u32) -> Item {
         self.items[(t.items + i) as usize]
@@ -284,7 +297,7 @@ impl Btf {
         let own = self
             .types
             .iter()
-            .position(|t| t.kind == kind && self.str_at(t.name_off) == name)
+            .position(|t| t.kind == kind && self.name_is(t.name_off, name.as_bytes()))
             .map(|i| self.first_id + i as u32);
         own.or_else(|| self.base.as_deref()?.find(name, kind))
     }
