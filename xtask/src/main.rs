@@ -65,7 +65,9 @@ enum Cmd {
         /// 5.10, 6.1, 6.12 or all (repeatable; default: all).
         #[arg(long = "kernel", value_name = "VERSION")]
         kernels: Vec<String>,
-        /// Only this integration test file, e.g. `drops` (repeatable).
+        /// Only this integration test file, e.g. `drops`, or one test in it,
+        /// e.g. `drops::syn_to_closed_port_is_no_socket_v4_and_v6`
+        /// (repeatable; default: every file).
         #[arg(long = "test", value_name = "NAME")]
         tests: Vec<String>,
         /// After `--`: arguments for the test executables (a name filter).
@@ -82,7 +84,7 @@ enum Cmd {
     /// capabilities); also written to target/image/kdrop.oci.tar.
     Image(image::Opts),
     /// Fuzz the event decoder, the BTF parser, the netlink messages and the
-    /// iptables-save / nft JSON parsers (cargo-fuzz, installed if missing),
+    /// iptables-save / nft JSON parsers (libFuzzer, built as cargo-fuzz does),
     /// each for a bounded time.
     Fuzz(fuzz::Opts),
 }
@@ -99,28 +101,7 @@ fn main() -> ExitCode {
             no_fuzz,
             vm_kernels,
             args,
-        } => test(&args)
-            .and_then(|()| {
-                if no_fuzz {
-                    return Ok(());
-                }
-                fuzz::run_all(&fuzz::Opts::bounded(fuzz::FUZZ_SECS_IN_TEST))
-            })
-            .and_then(|()| {
-                if no_vm {
-                    return Ok(());
-                }
-                let kernels = if vm_kernels.is_empty() {
-                    vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
-                } else {
-                    vm_kernels
-                };
-                vm::run(&vm::Options {
-                    kernels,
-                    tests: vm::CI_TESTS.iter().map(|t| t.to_string()).collect(),
-                    args: Vec::new(),
-                })
-            }),
+        } => ci(&args, no_fuzz, (!no_vm).then_some(vm_kernels)),
         Cmd::Vm {
             kernels,
             tests,
@@ -128,6 +109,7 @@ fn main() -> ExitCode {
         } => vm::run(&vm::Options {
             kernels,
             tests,
+            ci: false,
             args,
         }),
         Cmd::Bench(opts) => bench::run(&opts),
@@ -141,6 +123,55 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask test`: the host's suite, a short fuzz run, then each VM
+/// kernel's subset; each leg says how long it took (CI's budget is 30 min
+/// on two cores).
+fn ci(args: &[String], no_fuzz: bool, vm_kernels: Option<Vec<String>>) -> Result<()> {
+    let started = std::time::Instant::now();
+    let kernels = vm_kernels.map(|k| {
+        if k.is_empty() {
+            vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
+        } else {
+            k
+        }
+    });
+    // The kernel packages download while the host builds and tests.
+    let prefetch = kernels.clone().map(vm::prefetch);
+    let leg = |name: &str, f: &dyn Fn() -> Result<()>| -> Result<()> {
+        let t = std::time::Instant::now();
+        let r = f();
+        eprintln!(
+            "xtask: {name} took {:.0} s ({:.1} min since the start)",
+            t.elapsed().as_secs_f64(),
+            started.elapsed().as_secs_f64() / 60.0
+        );
+        r
+    };
+    leg("the host leg (bootstrap, lint, build, tests)", &|| {
+        test(args)
+    })?;
+    if !no_fuzz {
+        leg("the fuzz run", &|| {
+            fuzz::run_all(&fuzz::Opts::bounded(fuzz::FUZZ_SECS_IN_TEST))
+        })?;
+    }
+    let Some(kernels) = kernels else {
+        return Ok(());
+    };
+    if let Some(Err(e)) = prefetch.map(|p| p.join()) {
+        // vm::run fetches again, and says why if it fails again.
+        eprintln!("xtask: fetching the VM kernels ahead failed: {e:#}");
+    }
+    leg("the VM leg", &|| {
+        vm::run(&vm::Options {
+            kernels: kernels.clone(),
+            tests: Vec::new(),
+            ci: true,
+            args: Vec::new(),
+        })
+    })
 }
 
 pub fn root() -> PathBuf {

@@ -32,20 +32,6 @@ pub use log::*;
 /// claims.
 pub const CI_KERNELS: &[&str] = &["5.10", "6.1", "6.12"];
 
-/// What CI runs in each VM: the incidents' labs, every probe rung (the
-/// netfilter verdict rungs only attach there), and the DaemonSet's capabilities (5.10 charges maps to RLIMIT_MEMLOCK). The rest
-/// (monitor, accounting, torture, lifecycle) exercises userspace that does
-/// not change with the kernel; it runs on the host, and in VMs on demand.
-pub const CI_TESTS: &[&str] = &[
-    "oracle",
-    "caps",
-    "drops",
-    "routing",
-    "conntrack",
-    "netfilter",
-    "nf_verdicts",
-];
-
 /// How much the test harness stretches its timeouts in a guest: eight kdrops
 /// starting at once took 7 s in the 6.1 guest (well under a second here).
 const TIME_SCALE: u32 = 4;
@@ -83,17 +69,36 @@ const MODULES: &[&str] = &[
 pub struct Options {
     /// Kernel names, or `all`; empty means all.
     pub kernels: Vec<String>,
-    /// Integration test files to run (tests/tests/<name>.rs); empty means all.
+    /// Integration tests to run: a file (tests/tests/<name>.rs) or one test
+    /// in it (`drops::syn_to_closed_port_is_no_socket_v4_and_v6`); empty
+    /// means every file.
     pub tests: Vec<String>,
+    /// Each kernel's own CI subset (`Kernel::ci`) instead of `tests`.
+    pub ci: bool,
     /// Arguments for every test executable (a name filter, `--exact`, ...).
     pub args: Vec<String>,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
     let kernels = select(&opts.kernels)?;
+    let specs_of = |k: &Kernel| -> Vec<String> {
+        if opts.ci {
+            k.ci.iter().map(|t| t.to_string()).collect()
+        } else {
+            opts.tests.clone()
+        }
+    };
     crate::build()?;
     let vng = vm_tools()?;
-    let tests = test_executables(&opts.tests)?;
+    let files: Vec<String> = kernels
+        .iter()
+        .flat_map(|k| specs_of(k))
+        .map(|s| split_spec(&s).0.to_string())
+        .collect();
+    let tests = test_executables(&files)?;
+    for k in &kernels {
+        plan(&tests, &specs_of(k))?;
+    }
     // One VM at a time on this machine, whichever worktree asks: TCG takes
     // both cores.
     let _lock = vm_lock()?;
@@ -101,7 +106,8 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut results = Vec::new();
     for k in kernels {
         let booted = prepare(k)?;
-        results.push(boot_and_test(k, &booted, &vng, &kdrop, &tests, &opts.args)?);
+        let plan = plan(&tests, &specs_of(k))?;
+        results.push(boot_and_test(k, &booted, &vng, &kdrop, &plan, &opts.args)?);
     }
     eprintln!("\nxtask vm: results");
     for r in &results {
@@ -126,6 +132,28 @@ pub fn run(opts: &Options) -> Result<()> {
         bail!("no test ran: does the filter match any test?");
     }
     Ok(())
+}
+
+/// Fetches and extracts `kernels` on a thread of its own (network and
+/// disk, while the host leg compiles); `run` then finds them cached. Joined
+/// before `run`, which would otherwise race it on the same directories.
+pub fn prefetch(kernels: Vec<String>) -> PrefetchHandle {
+    PrefetchHandle(std::thread::spawn(move || {
+        for k in select(&kernels)? {
+            prepare(k)?;
+        }
+        Ok(())
+    }))
+}
+
+pub struct PrefetchHandle(std::thread::JoinHandle<Result<()>>);
+
+impl PrefetchHandle {
+    pub fn join(self) -> Result<()> {
+        self.0
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the fetching thread panicked")))
+    }
 }
 
 /// An exclusive lock on /run/lock/kdrop-vm.lock, held until dropped (the
@@ -288,6 +316,63 @@ fn test_executables(only: &[String]) -> Result<Vec<(String, PathBuf)>> {
     Ok(exes)
 }
 
+/// `drops::syn_to_closed_port` → (`drops`, Some(name)); `drops` → (`drops`, None).
+fn split_spec(spec: &str) -> (&str, Option<&str>) {
+    match spec.split_once("::") {
+        Some((file, name)) => (file, Some(name)),
+        None => (spec, None),
+    }
+}
+
+/// One test executable to run in a guest, and the tests of it to run
+/// (`--exact` names; empty: all of them).
+pub struct Planned {
+    pub file: String,
+    pub exe: PathBuf,
+    pub names: Vec<String>,
+}
+
+/// Groups `specs` by file, in the executables' order. A named test must
+/// exist (`--list` on the host): a renamed test would otherwise be
+/// "filtered out" in the guest and the subset would shrink unseen.
+fn plan(exes: &[(String, PathBuf)], specs: &[String]) -> Result<Vec<Planned>> {
+    let mut out: Vec<Planned> = Vec::new();
+    for (file, exe) in exes {
+        let mine: Vec<Option<&str>> = specs
+            .iter()
+            .map(|s| split_spec(s))
+            .filter(|(f, _)| f == file)
+            .map(|(_, n)| n)
+            .collect();
+        if mine.is_empty() && !specs.is_empty() {
+            continue;
+        }
+        let names: Vec<String> = if mine.contains(&None) {
+            Vec::new()
+        } else {
+            mine.iter().flatten().map(|n| n.to_string()).collect()
+        };
+        if !names.is_empty() {
+            let listed = Command::new(exe)
+                .args(["--list", "--format", "terse"])
+                .output()
+                .with_context(|| format!("listing the tests of {}", exe.display()))?;
+            let listed = String::from_utf8_lossy(&listed.stdout);
+            for n in &names {
+                if !listed.lines().any(|l| l == format!("{n}: test")) {
+                    bail!("the VM subset names {file}::{n}, which {file}.rs does not have");
+                }
+            }
+        }
+        out.push(Planned {
+            file: file.clone(),
+            exe: exe.clone(),
+            names,
+        });
+    }
+    Ok(out)
+}
+
 // ---------------------------------------------------------------------------
 // Booting
 
@@ -299,7 +384,7 @@ fn quote(s: &str) -> String {
 /// The script the guest runs: modules, `kdrop check`, each test executable;
 /// everything to the console and to `<out>/guest.log`, the exit status to
 /// `<out>/status`.
-fn guest_script(out: &Path, kdrop: &Path, tests: &[(String, PathBuf)], args: &[String]) -> String {
+fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[String]) -> String {
     let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
     let mut s = String::new();
     s.push_str("#!/bin/sh\n# Written by `cargo xtask vm`; runs inside the VM.\n");
@@ -311,6 +396,7 @@ fn guest_script(out: &Path, kdrop: &Path, tests: &[(String, PathBuf)], args: &[S
     // TCG runs kdrop's startup several times slower than the host, and the
     // tests start many at once: stretch the harness's bounds.
     s.push_str(&format!("export KDROP_TEST_TIME_SCALE={TIME_SCALE}\n"));
+    s.push_str("export RUSTC_BOOTSTRAP=1\n");
     s.push_str(&format!("out={}\n", quote(&out.display().to_string())));
     s.push_str("main() {\n");
     s.push_str(
@@ -323,14 +409,17 @@ fn guest_script(out: &Path, kdrop: &Path, tests: &[(String, PathBuf)], args: &[S
     s.push_str("  echo 'xtask-vm: kdrop check'\n");
     s.push_str("  \"$KDROP_BIN\" check\n");
     s.push_str("  rc=0\n");
-    for (name, exe) in tests {
+    for t in tests {
+        let name = &t.file;
         s.push_str(&format!("  echo 'xtask-vm: test file {name}'\n"));
         s.push_str("  t0=$(date +%s)\n");
-        s.push_str(&format!(
-            "  {} {} || rc=1\n",
-            quote(&exe.display().to_string()),
-            args.join(" ")
-        ));
+        let mut line = vec![quote(&t.exe.display().to_string())];
+        line.extend(args.iter().cloned());
+        if !t.names.is_empty() {
+            line.extend(t.names.iter().map(|n| quote(n)));
+            line.push("--exact".into());
+        }
+        s.push_str(&format!("  {} || rc=1\n", line.join(" ")));
         s.push_str(&format!(
             "  echo \"xtask-vm: test file {name} took $(( $(date +%s) - t0 )) s\"\n"
         ));
@@ -346,7 +435,7 @@ fn boot_and_test(
     booted: &Booted,
     vng: &Path,
     kdrop: &Path,
-    tests: &[(String, PathBuf)],
+    tests: &[Planned],
     args: &[String],
 ) -> Result<VmResult> {
     let out = cache_dir().join("vm").join(k.name);
