@@ -396,6 +396,9 @@ fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[String]) ->
     // TCG runs kdrop's startup several times slower than the host, and the
     // tests start many at once: stretch the harness's bounds.
     s.push_str(&format!("export KDROP_TEST_TIME_SCALE={TIME_SCALE}\n"));
+    // Each test's time in the log (libtest's --report-time, unstable: the
+    // guest runs no compiler, the variable only unlocks the flag), so a
+    // subset that outgrows CI's budget shows which test did.
     s.push_str("export RUSTC_BOOTSTRAP=1\n");
     s.push_str(&format!("out={}\n", quote(&out.display().to_string())));
     s.push_str("main() {\n");
@@ -413,7 +416,11 @@ fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[String]) ->
         let name = &t.file;
         s.push_str(&format!("  echo 'xtask-vm: test file {name}'\n"));
         s.push_str("  t0=$(date +%s)\n");
-        let mut line = vec![quote(&t.exe.display().to_string())];
+        let mut line = vec![
+            quote(&t.exe.display().to_string()),
+            "-Zunstable-options".into(),
+            "--report-time".into(),
+        ];
         line.extend(args.iter().cloned());
         if !t.names.is_empty() {
             line.extend(t.names.iter().map(|n| quote(n)));
