@@ -33,5 +33,24 @@ fn main() -> anyhow::Result<()> {
         unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
         Toolchain::Custom("stable")
     };
-    aya_build::build_ebpf([package], toolchain)
+    // One eBPF build for every profile and target of kdrop: aya-build keeps
+    // its cargo target under OUT_DIR, so clippy, the release build, the
+    // static (musl) build and the tests' debug build each compiled core for
+    // BPF and the programs again (about a minute each on two cores). Under
+    // the workspace's target directory the inner build, always the same
+    // (release, bpfel, same flags), is done once and then only checked.
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let shared = out_dir
+        .ancestors()
+        .find(|d| d.join("CACHEDIR.TAG").is_file())
+        .map(|target| target.join("kdrop-ebpf"));
+    let Some(shared) = shared else {
+        return aya_build::build_ebpf([package], toolchain);
+    };
+    std::fs::create_dir_all(&shared)?;
+    // SAFETY: build scripts are single-threaded here.
+    unsafe { std::env::set_var("OUT_DIR", &shared) };
+    aya_build::build_ebpf([package], toolchain)?;
+    std::fs::copy(shared.join("kdrop"), out_dir.join("kdrop"))?;
+    Ok(())
 }

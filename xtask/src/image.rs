@@ -33,7 +33,13 @@ pub fn archive() -> PathBuf {
 /// whatever the host target.
 fn build_static() -> Result<PathBuf> {
     run(cargo().args(["build", "--release", "--package", "kdrop", "--target", MUSL]))?;
-    Ok(root().join(format!("target/{MUSL}/release/kdrop")))
+    Ok(static_bin())
+}
+
+/// Where `build_static` leaves the binary. `cargo xtask test` runs its
+/// suites on this one, the binary the image ships.
+pub fn static_bin() -> PathBuf {
+    root().join(format!("target/{MUSL}/release/kdrop"))
 }
 
 /// `add: ["BPF", ...]` of deploy/base/daemonset.yaml: the capabilities the

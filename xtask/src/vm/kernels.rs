@@ -54,10 +54,8 @@ pub const KERNELS: &[Kernel] = &[
         // fib_validate_source, nf_hook_slow, tcp_v4_rcv), the filter has no
         // reason to go on (e3d0820 was found here), no module BTF.
         ci: every_kernel!(
-            "drops::iptables_drop_in_input_is_netfilter_drop",
             "drops::non_handshake_drops_need_all_flags",
             "conntrack::incident5_asymmetric_return_path_and_its_fix",
-            "conntrack::control_an_answered_entry_that_dies_is_filtered_in_the_kernel",
             "netfilter::input_drop_legacy",
             "netfilter::conntrack_invalid_legacy",
         ),

@@ -75,6 +75,9 @@ pub struct Options {
     pub tests: Vec<String>,
     /// Each kernel's own CI subset (`Kernel::ci`) instead of `tests`.
     pub ci: bool,
+    /// A kdrop already built (CI's static one); None builds the release
+    /// binary.
+    pub kdrop: Option<PathBuf>,
     /// Arguments for every test executable (a name filter, `--exact`, ...).
     pub args: Vec<String>,
 }
@@ -88,7 +91,13 @@ pub fn run(opts: &Options) -> Result<()> {
             opts.tests.clone()
         }
     };
-    crate::build()?;
+    let kdrop = match &opts.kdrop {
+        Some(bin) => bin.clone(),
+        None => {
+            crate::build()?;
+            crate::kdrop_bin()
+        }
+    };
     let vng = vm_tools()?;
     let files: Vec<String> = kernels
         .iter()
@@ -102,7 +111,7 @@ pub fn run(opts: &Options) -> Result<()> {
     // One VM at a time on this machine, whichever worktree asks: TCG takes
     // both cores.
     let _lock = vm_lock()?;
-    let (kdrop, tests) = snapshot(&tests)?;
+    let (kdrop, tests) = snapshot(&kdrop, &tests)?;
     let mut results = Vec::new();
     for k in kernels {
         let booted = prepare(k)?;
@@ -134,11 +143,13 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Fetches and extracts `kernels` on a thread of its own (network and
-/// disk, while the host leg compiles); `run` then finds them cached. Joined
-/// before `run`, which would otherwise race it on the same directories.
+/// Installs the VM tools, fetches and extracts `kernels` on a thread of its
+/// own (network and disk, while the host leg compiles); `run` then finds
+/// them ready. Joined before `run`, which would otherwise race it on the
+/// same directories; started after the bootstrap's own apt installs.
 pub fn prefetch(kernels: Vec<String>) -> PrefetchHandle {
     PrefetchHandle(std::thread::spawn(move || {
+        vm_tools()?;
         for k in select(&kernels)? {
             prepare(k)?;
         }
@@ -250,7 +261,10 @@ fn vng_path() -> Option<PathBuf> {
 /// Copies kdrop and the test executables to `.cache/vm/bin`: the guest
 /// reads them over 9p for minutes, and a build on the host meanwhile would
 /// replace them under it (a 5.10 guest's kdrop died in ld.so that way).
-fn snapshot(tests: &[(String, PathBuf)]) -> Result<(PathBuf, Vec<(String, PathBuf)>)> {
+fn snapshot(
+    kdrop: &Path,
+    tests: &[(String, PathBuf)],
+) -> Result<(PathBuf, Vec<(String, PathBuf)>)> {
     let dir = root().join(".cache/vm/bin");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -260,7 +274,7 @@ fn snapshot(tests: &[(String, PathBuf)]) -> Result<(PathBuf, Vec<(String, PathBu
             .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
         Ok(to)
     };
-    let kdrop = copy(&crate::kdrop_bin(), "kdrop")?;
+    let kdrop = copy(kdrop, "kdrop")?;
     let tests = tests
         .iter()
         .map(|(name, exe)| Ok((name.clone(), copy(exe, &format!("test-{name}"))?)))
