@@ -340,6 +340,64 @@ pub(crate) mod tests {
         assert_eq!(route_lookups(&e).len(), 5);
     }
 
+    /// The window's edge, half-matching addresses and an empty slot
+    /// (cargo-mutants found them unchecked): a lookup exactly FIB_WINDOW_NS
+    /// old is another packet's,
+    /// and a slot never written (ts 0) is nothing, even for a drop in the
+    /// first window after boot whose addresses it happens to hold.
+    #[test]
+    fn route_lookups_window_edge_and_empty_slots() {
+        let (c, s) = ([198, 51, 100, 7], [10, 0, 2, 20]);
+        let mut e = routed(raw_v4(c, s, 40000, 8080));
+        e.drop.header.ts_ns = 50_000_000;
+        e.fib[0] = lookup(50_000_000 - FIB_WINDOW_NS, c, s);
+        e.fib[1] = lookup(50_000_000 - FIB_WINDOW_NS + 1, c, s);
+        // Half a reverse lookup (from the server, to someone else) is not one.
+        e.fib[2] = lookup(45_000_000, s, [10, 0, 2, 99]);
+        e.fib[3] = lookup(45_000_001, [10, 0, 2, 99], c);
+        let got: Vec<u64> = route_lookups(&e).iter().map(|l| l.ts_ns).collect();
+        assert_eq!(got, [50_000_000 - FIB_WINDOW_NS + 1]);
+        let mut e = routed(raw_v4(c, s, 40000, 8080));
+        e.drop.header.ts_ns = 1_000;
+        e.fib[0] = lookup(0, c, s);
+        assert!(route_lookups(&e).is_empty());
+    }
+
+    /// What fib_validate_source returned, only when the probe saw it.
+    #[test]
+    fn source_check_only_when_seen() {
+        let mut e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
+        e.src_check_ret = -18;
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
+        assert_eq!(d.src_check, None);
+        e.src_check_seen = 1;
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
+        assert_eq!(d.src_check, Some(-18));
+    }
+
+    #[test]
+    fn decode_errors_say_what_was_wrong() {
+        let cases = [
+            (
+                DecodeError::Short { kind: 3, len: 7 },
+                "record of kind 3 too short (7 bytes)",
+            ),
+            (DecodeError::UnknownKind(99), "unknown record kind 99"),
+            (DecodeError::BadFamily(7), "unknown address family 7"),
+            (
+                DecodeError::UnknownFunction(9),
+                "verdict record of unknown function 9",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text);
+        }
+    }
+
     #[test]
     fn route_lookups_keep_at_most_fib_per_event() {
         let (c, s) = ([198, 51, 100, 7], [10, 0, 2, 20]);

@@ -115,6 +115,38 @@ pub(crate) mod tests {
         .to_vec()
     }
 
+    /// Every value of the UAPI enums, from include/uapi/linux/netfilter.h
+    /// (v6.18: NF_INET_PRE_ROUTING = 0 .. NF_INET_POST_ROUTING = 4;
+    /// NFPROTO_INET 1, IPV4 2, ARP 3, NETDEV 5, BRIDGE 7, IPV6 10), and the
+    /// first ones past them.
+    #[test]
+    fn hooks_and_families_are_the_uapi_numbers() {
+        let hooks = [
+            Hook::Prerouting,
+            Hook::Input,
+            Hook::Forward,
+            Hook::Output,
+            Hook::Postrouting,
+        ];
+        for (n, h) in hooks.into_iter().enumerate() {
+            assert_eq!(hook(n as u8), Some(h));
+        }
+        assert_eq!(hook(5), None);
+        for (pf, f) in [
+            (1, Family::Inet),
+            (2, Family::Ip),
+            (3, Family::Arp),
+            (5, Family::Netdev),
+            (7, Family::Bridge),
+            (10, Family::Ip6),
+        ] {
+            assert_eq!(family(pf), Some(f));
+        }
+        for pf in [0, 4, 6, 8, 9, 11] {
+            assert_eq!(family(pf), None);
+        }
+    }
+
     #[test]
     fn decodes() {
         let v = decode(&bytes(&raw(NF_FN_IPT_DO_TABLE, 1, "filter"))).unwrap();
