@@ -224,6 +224,12 @@ mod tests {
             Some("to service data/mysql:3306 → pod data/mysql-0")
         );
         assert_eq!(lead_of(None, None, &None, None), None);
+        // Its own client and backend (a hairpin to itself): named as the
+        // client's side, through the service.
+        assert_eq!(
+            lead_of(cart.clone(), cart.clone(), &svc, cart.clone()).as_deref(),
+            Some("pod shop/cart-7d9f5c8b6-x2kqp → service data/mysql:3306")
+        );
         // A pod talking to itself is named once.
         assert_eq!(
             lead_of(cart.clone(), cart.clone(), &None, cart.clone()).as_deref(),

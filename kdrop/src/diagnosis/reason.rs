@@ -295,6 +295,95 @@ mod tests {
         assert!(netfilter_location("nf_hook_slow"));
     }
 
+    /// Every reason `explain` names, with its cause, what it points at and
+    /// its notes (cargo-mutants found most arms unchecked).
+    #[test]
+    fn every_reason_has_its_cause() {
+        for (reason, cause, summary_has, inspect_has) in [
+            (
+                "IP_LOCAL_SOURCE",
+                "martian_local_source",
+                "198.51.100.7",
+                "ip route get 198.51.100.7 from 10.0.2.20",
+            ),
+            (
+                "IP_INVALID_SOURCE",
+                "martian_source",
+                "198.51.100.7",
+                "ip route get 198.51.100.7 from 10.0.2.20",
+            ),
+            ("IP_LOCALNET", "martian_localnet", "eth1", "route_localnet"),
+            ("OTHERHOST", "otherhost", "eth1", "ip neigh show dev eth1"),
+            (
+                "IP_INNOROUTES",
+                "no_route",
+                "10.0.2.20",
+                "ip route get 10.0.2.20",
+            ),
+            (
+                "IP_OUTNOROUTES",
+                "no_route",
+                "10.0.2.20",
+                "ip route get 10.0.2.20",
+            ),
+            (
+                "NEIGH_FAILED",
+                "neighbour_failed",
+                "eth1",
+                "ip neigh show dev eth1",
+            ),
+            (
+                "TCP_LISTEN_OVERFLOW",
+                "listen_overflow",
+                "10.0.2.20:8080",
+                "TcpExtListenOverflows",
+            ),
+            (
+                "SOCKET_BACKLOG",
+                "listen_overflow",
+                "10.0.2.20:8080",
+                "TcpExtListenDrops",
+            ),
+            ("XFRM_POLICY", "xfrm_policy", "IPsec", "ip xfrm policy"),
+        ] {
+            let f = explain(&facts(reason)).unwrap_or_else(|| panic!("{reason}: no finding"));
+            assert_eq!(f.cause, cause, "{reason}");
+            assert!(f.summary.contains(summary_has), "{reason}: {}", f.summary);
+            assert!(
+                f.inspect.iter().any(|i| i.contains(inspect_has)),
+                "{reason}: {:?}",
+                f.inspect
+            );
+            assert_eq!(
+                f.evidence,
+                [format!(
+                    "kernel drop reason {reason} at ip_rcv_finish_core+0x1a3"
+                )]
+            );
+        }
+        // The ones with a note instead of a command.
+        for reason in ["IP_LOCAL_SOURCE", "NETFILTER_DROP"] {
+            let f = explain(&facts(reason)).unwrap();
+            assert_eq!(f.fix_notes.len(), 1, "{reason}: {f:?}");
+        }
+        assert!(explain(&facts("SKB_CSUM")).is_none());
+    }
+
+    /// No reason and not freed in nf_hook_slow: the verdict is what says
+    /// netfilter, not the location.
+    #[test]
+    fn reason_evidence_without_a_reason() {
+        let mut f = facts("IP_RPFILTER");
+        f.reason = None;
+        assert!(
+            reason_evidence(&f).ends_with("after the NF_DROP verdict below"),
+            "{}",
+            reason_evidence(&f)
+        );
+        f.location = Some("nf_hook_slow+0x9c");
+        assert!(reason_evidence(&f).contains("nf_hook_slow frees a packet only"));
+    }
+
     #[test]
     fn host_part() {
         assert_eq!(host("10.0.0.1:80"), "10.0.0.1");
