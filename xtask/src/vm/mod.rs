@@ -105,17 +105,18 @@ pub fn run(opts: &Options) -> Result<()> {
         .map(|s| split_spec(&s).0.to_string())
         .collect();
     let tests = test_executables(&files)?;
-    for k in &kernels {
-        plan(&tests, &specs_of(k))?;
-    }
     // One VM at a time on this machine, whichever worktree asks: TCG takes
     // both cores.
     let _lock = vm_lock()?;
     let (kdrop, tests) = snapshot(&kdrop, &tests)?;
+    // Every kernel's plan before the first boot: a bad name fails at once.
+    let plans = kernels
+        .iter()
+        .map(|k| plan(&tests, &specs_of(k)))
+        .collect::<Result<Vec<_>>>()?;
     let mut results = Vec::new();
-    for k in kernels {
+    for (k, plan) in kernels.into_iter().zip(plans) {
         let booted = prepare(k)?;
-        let plan = plan(&tests, &specs_of(k))?;
         results.push(boot_and_test(k, &booted, &vng, &kdrop, &plan, &opts.args)?);
     }
     eprintln!("\nxtask vm: results");
