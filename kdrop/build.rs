@@ -1,19 +1,17 @@
 //! Builds kdrop-ebpf for the BPF target and leaves the object in OUT_DIR, where
 //! `include_bytes_aligned!` embeds it into the kdrop binary.
-use std::process::Command;
 
-use aya_build::{Package, Toolchain};
+// Without the runtime (`cargo xtask fuzz`: the parsers, built with
+// sanitizers) nothing embeds the object: no eBPF build, no aya-build.
+#[cfg(not(feature = "runtime"))]
+fn main() {}
 
+#[cfg(feature = "runtime")]
 fn main() -> anyhow::Result<()> {
-    // `cargo xtask fuzz` builds the library's parsers with sanitizers; its
-    // targets never load a program, so they link an empty object instead of
-    // a second eBPF build (a minute on two cores).
-    println!("cargo:rerun-if-env-changed=KDROP_NO_EBPF");
-    if std::env::var_os("KDROP_NO_EBPF").is_some() {
-        let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-        std::fs::write(out.join("kdrop"), [])?;
-        return Ok(());
-    }
+    use std::process::Command;
+
+    use aya_build::{Package, Toolchain};
+
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../kdrop-ebpf");
     let package = Package {
         name: "kdrop-ebpf",
@@ -40,10 +38,7 @@ fn main() -> anyhow::Result<()> {
     // the workspace's target directory the inner build, always the same
     // (release, bpfel, same flags), is done once and then only checked.
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    let shared = out_dir
-        .ancestors()
-        .find(|d| d.join("CACHEDIR.TAG").is_file())
-        .map(|target| target.join("kdrop-ebpf"));
+    let shared = shared_dir(&out_dir);
     let Some(shared) = shared else {
         return aya_build::build_ebpf([package], toolchain);
     };
@@ -53,4 +48,21 @@ fn main() -> anyhow::Result<()> {
     aya_build::build_ebpf([package], toolchain)?;
     std::fs::copy(shared.join("kdrop"), out_dir.join("kdrop"))?;
     Ok(())
+}
+
+#[cfg(feature = "runtime")]
+/// `<target-dir>/kdrop-ebpf`: the target directory is the first ancestor of
+/// OUT_DIR that cargo tagged, or the one above it when that is the
+/// per-triple directory of a `--target` build (the static musl build would
+/// otherwise compile the programs a second time, a minute on two cores).
+fn shared_dir(out_dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let tagged = |d: &std::path::Path| d.join("CACHEDIR.TAG").is_file();
+    let mut target = out_dir.ancestors().find(|d| tagged(d))?;
+    let triple = std::env::var("TARGET").ok();
+    if let Some(parent) = target.parent() {
+        if triple.is_some_and(|t| target.ends_with(t)) && tagged(parent) {
+            target = parent;
+        }
+    }
+    Some(target.join("kdrop-ebpf"))
 }

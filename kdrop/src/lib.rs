@@ -1,18 +1,26 @@
 //! kdrop: why did this TCP handshake die inside this node?
 // The modes: thin, over the session.
+#[cfg(feature = "runtime")]
 pub mod check;
+#[cfg(feature = "runtime")]
 pub mod cli;
+#[cfg(feature = "runtime")]
 pub mod lab;
+#[cfg(feature = "runtime")]
 pub mod monitor;
+#[cfg(feature = "runtime")]
 pub mod trace;
 
 // One event loop, the filter every mode uses.
+#[cfg(feature = "runtime")]
 pub mod filter;
+#[cfg(feature = "runtime")]
 pub mod session;
 
 // Kernel side: load-time facts, probes, decoding what the programs send.
 pub mod event;
 pub mod kernel;
+#[cfg(feature = "runtime")]
 pub mod probes;
 
 // The node, the reasoning, the records.

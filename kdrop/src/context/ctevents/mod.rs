@@ -55,12 +55,17 @@
 //! entries created before kdrop subscribed die silently. With 0, none are
 //! reported. kdrop reads the sysctl in each namespace and says so; it
 //! never changes it.
+// Without the runtime (the fuzz build) only the parser and the filter
+// are used.
+#![cfg_attr(not(feature = "runtime"), allow(dead_code, unused_imports))]
+
 use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     task::Poll,
 };
 
 use anyhow::{Context as _, Result};
+#[cfg(feature = "runtime")]
 use tokio::io::unix::AsyncFd;
 
 pub mod cbpf;
@@ -194,12 +199,14 @@ fn membership(fd: &OwnedFd, group: u32, join: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "runtime")]
 struct Listener {
     fd: AsyncFd<OwnedFd>,
     netns: u32,
 }
 
 /// Event sockets in the followed namespaces.
+#[cfg(feature = "runtime")]
 #[derive(Default)]
 pub struct CtEvents {
     listeners: Vec<Listener>,
@@ -216,6 +223,7 @@ pub struct CtEvents {
 /// Namespaces followed at most (one socket each).
 pub const MAX_NAMESPACES: usize = 64;
 
+#[cfg(feature = "runtime")]
 impl CtEvents {
     /// Listens in each of `namespaces` (up to MAX_NAMESPACES). Problems in
     /// a namespace the user named are told one by one; in namespaces found
