@@ -70,6 +70,9 @@ enum Cmd {
         /// (repeatable; default: every file).
         #[arg(long = "test", value_name = "NAME")]
         tests: Vec<String>,
+        /// Each kernel's CI subset, as `cargo xtask test` runs it.
+        #[arg(long, conflicts_with = "tests")]
+        ci: bool,
         /// After `--`: arguments for the test executables (a name filter).
         #[arg(last = true)]
         args: Vec<String>,
@@ -105,11 +108,12 @@ fn main() -> ExitCode {
         Cmd::Vm {
             kernels,
             tests,
+            ci,
             args,
         } => vm::run(&vm::Options {
             kernels,
             tests,
-            ci: false,
+            ci,
             args,
             kdrop: None,
         }),

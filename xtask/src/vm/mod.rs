@@ -21,10 +21,13 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{bootstrap, root, run as run_cmd};
 
+mod guest;
 mod kernels;
 mod log;
 pub use kernels::*;
 pub use log::*;
+
+use guest::{guest_script, quote};
 
 /// The kernels `cargo xtask test` (CI) boots: the oldest supported, the
 /// first with drop reasons and module BTF, and the last before the
@@ -38,33 +41,6 @@ const TIME_SCALE: u32 = 4;
 
 /// Bounds a hung guest; a full run takes a few minutes.
 const VM_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-
-/// Modules the suite's namespaces and rules need. Debian builds them as
-/// modules; the kernel would autoload most, loading them up front makes a
-/// missing one show in the log instead of as a strange test failure.
-const MODULES: &[&str] = &[
-    "veth",
-    "bridge",
-    "br_netfilter",
-    "nf_conntrack",
-    "nf_conntrack_netlink",
-    "nf_nat",
-    "nf_tables",
-    "nft_compat",
-    "nft_ct",
-    "nft_nat",
-    "nft_chain_nat",
-    "xt_tcpudp",
-    "xt_conntrack",
-    "xt_mark",
-    "xt_MASQUERADE",
-    "ip_tables",
-    "iptable_filter",
-    "iptable_nat",
-    "iptable_raw",
-    "ip6_tables",
-    "ip6table_filter",
-];
 
 pub struct Options {
     /// Kernel names, or `all`; empty means all.
@@ -391,67 +367,6 @@ fn plan(exes: &[(String, PathBuf)], specs: &[String]) -> Result<Vec<Planned>> {
 // ---------------------------------------------------------------------------
 // Booting
 
-/// Single quotes for sh.
-fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-/// The script the guest runs: modules, `kdrop check`, each test executable;
-/// everything to the console and to `<out>/guest.log`, the exit status to
-/// `<out>/status`.
-fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[String]) -> String {
-    let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
-    let mut s = String::new();
-    s.push_str("#!/bin/sh\n# Written by `cargo xtask vm`; runs inside the VM.\n");
-    s.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
-    s.push_str(&format!(
-        "export KDROP_BIN={}\n",
-        quote(&kdrop.display().to_string())
-    ));
-    // TCG runs kdrop's startup several times slower than the host, and the
-    // tests start many at once: stretch the harness's bounds.
-    s.push_str(&format!("export KDROP_TEST_TIME_SCALE={TIME_SCALE}\n"));
-    // Each test's time in the log (libtest's --report-time, unstable: the
-    // guest runs no compiler, the variable only unlocks the flag), so a
-    // subset that outgrows CI's budget shows which test did.
-    s.push_str("export RUSTC_BOOTSTRAP=1\n");
-    s.push_str(&format!("out={}\n", quote(&out.display().to_string())));
-    s.push_str("main() {\n");
-    s.push_str(
-        "  echo \"xtask-vm: guest up after $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)\"\n",
-    );
-    s.push_str(&format!("  for m in {}; do\n", MODULES.join(" ")));
-    s.push_str("    modprobe \"$m\" 2>/dev/null || missing=\"${missing:-} $m\"\n");
-    s.push_str("  done\n");
-    s.push_str("  [ -n \"${missing:-}\" ] && echo \"xtask-vm: modules not loaded:$missing\"\n");
-    s.push_str("  echo 'xtask-vm: kdrop check'\n");
-    s.push_str("  \"$KDROP_BIN\" check\n");
-    s.push_str("  rc=0\n");
-    for t in tests {
-        let name = &t.file;
-        s.push_str(&format!("  echo 'xtask-vm: test file {name}'\n"));
-        s.push_str("  t0=$(date +%s)\n");
-        let mut line = vec![
-            quote(&t.exe.display().to_string()),
-            "-Zunstable-options".into(),
-            "--report-time".into(),
-        ];
-        line.extend(args.iter().cloned());
-        if !t.names.is_empty() {
-            line.extend(t.names.iter().map(|n| quote(n)));
-            line.push("--exact".into());
-        }
-        s.push_str(&format!("  {} || rc=1\n", line.join(" ")));
-        s.push_str(&format!(
-            "  echo \"xtask-vm: test file {name} took $(( $(date +%s) - t0 )) s\"\n"
-        ));
-    }
-    s.push_str("  echo \"$rc\" > \"$out/status\"\n");
-    s.push_str("}\n");
-    s.push_str("main 2>&1 | tee \"$out/guest.log\"\n");
-    s
-}
-
 fn boot_and_test(
     k: &'static Kernel,
     booted: &Booted,
@@ -621,11 +536,5 @@ test result: FAILED. 8 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; 
         assert!(!is_kernel_message("test result: ok. 1 passed"));
         assert!(!is_kernel_message("[6.1] x"));
         assert!(!is_kernel_message("[ ] x"));
-    }
-
-    #[test]
-    fn quotes_for_sh() {
-        assert_eq!(quote("a b"), "'a b'");
-        assert_eq!(quote("it's"), r"'it'\''s'");
     }
 }

@@ -1,0 +1,183 @@
+//! The script a guest runs: modules, `kdrop check`, then the test files,
+//! those that must run alone first, the rest in lanes.
+use std::path::Path;
+
+use super::{Planned, TIME_SCALE};
+
+/// Modules the suite's namespaces and rules need. Debian builds them as
+/// modules; the kernel would autoload most, loading them up front makes a
+/// missing one show in the log instead of as a strange test failure.
+const MODULES: &[&str] = &[
+    "veth",
+    "bridge",
+    "br_netfilter",
+    "nf_conntrack",
+    "nf_conntrack_netlink",
+    "nf_nat",
+    "nf_tables",
+    "nft_compat",
+    "nft_ct",
+    "nft_nat",
+    "nft_chain_nat",
+    "xt_tcpudp",
+    "xt_conntrack",
+    "xt_mark",
+    "xt_MASQUERADE",
+    "ip_tables",
+    "iptable_filter",
+    "iptable_nat",
+    "iptable_raw",
+    "ip6_tables",
+    "ip6table_filter",
+];
+
+/// Single quotes for sh.
+pub(super) fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Test files that must not run beside another: nf_verdicts shrinks the
+/// global nf_conntrack_max to the count of its own namespace, and a SYN of
+/// another test meanwhile could meet a full table.
+const ALONE: &[&str] = &["nf_verdicts"];
+
+/// How many test files a guest runs at once after the `ALONE` ones. The
+/// tests mostly wait (retransmissions, `ip` under TCG): two lanes of two
+/// test threads each keep both vCPUs busy.
+const LANES: usize = 2;
+
+/// The script the guest runs: modules, `kdrop check`, the `ALONE` test
+/// files, then the rest from a queue in `LANES` lanes (most tests first);
+/// everything to the console and to `<out>/guest.log`, the exit status to
+/// `<out>/status`.
+pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[String]) -> String {
+    let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
+    let mut s = String::new();
+    s.push_str("#!/bin/sh\n# Written by `cargo xtask vm`; runs inside the VM.\n");
+    s.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+    s.push_str(&format!(
+        "export KDROP_BIN={}\n",
+        quote(&kdrop.display().to_string())
+    ));
+    // TCG runs kdrop's startup several times slower than the host, and the
+    // tests start many at once: stretch the harness's bounds.
+    s.push_str(&format!("export KDROP_TEST_TIME_SCALE={TIME_SCALE}\n"));
+    // Each test's time in the log (libtest's --report-time, unstable: the
+    // guest runs no compiler, the variable only unlocks the flag), so a
+    // subset that outgrows CI's budget shows which test did.
+    s.push_str("export RUSTC_BOOTSTRAP=1\n");
+    s.push_str(&format!("out={}\n", quote(&out.display().to_string())));
+    // One test file: its time, and its name in $out/failed if it failed
+    // (lanes are subshells: a variable would not come back).
+    s.push_str("run_file() {\n");
+    s.push_str("  name=$1; shift\n");
+    s.push_str("  echo \"xtask-vm: test file $name\"\n");
+    s.push_str("  t0=$(date +%s)\n");
+    s.push_str("  \"$@\" || echo \"$name\" >> \"$out/failed\"\n");
+    s.push_str("  echo \"xtask-vm: test file $name took $(( $(date +%s) - t0 )) s\"\n");
+    s.push_str("}\n");
+    // A lane takes the next job nobody claimed (mkdir is atomic).
+    s.push_str("lane() {\n");
+    s.push_str("  for j in \"$out\"/queue/*.sh; do\n");
+    s.push_str("    mkdir \"$j.claimed\" 2>/dev/null && . \"$j\"\n");
+    s.push_str("  done\n");
+    s.push_str("}\n");
+    s.push_str("main() {\n");
+    s.push_str(
+        "  echo \"xtask-vm: guest up after $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)\"\n",
+    );
+    // One modprobe for all (each process start is slow under TCG); one by
+    // one only to name what is missing.
+    let modules = MODULES.join(" ");
+    s.push_str(&format!(
+        "  modprobe -a {modules} 2>/dev/null || for m in {modules}; do\n"
+    ));
+    s.push_str("    modprobe \"$m\" 2>/dev/null || missing=\"${missing:-} $m\"\n");
+    s.push_str("  done\n");
+    s.push_str("  [ -n \"${missing:-}\" ] && echo \"xtask-vm: modules not loaded:$missing\"\n");
+    s.push_str("  echo 'xtask-vm: kdrop check'\n");
+    s.push_str("  \"$KDROP_BIN\" check\n");
+    s.push_str("  rm -rf \"$out/queue\" \"$out/failed\"; mkdir \"$out/queue\"\n");
+    let command = |t: &Planned| -> String {
+        let mut line = vec![
+            "run_file".to_string(),
+            quote(&t.file),
+            quote(&t.exe.display().to_string()),
+            "-Zunstable-options".into(),
+            "--report-time".into(),
+        ];
+        line.extend(args.iter().cloned());
+        if !t.names.is_empty() {
+            line.extend(t.names.iter().map(|n| quote(n)));
+            line.push("--exact".into());
+        }
+        line.join(" ")
+    };
+    let (alone, queued): (Vec<&Planned>, Vec<&Planned>) =
+        tests.iter().partition(|t| ALONE.contains(&t.file.as_str()));
+    for t in alone {
+        s.push_str(&format!("  {}\n", command(t)));
+    }
+    // Most named tests first, so the longest jobs start early and the lanes
+    // end close together (the whole files of the CI subsets, oracle and
+    // caps, are short: they count as one).
+    let mut queued = queued;
+    queued.sort_by_key(|t| std::cmp::Reverse(t.names.len().max(1)));
+    for (i, t) in queued.iter().enumerate() {
+        s.push_str(&format!(
+            "  echo {} > \"$out/queue/{i:02}.sh\"\n",
+            quote(&command(t))
+        ));
+    }
+    for _ in 0..LANES {
+        s.push_str("  lane &\n");
+    }
+    s.push_str("  wait\n");
+    s.push_str("  if [ -s \"$out/failed\" ]; then echo 1; else echo 0; fi > \"$out/status\"\n");
+    s.push_str("}\n");
+    s.push_str("main 2>&1 | tee \"$out/guest.log\"\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    #[test]
+    fn guest_runs_nf_verdicts_alone_then_queues_the_longest_first() {
+        let planned = |file: &str, names: &[&str]| Planned {
+            file: file.to_string(),
+            exe: PathBuf::from(format!("/x/test-{file}")),
+            names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        let tests = [
+            planned("caps", &[]),
+            planned("drops", &["a", "b", "c"]),
+            planned("nf_verdicts", &[]),
+            planned("routing", &["d"]),
+        ];
+        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[]);
+        let alone = s.find("run_file 'nf_verdicts'").unwrap();
+        let queue: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("/queue/"))
+            .filter_map(|l| l.split("/x/test-").nth(1)?.split('\'').next())
+            .collect();
+        assert_eq!(queue, ["drops", "caps", "routing"]);
+        assert!(alone < s.find("/queue/00.sh").unwrap());
+        assert!(s.contains(
+            "  run_file 'nf_verdicts' '/x/test-nf_verdicts' -Zunstable-options --report-time\n"
+        ));
+        assert!(s.contains(r"'\''a'\'' '\''b'\'' '\''c'\'' --exact"));
+        assert_eq!(s.matches("  lane &\n").count(), LANES);
+        assert!(s.find("  wait\n").unwrap() < s.find("$out/status").unwrap());
+    }
+
+    #[test]
+    fn quotes_for_sh() {
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}
