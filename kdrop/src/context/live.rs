@@ -5,7 +5,6 @@ use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     sync::Arc,
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -28,7 +27,7 @@ use super::{
 };
 use crate::{
     diagnosis::kube::Services,
-    kernel::symbols::Symbols,
+    kernel::symbols,
     model::{
         listen::ListenerFound,
         netfilter::Snapshot,
@@ -63,8 +62,6 @@ pub struct Live {
     found: HashMap<FoundKey, (Instant, Option<CtSeen>)>,
     /// Reverse lookups asked lately.
     routes: HashMap<RouteKey, (Instant, Option<(RouteQuery, RouteLookup)>)>,
-    symbols: Option<Symbols>,
-    symbols_loading: Option<JoinHandle<Result<Symbols>>>,
     pods: Pods,
     kube: KubeCache,
     /// Processes holding sockets and BPF programs (one bounded scan).
@@ -78,6 +75,7 @@ pub struct Live {
 
 impl Live {
     pub fn new() -> Result<Self> {
+        symbols::prefetch();
         Ok(Self {
             registry: NetnsRegistry::new(),
             ifnames: IfNames::default(),
@@ -87,9 +85,6 @@ impl Live {
             reply_holders: HashMap::new(),
             found: HashMap::new(),
             routes: HashMap::new(),
-            symbols: None,
-            // 100k+ lines: read off the startup path.
-            symbols_loading: Some(std::thread::spawn(Symbols::load)),
             pods: Pods::default(),
             kube: KubeCache::default(),
             holders: Holders::new(),
@@ -303,20 +298,7 @@ impl Node for Live {
     }
 
     fn symbol(&mut self, addr: u64) -> Option<String> {
-        if let Some(h) = self.symbols_loading.take() {
-            let syms = match h.join() {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    log::warn!("no kernel symbols, locations stay addresses: {e:#}");
-                    Symbols::default()
-                }
-                Err(_) => Symbols::default(),
-            };
-            self.symbols = Some(syms);
-        }
-        self.symbols
-            .get_or_insert_with(Symbols::default)
-            .resolve(addr)
+        symbols::shared().resolve(addr)
     }
 
     fn pod(&mut self, netns: u32) -> Option<Pod> {

@@ -1,5 +1,9 @@
 //! Kernel text addresses to `symbol+0xoff`, from /proc/kallsyms.
-use std::{fs, io::BufRead as _};
+use std::{
+    fs,
+    io::BufRead as _,
+    sync::{Once, OnceLock},
+};
 
 use anyhow::{Context as _, Result};
 
@@ -39,6 +43,32 @@ impl Symbols {
         }
         Some(format!("{name}+{:#x}", addr - base))
     }
+}
+
+/// The kernel's symbols, read once per process and shared. /proc/kallsyms
+/// is 200k lines, some 75 ms of CPU; the monitor's two contexts (events,
+/// metric labels) used to read it each, right after the readiness line.
+/// Unreadable: addresses stay addresses (said once).
+pub fn shared() -> &'static Symbols {
+    static SYMBOLS: OnceLock<Symbols> = OnceLock::new();
+    SYMBOLS.get_or_init(|| {
+        Symbols::load().unwrap_or_else(|e| {
+            log::warn!("no kernel symbols, locations stay addresses: {e:#}");
+            Symbols::default()
+        })
+    })
+}
+
+/// Starts reading the shared symbols off the startup path, once: a first
+/// drop's location then costs no wait. A reader that comes first waits
+/// for this one read.
+pub fn prefetch() {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        std::thread::spawn(|| {
+            shared();
+        });
+    });
 }
 
 /// `ffffffff81a2b3c0 T ip_rcv_finish_core.constprop.0\t[mod]` → text symbols only.
