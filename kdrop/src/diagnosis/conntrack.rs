@@ -365,7 +365,7 @@ mod tests {
     use super::*;
     use crate::{
         diagnosis::handshake::tests::{tuple, BITS},
-        model::netfilter::ConntrackStats,
+        model::netfilter::{Chain, ConntrackStats, Rule, Verdict},
     };
 
     fn snat_ct() -> Ct {
@@ -570,5 +570,344 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].chain.as_str(), r[0].number), ("POSTROUTING", 1));
         assert_eq!(r[0].target, "SNAT --to-source 10.0.0.1:40000");
+    }
+
+    #[test]
+    fn nftables_nat_rules_are_snat_or_masquerade_statements() {
+        let rule = |text: &str| Rule {
+            text: text.into(),
+            handle: Some(7),
+            matches: Vec::new(),
+            verdict: Verdict::Terminal,
+            target: String::new(),
+            packets: None,
+            counted_matches: 0,
+        };
+        let t = Table {
+            backend: Backend::Nftables,
+            family: Family::Ip,
+            name: "nat".into(),
+            chains: vec![Chain {
+                name: "post".into(),
+                base: None,
+                rules: vec![
+                    rule("oifname \"r1\" masquerade"),
+                    rule("ip daddr 10.0.0.2 accept"),
+                    rule("oifname \"r2\" snat to 10.0.0.1"),
+                ],
+            }],
+            source: "nft -j list ruleset".into(),
+        };
+        let r = nat_rules(&[t]);
+        let found: Vec<(usize, &str)> = r.iter().map(|r| (r.number, r.text.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (1, "oifname \"r1\" masquerade"),
+                (3, "oifname \"r2\" snat to 10.0.0.1")
+            ]
+        );
+        assert_eq!(r[0].handle, Some(7));
+    }
+
+    /// Counters that are non-zero but did not move say nothing.
+    #[test]
+    fn only_counters_that_moved_decide() {
+        let b = ConntrackStats {
+            chaintoolong: 3,
+            drop: 2,
+            ..ConntrackStats::default()
+        };
+        // insert_failed alone moved: a clash, not a long chain.
+        let a = ConntrackStats {
+            insert_failed: 1,
+            ..b
+        };
+        let m = moved(b, a);
+        let f = explain(&drop(&m, Some(&snat_ct()), &[])).unwrap();
+        assert_eq!(f.cause, "conntrack_insert_failed");
+        assert!(f.summary.starts_with("NAT port clash"), "{}", f.summary);
+        // A long chain, but a drop moved too: the clash finding.
+        let a = ConntrackStats {
+            insert_failed: 1,
+            chaintoolong: 4,
+            drop: 3,
+            ..b
+        };
+        let m = moved(b, a);
+        let f = explain(&drop(&m, Some(&snat_ct()), &[])).unwrap();
+        assert!(!f.summary.contains("hash chain"), "{}", f.summary);
+    }
+
+    /// A table is full from 95 % of nf_conntrack_max; a limit of 0 (unset)
+    /// or half a table is not full.
+    #[test]
+    fn full_means_at_least_95_percent_of_a_set_limit() {
+        let b = ConntrackStats {
+            drop: 1,
+            ..ConntrackStats::default()
+        };
+        let at = |count: u64, max: u64| {
+            let a = ConntrackStats {
+                drop: 2,
+                count: Some(count),
+                max: Some(max),
+                ..b
+            };
+            explain(&drop(&moved(b, a), None, &[])).map(|f| f.cause)
+        };
+        assert_eq!(at(0, 0), None);
+        assert_eq!(at(50, 100), None);
+        assert_eq!(at(94, 100), None);
+        assert_eq!(at(95, 100), Some("conntrack_table_full"));
+        // early_drop did not move: no line says it did.
+        let a = ConntrackStats {
+            drop: 2,
+            early_drop: 5,
+            count: Some(100),
+            max: Some(100),
+            ..b
+        };
+        let b = ConntrackStats { early_drop: 5, ..b };
+        let f = explain(&drop(&moved(b, a), None, &[])).unwrap();
+        assert_eq!(f.evidence.len(), 4, "{:?}", f.evidence);
+    }
+
+    fn clash() -> ConntrackMoved {
+        let b = ConntrackStats::default();
+        moved(
+            b,
+            ConntrackStats {
+                insert_failed: 1,
+                ..b
+            },
+        )
+    }
+
+    /// Whether the entry was SNAT'd, DNAT'd or neither decides the summary
+    /// and whether a port-range note stands in for a rule's fix.
+    #[test]
+    fn the_nat_bits_name_the_clash() {
+        let m = clash();
+        let dnat = Ct {
+            orig: tuple("10.98.1.2:41002", "10.96.0.10:80"),
+            reply: tuple("10.98.2.2:8006", "10.98.1.2:41002"),
+            status: BITS.dst_nat | (1 << 7),
+            ..snat_ct()
+        };
+        let f = explain(&drop(&m, Some(&dnat), &[])).unwrap();
+        assert_eq!(
+            f.summary,
+            "NAT port clash: 10.98.1.2:41002 -> 10.96.0.10:80, DNAT'd to 10.98.1.2:41002 -> \
+             10.98.2.2:8006, could not be confirmed: another connection already has reply tuple \
+             10.98.2.2:8006 -> 10.98.1.2:41002, so conntrack dropped it (insert_failed)"
+        );
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
+        assert_eq!(f.fix_notes.len(), 1, "{:?}", f.fix_notes);
+        assert!(f.fix_notes[0].starts_with("give the SNAT/MASQUERADE rule a port range"));
+
+        let plain = Ct {
+            reply: tuple("10.98.2.2:8006", "10.98.1.2:41002"),
+            status: 1 << 7,
+            ..dnat
+        };
+        let f = explain(&drop(&m, Some(&plain), &[])).unwrap();
+        assert!(
+            f.summary.starts_with(
+                "conntrack insert failed: 10.98.1.2:41002 -> 10.96.0.10:80 could not be confirmed"
+            ),
+            "{}",
+            f.summary
+        );
+        assert!(f.fix.is_empty() && f.fix_notes.is_empty(), "{f:?}");
+
+        // SNAT with a rule to widen: the fix, and no note beside it.
+        let rules = [rule(
+            "-A POSTROUTING -o r1 -p tcp -j SNAT --to-source 10.98.2.1:40000",
+        )];
+        let f = explain(&drop(&m, Some(&snat_ct()), &rules)).unwrap();
+        assert_eq!(f.fix.len(), 1, "{:?}", f.fix);
+        assert!(f.fix_notes.is_empty(), "{:?}", f.fix_notes);
+        // No entry at all: the counters' sentence.
+        let f = explain(&drop(&m, None, &[])).unwrap();
+        assert_eq!(
+            f.summary,
+            "conntrack could not insert the packet's entry (insert_failed): its tuple clashes \
+             with an existing connection"
+        );
+    }
+
+    /// nftables' snat statement is matched by the address it maps to.
+    #[test]
+    fn an_nftables_snat_rule_is_picked_by_its_address() {
+        let nft = |n: usize, addr: &str| NatRule {
+            backend: Backend::Nftables,
+            number: n,
+            text: format!("oifname \"r1\" snat to {addr}"),
+            target: String::new(),
+            ..rule("-A POSTROUTING -j SNAT")
+        };
+        let rules = [nft(1, "10.9.9.9"), nft(2, "10.98.2.1")];
+        let f = explain(&drop(&clash(), Some(&snat_ct()), &rules)).unwrap();
+        let named: Vec<&String> = f
+            .evidence
+            .iter()
+            .filter(|e| e.starts_with("NAT rule: "))
+            .collect();
+        assert_eq!(
+            named,
+            ["NAT rule: oifname \"r1\" snat to 10.98.2.1 (nftables nat/POSTROUTING rule 2)"]
+        );
+        // nftables gets the advice, not a command.
+        assert!(f.fix.is_empty());
+        assert_eq!(f.fix_notes.len(), 1);
+    }
+
+    #[test]
+    fn the_widened_rule_is_written_for_its_own_tool() {
+        let text = "-A POSTROUTING -o r1 -j SNAT --to-source 10.0.0.1";
+        let with = |backend, family| NatRule {
+            backend,
+            family,
+            ..rule(text)
+        };
+        let tool = |r: &NatRule| {
+            widen_fix(r, "")
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            tool(&with(Backend::IptablesLegacy, Family::Ip)),
+            "iptables-legacy"
+        );
+        assert_eq!(
+            tool(&with(Backend::IptablesLegacy, Family::Ip6)),
+            "ip6tables-legacy"
+        );
+        assert_eq!(
+            tool(&with(Backend::IptablesNft, Family::Ip6)),
+            "ip6tables-nft"
+        );
+        assert_eq!(
+            tool(&with(Backend::IptablesNft, Family::Ip)),
+            "iptables-nft"
+        );
+        assert_eq!(widen_fix(&with(Backend::Nftables, Family::Ip), ""), None);
+    }
+
+    /// A rule cut short after `--to-source` / `--to-ports` (no argument)
+    /// is left as it is, not indexed past its end.
+    #[test]
+    fn a_rule_ending_in_its_option_is_not_read_past() {
+        let snat = NatRule {
+            target: "SNAT --to-source".into(),
+            ..rule("-A POSTROUTING -j SNAT --to-source")
+        };
+        assert_eq!(widen_fix(&snat, ""), None);
+        let masq = rule("-A POSTROUTING -j MASQUERADE --to-ports");
+        assert_eq!(
+            widen_fix(&masq, "").unwrap(),
+            "iptables-nft -t nat -R POSTROUTING 2 -j MASQUERADE --to-ports --random-fully"
+        );
+    }
+
+    #[test]
+    fn a_long_chain_says_where_and_doubles_the_buckets() {
+        let b = ConntrackStats::default();
+        let a = ConntrackStats {
+            insert_failed: 1,
+            chaintoolong: 1,
+            count: Some(10),
+            max: Some(262_144),
+            buckets: Some(65_536),
+            ..b
+        };
+        let m = moved(b, a);
+        let f = explain(&drop(&m, Some(&snat_ct()), &[])).unwrap();
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel drop reason NETFILTER_DROP at nf_hook_slow+0x4e",
+                "conntrack statistics: insert_failed 0 -> 1, chaintoolong 0 -> 1 (drop 0, \
+                 early_drop 0, invalid 0, clash_resolve 0)",
+                "conntrack table: 10 entries of nf_conntrack_max 262144",
+            ]
+        );
+        assert_eq!(
+            f.fix,
+            ["sysctl -w net.netfilter.nf_conntrack_buckets=131072"]
+        );
+        assert_eq!(
+            f.fix_notes,
+            ["in the initial namespace: the hash table is global"]
+        );
+        assert_eq!(f.inspect, ["ip netns exec rt conntrack -S"]);
+        // Buckets unknown: a default size.
+        let m = moved(
+            b,
+            ConntrackStats {
+                buckets: None,
+                count: None,
+                ..a
+            },
+        );
+        let f = explain(&drop(&m, Some(&snat_ct()), &[])).unwrap();
+        assert_eq!(
+            f.fix,
+            ["sysctl -w net.netfilter.nf_conntrack_buckets=262144"]
+        );
+        assert_eq!(f.evidence[2], "conntrack table: fill unknown");
+    }
+
+    /// A full table whose limit could not be read (early_drop moved): the
+    /// fix proposes sizes of its own.
+    #[test]
+    fn a_full_table_of_unknown_size_gets_default_sizes() {
+        let b = ConntrackStats {
+            drop: 1,
+            ..ConntrackStats::default()
+        };
+        let a = ConntrackStats {
+            drop: 2,
+            early_drop: 1,
+            ..b
+        };
+        let f = explain(&drop(&moved(b, a), None, &[])).unwrap();
+        assert_eq!(
+            f.fix,
+            [
+                "sysctl -w net.netfilter.nf_conntrack_max=262144",
+                "sysctl -w net.netfilter.nf_conntrack_buckets=65536"
+            ]
+        );
+        assert_eq!(
+            f.evidence[2],
+            "conntrack table of netns rt: fill unknown (the count is per namespace, the limit \
+             global)"
+        );
+        assert_eq!(
+            f.inspect,
+            [
+                "ip netns exec rt conntrack -C",
+                "ip netns exec rt conntrack -S"
+            ]
+        );
+        let a = ConntrackStats {
+            max: Some(1000),
+            count: Some(990),
+            buckets: Some(256),
+            ..a
+        };
+        let f = explain(&drop(&moved(b, a), None, &[])).unwrap();
+        assert_eq!(
+            f.fix,
+            [
+                "sysctl -w net.netfilter.nf_conntrack_max=2000",
+                "sysctl -w net.netfilter.nf_conntrack_buckets=512"
+            ]
+        );
     }
 }
