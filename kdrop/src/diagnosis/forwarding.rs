@@ -388,6 +388,7 @@ fn neighbour_failed(s: &Stuck, t: &Tables) -> Finding {
 mod tests {
     use super::*;
     use crate::diagnosis::routing::tests::{link, route, rule};
+    use crate::model::routing::{RouteAnswer, RouteType};
 
     fn tables() -> Tables {
         Tables {
@@ -550,6 +551,255 @@ mod tests {
         assert_eq!(
             f.inspect[0],
             "ip netns exec node ip neigh show dev ens6 to 10.123.2.3"
+        );
+    }
+
+    /// A `fib:fib_table_lookup` record: `src -> dst` looked up in `table`.
+    fn fib(
+        src: &str,
+        dst: &str,
+        table: u32,
+        err: i32,
+        res_ifindex: u32,
+        gw: Option<&str>,
+    ) -> Lookup {
+        Lookup {
+            ts_ns: 1,
+            table,
+            err,
+            iif: 2,
+            oif: 0,
+            mark: 0,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            res_ifindex,
+            gw: gw.map(|g| g.parse().unwrap()),
+            scope: 0,
+        }
+    }
+
+    /// `ip route get DST from 10.0.0.7 iif eth0` answered with a unicast
+    /// route of table main through `oif`.
+    fn asked(dst: &str, oif: u32, gateway: Option<&str>) -> (RouteQuery, RouteLookup) {
+        let q = RouteQuery {
+            src: Some("10.0.0.7".parse().unwrap()),
+            iif: Some(2),
+            ..RouteQuery::get(dst.parse().unwrap())
+        };
+        let a = RouteAnswer {
+            family: 2,
+            table: 254,
+            kind: RouteType::Unicast,
+            scope: 0,
+            dst: Some(dst.parse().unwrap()),
+            dst_len: 32,
+            oif: Some(oif),
+            gateway: gateway.map(|g| g.parse().unwrap()),
+            prefsrc: None,
+            priority: None,
+            nexthops: vec![],
+            nh_id: None,
+            flags: 0,
+        };
+        (q, RouteLookup::Found(a))
+    }
+
+    fn via_ens6() -> NextHop {
+        NextHop {
+            table: Some(254),
+            oif: 3,
+            addr: "10.123.2.3".parse().unwrap(),
+            via_gateway: true,
+        }
+    }
+
+    /// The fib ring holds every packet's lookups: one the same host sent to
+    /// another destination, answered later, is not where this one went.
+    #[test]
+    fn another_flows_lookup_is_not_this_packets_next_hop() {
+        let fib = [
+            fib("10.0.0.7", "10.123.9.9", 254, 0, 3, Some("10.123.2.3")),
+            fib("10.0.0.7", "10.0.0.9", 254, 0, 2, None),
+        ];
+        let s = stuck("NEIGH_FAILED", "10.123.9.9", &fib);
+        assert_eq!(next_hop(&s), Some(via_ens6()));
+    }
+
+    /// A later packet of the flow found nothing (its route went away while
+    /// the neighbour was being resolved): the lookup that matched sent it.
+    #[test]
+    fn a_lookup_that_found_nothing_is_not_the_next_hop() {
+        let fib = [
+            fib("10.0.0.7", "10.123.9.9", 255, -11, 0, None),
+            fib("10.0.0.7", "10.123.9.9", 254, 0, 3, Some("10.123.2.3")),
+            fib("10.0.0.7", "10.123.9.9", 255, -11, 0, None),
+            fib("10.0.0.7", "10.123.9.9", 254, -11, 0, None),
+            fib("10.0.0.7", "10.123.9.9", 253, -11, 0, None),
+        ];
+        let s = stuck("NEIGH_FAILED", "10.123.9.9", &fib);
+        assert_eq!(next_hop(&s), Some(via_ens6()));
+    }
+
+    /// With no lookup recorded, the route the kernel answers now decides;
+    /// on a connected route the next hop is the destination itself.
+    #[test]
+    fn a_connected_destination_asked_through_netlink_is_its_own_next_hop() {
+        let t = tables();
+        let answer = asked("10.0.0.9", 2, None);
+        let mut s = stuck("NEIGH_FAILED", "10.0.0.9", &[]);
+        s.asked = Some(&answer);
+        assert_eq!(
+            next_hop(&s),
+            Some(NextHop {
+                table: Some(254),
+                oif: 2,
+                addr: "10.0.0.9".parse().unwrap(),
+                via_gateway: false
+            })
+        );
+        let f = explain(&s, &t).unwrap();
+        assert_eq!(f.cause, "neighbour_failed");
+        assert_eq!(
+            f.summary,
+            "10.0.0.9 does not answer ARP on eth0: it is on eth0's subnet (no gateway), and no \
+             host answers for it"
+        );
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel drop reason NEIGH_FAILED at ip_error+0x1",
+                "the route that chose it: 10.0.0.0/24 dev eth0 (table main)",
+                "no neighbour entry is left for it (the failed one was garbage-collected)",
+            ]
+        );
+        assert!(f.fix.is_empty());
+        assert_eq!(
+            f.fix_notes,
+            ["10.0.0.9 is down or not on the segment of eth0; if it moved, the route or address \
+              of eth0 is stale"]
+        );
+        assert_eq!(
+            f.inspect,
+            [
+                "ip netns exec node ip neigh show dev eth0 to 10.0.0.9",
+                "ip netns exec node ip route get 10.0.0.9 from 10.0.0.7",
+            ]
+        );
+    }
+
+    /// The answer's gateway is the next hop that must answer ARP, and the
+    /// note says to bring it back or route around it.
+    #[test]
+    fn a_gateway_asked_through_netlink_is_the_next_hop_to_bring_back() {
+        let t = tables();
+        let answer = asked("10.123.9.9", 3, Some("10.123.2.3"));
+        let mut s = stuck("NEIGH_FAILED", "10.123.9.9", &[]);
+        s.asked = Some(&answer);
+        assert_eq!(next_hop(&s), Some(via_ens6()));
+        let f = explain(&s, &t).unwrap();
+        assert_eq!(
+            f.summary,
+            "next hop 10.123.2.3 on ens6 does not answer ARP: 10.0.0.7 -> 10.123.9.9 cannot be \
+             sent on"
+        );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "10.123.2.3 is down or not on ens6's segment: bring it back, or route 10.123.9.9 \
+              through a next hop that answers (`ip netns exec node ip route replace <prefix> via \
+              <next hop> dev <device>`)"
+            ]
+        );
+    }
+
+    /// A rule for other sources is not one this packet walks.
+    #[test]
+    fn a_rule_that_does_not_match_the_packet_is_not_walked() {
+        let mut t = tables();
+        let mut other = rule(100, 100);
+        other.src = Some(("192.168.0.0".parse().unwrap(), 16));
+        t.rules.push(other);
+        let f = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &[]), &t).unwrap();
+        assert_eq!(
+            f.summary,
+            "no route to 10.99.0.5 in netns node: 10.0.0.7 -> 10.99.0.5 arriving on eth0; rules \
+             0, 32766, 32767 looked in tables local, main, default, and none holds a route for it"
+        );
+    }
+
+    /// Only this packet's lookups are its evidence, not those of another
+    /// flow from the same source.
+    #[test]
+    fn lookups_of_another_flow_are_not_the_packets_evidence() {
+        let t = tables();
+        let fib = [
+            fib("10.0.0.7", "10.99.0.5", 255, -11, 0, None),
+            fib("10.0.0.7", "10.0.0.9", 254, 0, 2, None),
+            fib("10.0.0.7", "10.99.0.5", 254, -11, 0, None),
+            fib("10.0.0.7", "10.99.0.5", 253, -11, 0, None),
+        ];
+        let f = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &fib), &t).unwrap();
+        assert_eq!(
+            f.evidence[1],
+            "the kernel's lookups for 10.0.0.7 -> 10.99.0.5: table local found nothing, table main \
+             found nothing, table default found nothing"
+        );
+    }
+
+    /// `ip rule add to 10.123.0.0/16 unreachable` ends the lookup with
+    /// ENETUNREACH ahead of main, which holds a route and a default: the
+    /// rule reads no table, and main's route is not one to add a rule for.
+    #[test]
+    fn an_unreachable_rule_ahead_of_a_table_that_holds_the_route() {
+        let mut t = tables();
+        t.routes.push(route(254, None, Some("10.0.0.1"), 2));
+        let mut unreachable = rule(100, 0);
+        unreachable.action = 7;
+        unreachable.dst = Some(("10.123.0.0".parse().unwrap(), 16));
+        t.rules.push(unreachable);
+        let f = explain(&stuck("IP_INNOROUTES", "10.123.9.9", &[]), &t).unwrap();
+        // 10.123.9.9 shares 20 bits with 10.123.0.0 (a /16), 9 with 10.0.0.0.
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel drop reason IP_INNOROUTES at ip_error+0x1",
+                "rule 0: from all lookup local: table local holds nothing for 10.123.9.9",
+                "rule 100: from all to 10.123.0.0/16 unreachable: ends the lookup",
+                "rule 32766: from all lookup main: holds 10.123.0.0/16 via 10.123.2.3 dev ens6",
+                "rule 32767: from all lookup default: table default holds nothing for 10.123.9.9",
+                "nearest routes: 10.123.0.0/16 via 10.123.2.3 dev ens6 (table main); 10.0.0.0/24 \
+                 dev eth0 (table main)",
+            ]
+        );
+        assert!(f.fix.is_empty());
+    }
+
+    /// A default route in a table no rule reads is no default for the
+    /// packet; it is the route a rule to the destination would reach.
+    #[test]
+    fn a_default_route_in_a_table_no_rule_reads_is_not_the_packets_default() {
+        let mut t = tables();
+        t.routes.push(route(100, None, Some("10.0.0.1"), 2));
+        let f = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &[]), &t).unwrap();
+        assert_eq!(
+            f.evidence[4..],
+            [
+                "nearest routes: 10.123.0.0/16 via 10.123.2.3 dev ens6 (table main); 10.0.0.0/24 \
+                 dev eth0 (table main)",
+                "no default route in tables local, main, default",
+                "table 100 holds default via 10.0.0.1 dev eth0, but no rule sends this packet there",
+            ]
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip rule add to 10.99.0.5/32 lookup 100"]
+        );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the rule sends every packet to 10.99.0.5/32 to table 100; narrow it (from, iif, \
+              fwmark) if only some should go there"
+            ]
         );
     }
 }

@@ -401,4 +401,23 @@ mod tests {
         );
         assert!(f.fix.is_empty());
     }
+
+    /// A counter below its previous read (the namespace was made again)
+    /// shows its value, no negative growth.
+    #[test]
+    fn counters_that_went_back_show_their_value_only() {
+        let c = |o, d| ListenCounters {
+            listen_overflows: o,
+            listen_drops: d,
+            ..ListenCounters::default()
+        };
+        assert_eq!(
+            counters_line(&c(Some(3), Some(7)), Some(&c(Some(5), Some(7)))),
+            "TcpExt ListenOverflows 3, ListenDrops 7 (+0 since kdrop's previous read)"
+        );
+        assert_eq!(
+            counters_line(&c(None, None), None),
+            "TcpExt counters unreadable"
+        );
+    }
 }

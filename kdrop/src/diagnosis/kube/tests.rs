@@ -454,9 +454,64 @@ mod nftables {
                 ..
             })
         ));
+        // A node port's number on an address that is not this node's:
+        // not the node port.
+        let reject = nft_attribution("reject-chain", "reject");
+        assert_eq!(classify(&reject, &s, sa("10.9.9.9:3001"), false), None);
         // A table kube-proxy does not own.
         let mut other = lb.clone();
         other.table = Some("filter".into());
         assert_eq!(classify(&other, &s, sa("1.2.3.4:80"), false), None);
     }
+}
+
+/// With no Service map entry for the destination, the rule's own chain and
+/// matches say what kind of address was refused.
+#[test]
+fn the_kind_comes_from_the_rule_when_no_service_names_the_address() {
+    let s = Services::default();
+    let kind = |rule: &str, dst: &str, local: bool| match classify(
+        &attribution("filter", rule),
+        &s,
+        sa(dst),
+        local,
+    ) {
+        Some(KubeDrop::NoEndpoints { kind, .. } | KubeDrop::NoLocalEndpoints { kind, .. }) => {
+            Some(kind)
+        }
+        _ => None,
+    };
+    assert_eq!(
+        kind(
+            r#"-A KUBE-SERVICES -d 10.96.0.9/32 -p tcp -m comment --comment "ns/a:p has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"#,
+            "10.96.0.9:80",
+            false
+        ),
+        Some(Kind::ClusterIp)
+    );
+    assert_eq!(
+        kind(
+            r#"-A KUBE-EXTERNAL-SERVICES -d 5.6.7.9/32 -p tcp -m comment --comment "ns/a:p has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"#,
+            "5.6.7.9:80",
+            false
+        ),
+        Some(Kind::ExternalIp)
+    );
+    assert_eq!(
+        kind(
+            r#"-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment "ns/a:p has no endpoints" -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j REJECT --reject-with icmp-port-unreachable"#,
+            "192.0.2.1:30080",
+            true
+        ),
+        Some(Kind::NodePort)
+    );
+}
+
+/// KUBE-FIREWALL's own drops are the mark and localnet rules; another
+/// DROP someone put in that chain is not kube-proxy's.
+#[test]
+fn an_unmarked_uncommented_drop_in_kube_firewall_is_not_localnet() {
+    let s = services(V122_SAVE);
+    let a = attribution("filter", "-A KUBE-FIREWALL -j DROP");
+    assert_eq!(classify(&a, &s, sa("127.0.0.1:3001"), true), None);
 }
