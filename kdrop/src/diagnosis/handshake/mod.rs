@@ -23,6 +23,7 @@ pub(crate) mod tests {
         *,
     };
     use crate::model::{
+        finding::Finding,
         packet::{Ct, Packet, Tuple},
         routing::{Addr, Link, Tables},
     };
@@ -499,5 +500,434 @@ pub(crate) mod tests {
             "kdrop did not see a SYN 172.16.0.50:40000 -> 10.0.0.13:80 leave any device it follows"
         );
         assert!(f.fix.is_empty());
+    }
+
+    fn flow(ct: Option<Ct>, syns: u32, last_ns: u64, ifindex: u32) -> Flow {
+        let orig = ct.map_or(tuple("172.16.0.50:40000", "10.0.0.13:80"), |c| c.orig);
+        Flow {
+            orig,
+            ct,
+            first_ns: 0,
+            last_ns,
+            syns,
+            answered: false,
+            reported: true,
+            netns: 7,
+            ifindex,
+            wire: tuple("172.16.0.50:40000", "10.0.0.13:80"),
+        }
+    }
+
+    /// A conntrack entry that translated nothing (CONFIRMED only).
+    fn plain_ct() -> Ct {
+        Ct {
+            orig: tuple("172.16.0.50:40000", "10.0.0.13:80"),
+            reply: tuple("10.0.0.13:80", "172.16.0.50:40000"),
+            status: 8,
+            mark: 0,
+            zone: 0,
+            ctinfo: 2,
+        }
+    }
+
+    /// Without a DNAT (no entry, or one that translated nothing) a SYN
+    /// nobody answers is only unanswered: no return path to blame.
+    #[test]
+    fn an_unanswered_syn_without_dnat_is_only_unanswered() {
+        let cases = [
+            (
+                flow(None, 1, 0, 2),
+                "SYN 172.16.0.50:40000 -> 10.0.0.13:80 sent once out of eth0 without an answer",
+                "1 transmission of the SYN, not answered",
+            ),
+            (
+                flow(Some(plain_ct()), 3, 3_000_000_000, 9),
+                "SYN 172.16.0.50:40000 -> 10.0.0.13:80 sent 3 times out of if9 without an answer",
+                "3 transmissions of the same SYN over 3.0s, none answered",
+            ),
+        ];
+        for (f, summary, sent) in cases {
+            assert_eq!(
+                unanswered(
+                    &f,
+                    &BITS,
+                    &["CONFIRMED".into()],
+                    &tables(),
+                    "ip netns exec nodeb "
+                ),
+                Finding {
+                    cause: "unanswered",
+                    summary: summary.into(),
+                    evidence: vec![sent.into()],
+                    ..Finding::default()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn an_asymmetric_return_path_finding_in_full() {
+        let ct = dnat_ct(8);
+        let f = flow(Some(ct), 2, 1_000_000_000, 2);
+        let status = ["CONFIRMED".to_string(), "DST_NAT".to_string()];
+        assert_eq!(
+            unanswered(&f, &BITS, &status, &tables(), "ip netns exec nodeb "),
+            Finding {
+                cause: "asymmetric_return_path",
+                summary: "SYN 172.16.0.50:40000 -> 10.0.58.158:80 was DNAT'd to 10.0.0.13:80 and \
+                          sent out eth0, but no reply came back through this host: asymmetric \
+                          return path"
+                    .into(),
+                evidence: vec![
+                    "conntrack: orig 172.16.0.50:40000 -> 10.0.58.158:80, reply 10.0.0.13:80 -> \
+                     172.16.0.50:40000, status [CONFIRMED,DST_NAT] (UNREPLIED)"
+                        .into(),
+                    "2 transmissions of the same SYN over 1.0s, none answered".into(),
+                    "no SNAT: 10.0.0.13:80 sees 172.16.0.50 as the source and answers it \
+                     directly, bypassing this host, so the reply is never un-DNAT'd"
+                        .into(),
+                ],
+                fix: vec![
+                    "ip netns exec nodeb iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp \
+                     --dport 80 -j MASQUERADE"
+                        .into(),
+                    "ip netns exec nodeb conntrack -D -p tcp --orig-src 172.16.0.50 \
+                     --orig-port-src 40000 --orig-dst 10.0.58.158 --orig-port-dst 80"
+                        .into(),
+                ],
+                fix_or: vec![],
+                fix_notes: vec![
+                    "with the masquerade 10.0.0.13:80 answers this host, which un-NATs the \
+                     reply; the entry made before it has no SNAT, so the client's retries from \
+                     172.16.0.50:40000 fail until it is deleted (the second command)"
+                        .into(),
+                    "or, outside this node: route 172.16.0.50 back through this host on \
+                     10.0.0.13's side (the router or gateway between them)"
+                        .into(),
+                ],
+                inspect: vec![
+                    "ip netns exec nodeb conntrack -L -p tcp --orig-src 172.16.0.50 \
+                     --orig-port-src 40000 --orig-dst 10.0.58.158 --orig-port-dst 80"
+                        .into()
+                ],
+            }
+        );
+    }
+
+    #[test]
+    fn an_lb_loopback_finding_in_full() {
+        let first = Flow {
+            orig: tuple("10.244.2.5:41000", "203.0.113.80:80"),
+            ..flow(None, 3, 3_000_000_000, 2)
+        };
+        let back_ct = Ct {
+            orig: tuple("10.244.2.5:41000", "10.70.0.10:30080"),
+            reply: tuple("10.244.2.9:80", "10.244.2.5:41000"),
+            ..dnat_ct(8)
+        };
+        let back = flow(Some(back_ct), 2, 3_000_000_000, 6);
+        let status = ["CONFIRMED".to_string(), "DST_NAT".to_string()];
+        let l = looped_back(&first, &back, &status, &tables());
+        assert_eq!(
+            lb_loopback(&l, "ip netns exec node "),
+            Finding {
+                cause: "lb_loopback_without_snat",
+                summary: "SYN 10.244.2.5:41000 -> 203.0.113.80:80 left by eth0 to the load \
+                          balancer, came back as 10.244.2.5:41000 -> 10.70.0.10:30080 and was \
+                          DNAT'd to 10.244.2.9:80 without SNAT: the reply goes straight to \
+                          10.244.2.5 and bypasses the load balancer"
+                    .into(),
+                evidence: vec![
+                    "3 transmissions of the same SYN over 3.0s, none answered (to \
+                     203.0.113.80:80, out of eth0)"
+                        .into(),
+                    "the same client address and port came back in: conntrack 10.244.2.5:41000 \
+                     -> 10.70.0.10:30080, reply 10.244.2.9:80 -> 10.244.2.5:41000, status \
+                     [CONFIRMED,DST_NAT], sent out vethb"
+                        .into(),
+                    "no SNAT: 10.244.2.9:80 answers 10.244.2.5 directly from its own address, so \
+                     the reply is un-NAT'd at most to 10.70.0.10:30080 by this node, never to \
+                     203.0.113.80:80: the client's socket never sees its SYN-ACK"
+                        .into(),
+                ],
+                fix: vec![
+                    "ip netns exec node iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d \
+                     203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.9:80"
+                        .into(),
+                    "ip netns exec node conntrack -D -p tcp --orig-src 10.244.2.5 \
+                     --orig-port-src 41000 --orig-dst 203.0.113.80 --orig-port-dst 80"
+                        .into(),
+                ],
+                fix_or: vec![],
+                fix_notes: vec![
+                    "the first command serves 203.0.113.80:80 on this node for 10.244.2.5, as \
+                     kube-proxy does for a Service's status.loadBalancer.ingress IPs; on \
+                     Kubernetes the lasting repair is that: a Service whose load balancer \
+                     reports its IP in status.loadBalancer.ingress (ipMode VIP), so kube-proxy \
+                     writes those rules"
+                        .into(),
+                    "or SNAT before the load balancer (on the client's side), so the reply goes \
+                     back through it"
+                        .into(),
+                    "externalTrafficPolicy: Cluster does not repair this: the load balancer's \
+                     own DNAT of the VIP can only be undone by the load balancer, and the reply \
+                     never reaches it"
+                        .into(),
+                ],
+                inspect: vec![
+                    "ip netns exec node iptables-save -t nat | grep -e 203.0.113.80 -e 10.244.2.9"
+                        .into(),
+                    "ip netns exec node conntrack -L -p tcp --orig-src 10.244.2.5 \
+                     --orig-port-src 41000 --orig-dst 203.0.113.80 --orig-port-dst 80"
+                        .into(),
+                    "kubectl get svc -A -o wide | grep 203.0.113.80".into(),
+                ],
+            }
+        );
+    }
+
+    /// Three SYNs of `p`'s handshake, a second apart, with `other` (another
+    /// handshake) sent once before: what the tracker says of the third.
+    fn third_syn_after(other: Packet, p: Packet) -> Option<Dead> {
+        let mut tr = Tracker::default();
+        assert_eq!(tr.on_egress(&other, &BITS), None);
+        let mut dead = None;
+        for ts in [1, 1_000_000_000, 3_000_000_000] {
+            dead = dead.or(tr.on_egress(
+                &Packet {
+                    ts_ns: ts,
+                    ..p.clone()
+                },
+                &BITS,
+            ));
+        }
+        dead
+    }
+
+    /// A loopback takes the same client end, two destinations, and exactly
+    /// one of them DNAT'd without SNAT: anything else is each handshake
+    /// unanswered on its own.
+    #[test]
+    fn only_the_same_client_end_dnatted_on_one_side_is_a_loopback() {
+        let untracked = syn(0, None);
+        let to_other = |ct: Option<Ct>| Packet {
+            tuple: tuple("172.16.0.50:40000", "192.0.2.1:443"),
+            ct: ct.map(|c| Ct {
+                orig: tuple("172.16.0.50:40000", "192.0.2.1:443"),
+                reply: tuple("192.0.2.1:443", "172.16.0.50:40000"),
+                ..c
+            }),
+            ..syn(0, None)
+        };
+        // Another client's DNAT'd handshake.
+        let other_client = Packet {
+            tuple: tuple("172.16.0.51:40000", "10.0.0.13:80"),
+            ..syn(
+                0,
+                Some(Ct {
+                    orig: tuple("172.16.0.51:40000", "10.0.58.158:80"),
+                    reply: tuple("10.0.0.13:80", "172.16.0.51:40000"),
+                    ..dnat_ct(8)
+                }),
+            )
+        };
+        // The same client end to another address, tracked without NAT.
+        let Some(Dead::Unanswered(f)) =
+            third_syn_after(to_other(Some(plain_ct())), untracked.clone())
+        else {
+            panic!()
+        };
+        assert_eq!(f.orig, untracked.tuple);
+        let Some(Dead::Unanswered(f)) = third_syn_after(other_client, to_other(None)) else {
+            panic!()
+        };
+        assert_eq!(f.orig, tuple("172.16.0.50:40000", "192.0.2.1:443"));
+        // The same client end DNAT'd elsewhere: a loop.
+        let Some(Dead::LoopedBack(pair)) =
+            third_syn_after(syn(0, Some(dnat_ct(8))), to_other(None))
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (pair.0.orig, pair.1.orig),
+            (tuple("172.16.0.50:40000", "192.0.2.1:443"), dnat_ct(8).orig)
+        );
+    }
+
+    /// The SYN that came back DNAT'd may reach the count first: the pair
+    /// is still (the SYN to the VIP, the one that came back).
+    #[test]
+    fn a_loopback_counted_first_on_its_way_back_keeps_the_order() {
+        let out = Packet {
+            tuple: tuple("172.16.0.50:40000", "203.0.113.80:80"),
+            ..syn(0, None)
+        };
+        let mut tr = Tracker::default();
+        let mut dead = None;
+        for ts in [0, 1_000_000_000, 3_000_000_000] {
+            dead = dead.or(tr.on_egress(&syn(ts, Some(dnat_ct(8))), &BITS));
+            dead = dead.or(tr.on_egress(
+                &Packet {
+                    ts_ns: ts + 1,
+                    ..out.clone()
+                },
+                &BITS,
+            ));
+        }
+        let Some(Dead::LoopedBack(pair)) = dead else {
+            panic!("{dead:?}")
+        };
+        assert_eq!((pair.0.orig, pair.1.orig), (out.tuple, dnat_ct(8).orig));
+        assert_eq!((pair.0.syns, pair.1.syns), (2, 3));
+    }
+
+    /// Only a segment with both SYN and ACK answers a handshake; an ACK
+    /// alone (or any segment without SYN) is neither an answer nor a
+    /// transmission.
+    #[test]
+    fn segments_without_syn_neither_answer_nor_count() {
+        let mut tr = Tracker::default();
+        let t = syn(0, None).tuple;
+        assert_eq!(tr.on_egress(&syn(0, None), &BITS), None);
+        for (ts, tup, flags) in [
+            (500_000_000, t.reversed(), TCP_ACK),
+            (600_000_000, t, TCP_ACK),
+            (700_000_000, t.reversed(), 0x01 | TCP_ACK),
+        ] {
+            assert_eq!(tr.on_egress(&packet(ts, 2, tup, flags), &BITS), None);
+        }
+        assert_eq!(tr.on_egress(&syn(1_000_000_000, None), &BITS), None);
+        let Some(Dead::Unanswered(f)) = tr.on_egress(&syn(3_000_000_000, None), &BITS) else {
+            panic!()
+        };
+        assert_eq!(f.syns, 3);
+    }
+
+    /// A SYN-ACK is remembered until it expires, whatever other SYN-ACKs
+    /// leave meanwhile.
+    #[test]
+    fn a_syn_ack_is_forgotten_by_age_only() {
+        let a = tuple("10.0.0.13:80", "172.16.0.50:40000");
+        let b = tuple("10.0.0.13:80", "172.16.0.50:40001");
+        let reset_of = |tr: &mut Tracker, ts, t: Tuple| {
+            tr.on_egress(&packet(ts, 4, t.reversed(), TCP_RST), &BITS);
+            tr.due_resets(u64::MAX)
+                .into_iter()
+                .map(|r| r.syn_ack)
+                .collect::<Vec<_>>()
+        };
+        let mut tr = Tracker::default();
+        tr.on_egress(&packet(0, 3, a, TCP_SYN | TCP_ACK), &BITS);
+        tr.on_egress(&packet(2_000_000_000, 3, b, TCP_SYN | TCP_ACK), &BITS);
+        assert_eq!(reset_of(&mut tr, 2_100_000_000, a), [a]);
+
+        let mut tr = Tracker::default();
+        tr.on_egress(&packet(0, 3, a, TCP_SYN | TCP_ACK), &BITS);
+        tr.on_egress(&packet(FORGET_AFTER_NS, 3, b, TCP_SYN | TCP_ACK), &BITS);
+        tr.expire(FORGET_AFTER_NS + 1);
+        assert_eq!(reset_of(&mut tr, FORGET_AFTER_NS + 2, a), []);
+        assert_eq!(reset_of(&mut tr, FORGET_AFTER_NS + 3, b), [b]);
+    }
+
+    /// `tracker::MAX_FLOWS`.
+    const MAX_FLOWS: u32 = 65_536;
+
+    fn client(i: u32) -> Tuple {
+        Tuple {
+            src: (std::net::Ipv4Addr::from(0x0a80_0000 + i), 40000).into(),
+            dst: "10.0.0.13:80".parse().unwrap(),
+        }
+    }
+
+    /// A SYN-ACK flood fills the table: the last second's are kept, older
+    /// ones forgotten.
+    #[test]
+    fn a_full_syn_ack_table_keeps_the_last_second() {
+        let mut tr = Tracker::default();
+        for i in 0..MAX_FLOWS - 1 {
+            tr.on_egress(
+                &packet(0, 3, client(i).reversed(), TCP_SYN | TCP_ACK),
+                &BITS,
+            );
+        }
+        let recent = client(MAX_FLOWS).reversed();
+        tr.on_egress(&packet(1_500_000_000, 3, recent, TCP_SYN | TCP_ACK), &BITS);
+        let new = client(MAX_FLOWS + 1).reversed();
+        tr.on_egress(&packet(2_000_000_000, 3, new, TCP_SYN | TCP_ACK), &BITS);
+        for t in [client(0), recent.reversed(), new.reversed()] {
+            tr.on_egress(&packet(2_100_000_000, 4, t, TCP_RST), &BITS);
+        }
+        let due: Vec<_> = tr
+            .due_resets(u64::MAX)
+            .into_iter()
+            .map(|r| r.syn_ack)
+            .collect();
+        assert_eq!(due.len(), 2);
+        assert!(due.contains(&recent) && due.contains(&new), "{due:?}");
+    }
+
+    /// A full flow table is emptied of flows idle before the new one, from
+    /// a SYN seen leaving or a new conntrack entry alike.
+    #[test]
+    fn a_full_flow_table_makes_room() {
+        for by_event in [false, true] {
+            let mut tr = Tracker::default();
+            for i in 0..MAX_FLOWS {
+                tr.on_egress(&packet(0, 2, client(i), TCP_SYN), &BITS);
+            }
+            assert_eq!(tr.len(), MAX_FLOWS as usize);
+            let new = Ct {
+                orig: client(MAX_FLOWS),
+                reply: client(MAX_FLOWS).reversed(),
+                ..plain_ct()
+            };
+            if by_event {
+                tr.on_new(&new, 7, 1_000_000_000, &BITS);
+            } else {
+                tr.on_egress(&syn(1_000_000_000, Some(new)), &BITS);
+            }
+            assert_eq!(tr.len(), 1);
+        }
+    }
+
+    /// Below the limit nothing is forgotten to make room.
+    #[test]
+    fn flows_below_the_limit_are_all_kept() {
+        let mut tr = Tracker::default();
+        assert!(tr.is_empty());
+        tr.on_egress(&syn(0, None), &BITS);
+        tr.on_egress(&packet(10_000_000_000, 2, client(1), TCP_SYN), &BITS);
+        let new = Ct {
+            orig: client(2),
+            reply: client(2).reversed(),
+            ..plain_ct()
+        };
+        tr.on_new(&new, 7, 20_000_000_000, &BITS);
+        assert_eq!(tr.len(), 3);
+        assert!(!tr.is_empty());
+    }
+
+    /// Only a DNAT'd entry's reply side names its handshake: an entry
+    /// without DNAT (untranslated, or SNAT only) is no hairpin candidate.
+    #[test]
+    fn only_dnatted_entries_are_found_by_their_reply() {
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, Some(plain_ct())), &BITS);
+        assert_eq!(tr.dnat_reply(&plain_ct().reply), None);
+        let snat = Ct {
+            reply: tuple("10.0.0.13:80", "10.0.0.12:61000"),
+            status: 8 | BITS.src_nat,
+            ..plain_ct()
+        };
+        let ends = tr.on_new(&snat, 9, 100, &BITS);
+        assert_eq!(
+            ends,
+            [
+                "172.16.0.50:40000".parse().unwrap(),
+                "10.0.0.12:61000".parse().unwrap()
+            ]
+        );
+        assert_eq!(tr.dnat_reply(&snat.reply), None);
+        assert_eq!(tr.len(), 1);
     }
 }

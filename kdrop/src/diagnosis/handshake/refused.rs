@@ -559,4 +559,69 @@ mod tests {
         assert!(!same_subnet(a("fd00:1::1"), a("fd00:2::1"), 64));
         assert!(!same_subnet(a("10.1.2.3"), a("fd00:1::1"), 0));
     }
+
+    /// br_netfilter loaded but the switch absent in the DNAT's namespace
+    /// (before Linux 5.3 the bridge-nf sysctls live in the initial one
+    /// only): loading the module again would change nothing.
+    #[test]
+    fn a_loaded_br_netfilter_is_not_loaded_again() {
+        let t = tables();
+        let c = ct(
+            ("10.244.1.5:43534", "100.67.30.133:80"),
+            ("10.244.1.9:8080", "10.244.1.5:43534"),
+            BITS.dst_nat,
+        );
+        let mut d = translator(&t, "node", flow(7, 6, c));
+        d.bridge = BridgeFacts {
+            br_netfilter_loaded: true,
+            call_iptables: None,
+            call_ip6tables: Some(1),
+        };
+        let r = Refused {
+            syn_ack: tuple("10.244.1.9:8080", "10.244.1.5:43534"),
+            kernel: "k".into(),
+            waits_for: None,
+            dnat: Some(d),
+            back: None,
+            back_stale: None,
+        };
+        let f = explain(&r, &BITS).unwrap();
+        assert_eq!(
+            f.evidence[3],
+            "br_netfilter loaded; net.bridge.bridge-nf-call-iptables = absent: bridged packets \
+             skip netfilter, so the reply is not un-DNAT'd"
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node sysctl -w net.bridge.bridge-nf-call-iptables=1"]
+        );
+    }
+
+    /// An entry that translated nothing (CONFIRMED only) explains no
+    /// refused SYN-ACK: neither as the DNAT of the handshake nor as the
+    /// client's SYN coming back in.
+    #[test]
+    fn an_entry_without_dnat_explains_nothing() {
+        let no_bridge = Tables::default();
+        let plain = ct(
+            ("172.16.0.50:45005", "10.0.0.13:8080"),
+            ("10.0.0.13:8080", "172.16.0.50:45005"),
+            8,
+        );
+        let r = Refused {
+            syn_ack: tuple("10.0.0.13:8080", "172.16.0.50:45005"),
+            kernel: "k".into(),
+            waits_for: Some("10.0.58.158:80".parse().unwrap()),
+            dnat: Some(translator(&no_bridge, "nodeb", flow(9, 0, plain))),
+            back: None,
+            back_stale: None,
+        };
+        assert_eq!(explain(&r, &BITS), None);
+        let back = Refused {
+            dnat: None,
+            back: Some(translator(&no_bridge, "nodeb", flow(9, 0, plain))),
+            ..r
+        };
+        assert_eq!(explain(&back, &BITS), None);
+    }
 }

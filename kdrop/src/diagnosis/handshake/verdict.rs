@@ -183,4 +183,92 @@ mod tests {
         assert!(rank("asymmetric_return_path") > rank("syn_ack_reset"));
         assert!(rank("syn_ack_reset") > rank("unanswered"));
     }
+
+    #[test]
+    fn ranks_of_the_named_causes() {
+        for (cause, r) in [
+            ("unanswered", 0),
+            ("no_reason", 0),
+            ("duplicate_syn", 0),
+            ("no_socket", 1),
+            ("syn_ack_reset", 1),
+            ("netfilter", 1),
+            ("otherhost", 1),
+            ("asymmetric_return_path", 2),
+            ("hairpin_no_reverse_nat", 3),
+            ("rp_filter_strict", 3),
+        ] {
+            assert_eq!(rank(cause), r, "{cause}");
+        }
+    }
+
+    /// Another cause as strong as the verdict does not replace it; what
+    /// it found is added, even in the verdict's own words.
+    #[test]
+    fn an_equally_strong_or_same_worded_cause_keeps_the_verdict() {
+        let mut v = Verdicts::default();
+        let client: SocketAddr = "10.244.1.5:43534".parse().unwrap();
+        v.fold(client, finding("hairpin_no_reverse_nat", "hairpin"), 1);
+        // Each record carries the verdict with its own line added (the
+        // verdict itself does not grow).
+        for (found, line) in [
+            (
+                finding("rp_filter_strict", "strict"),
+                "this packet of the same handshake, by itself: strict [rp_filter_strict]",
+            ),
+            (
+                finding("unanswered", "hairpin"),
+                "this packet of the same handshake, by itself: hairpin [unanswered]",
+            ),
+        ] {
+            let (_, f) = v.fold(client, found, 2);
+            assert_eq!(f.cause, "hairpin_no_reverse_nat");
+            assert_eq!(f.evidence, ["own", line]);
+        }
+    }
+
+    fn client(i: usize) -> SocketAddr {
+        (std::net::Ipv4Addr::from(0x0a80_0000 + i as u32), 40000).into()
+    }
+
+    /// Below the limit a handshake is only forgotten when its own next
+    /// record comes too late: a record read late (from another CPU's
+    /// buffer) still joins it after another client's newer one.
+    #[test]
+    fn below_the_limit_no_handshake_is_forgotten_for_another() {
+        let mut v = Verdicts::default();
+        let (id, _) = v.fold(client(0), finding("no_socket", "n"), 1);
+        v.fold(client(1), finding("no_socket", "n"), 2 + FORGET_AFTER_NS);
+        assert_eq!(v.join(client(0), 2).map(|(i, _)| i), Some(id));
+    }
+
+    /// A full table forgets the idle handshakes first, and everything when
+    /// none is idle.
+    #[test]
+    fn a_full_table_makes_room() {
+        let mut v = Verdicts::default();
+        for i in 0..MAX_HANDSHAKES - 1 {
+            v.fold(client(i), finding("no_socket", "n"), 1);
+        }
+        let recent = client(MAX_HANDSHAKES);
+        let (id, _) = v.fold(recent, finding("no_socket", "n"), FORGET_AFTER_NS + 5);
+        v.fold(
+            client(MAX_HANDSHAKES + 1),
+            finding("no_socket", "n"),
+            FORGET_AFTER_NS + 10,
+        );
+        assert_eq!(
+            v.join(recent, FORGET_AFTER_NS + 10).map(|(i, _)| i),
+            Some(id)
+        );
+        assert_eq!(v.by_client.len(), 2);
+
+        let mut v = Verdicts::default();
+        for i in 0..MAX_HANDSHAKES {
+            v.fold(client(i), finding("no_socket", "n"), 1);
+        }
+        v.fold(client(MAX_HANDSHAKES), finding("no_socket", "n"), 2);
+        assert_eq!(v.join(client(0), 2), None);
+        assert_eq!(v.by_client.len(), 1);
+    }
 }
