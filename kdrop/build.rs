@@ -38,8 +38,7 @@ fn main() -> anyhow::Result<()> {
     // the workspace's target directory the inner build, always the same
     // (release, bpfel, same flags), is done once and then only checked.
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    let shared = shared_dir(&out_dir);
-    let Some(shared) = shared else {
+    let Some(shared) = shared_dir(&out_dir) else {
         return aya_build::build_ebpf([package], toolchain);
     };
     std::fs::create_dir_all(&shared)?;

@@ -42,8 +42,8 @@ pub(super) fn quote(s: &str) -> String {
 const ALONE: &[&str] = &["nf_verdicts"];
 
 /// How many test files a guest runs at once after the `ALONE` ones. The
-/// tests mostly wait (retransmissions, `ip` under TCG): two lanes of two
-/// test threads each keep both vCPUs busy.
+/// tests wait on retransmissions between kdrop starts that keep the vCPUs
+/// busy: two lanes overlap those waits (5.10's subset: 344 s -> 245 s).
 const LANES: usize = 2;
 
 /// The script the guest runs: modules, `kdrop check`, the `ALONE` test
@@ -113,7 +113,7 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
         }
         line.join(" ")
     };
-    let (alone, queued): (Vec<&Planned>, Vec<&Planned>) =
+    let (alone, mut queued): (Vec<&Planned>, Vec<&Planned>) =
         tests.iter().partition(|t| ALONE.contains(&t.file.as_str()));
     for t in alone {
         s.push_str(&format!("  {}\n", command(t)));
@@ -121,7 +121,6 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
     // Most named tests first, so the longest jobs start early and the lanes
     // end close together (the whole files of the CI subsets, oracle and
     // caps, are short: they count as one).
-    let mut queued = queued;
     queued.sort_by_key(|t| std::cmp::Reverse(t.names.len().max(1)));
     for (i, t) in queued.iter().enumerate() {
         s.push_str(&format!(
