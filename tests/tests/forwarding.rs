@@ -175,6 +175,63 @@ fn a_route_no_rule_reads_is_repaired_by_the_rule_kdrop_prints() {
     connect_from(&l.client, l.client_end(41084), l.service(7082)).expect("after the fix");
 }
 
+/// An `unreachable` policy rule ahead of main, which holds the route: the
+/// kernel stops at the rule (ENETUNREACH, IP_INNOROUTES in `ip_error`), and
+/// the rule is what to delete. The test wrote the rule and the route.
+#[test]
+fn an_unreachable_rule_ahead_of_the_route_is_named_and_deleted() {
+    let l = Lab::new("fwunr", 84);
+    l.router
+        .ip(&["route", "add", "10.84.3.0/24", "via", &l.host(2, 2)])
+        .unwrap();
+    l.router
+        .ip(&[
+            "rule",
+            "add",
+            "priority",
+            "100",
+            "to",
+            "10.84.3.0/24",
+            "unreachable",
+        ])
+        .unwrap();
+    let _srv = listen(&l.server, l.service(7084));
+    let k = Kdrop::start(&["--json", "--port", "7084"]);
+    let _syn = send_syn(&l.client, l.client_end(41087), l.service(7084));
+    let e = drop_of(&k, 41087);
+    assert_eq!(e["reason"], expected_reason("IP_INNOROUTES"), "{e}");
+    assert_eq!(e["ifname"], "r0");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "no_route", "{e}");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "no route to 10.84.3.2 in netns {}: 10.84.1.2 -> 10.84.3.2 arriving on r0; rules 0, \
+             100 looked in table local, and rule 100 (from all to 10.84.3.0/24 unreachable) ends \
+             the lookup before table main, which holds 10.84.3.0/24 via 10.84.2.2 dev r1",
+            l.router.name
+        )
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.contains(&"rule 100: from all to 10.84.3.0/24 unreachable: ends the lookup".into()),
+        "{ev:?}"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [format!(
+            "ip netns exec {} ip rule del priority 100 from all to 10.84.3.0/24 unreachable",
+            l.router.name
+        )]
+    );
+    k.stop(libc::SIGINT);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    connect_from(&l.client, l.client_end(41088), l.service(7084)).expect("after the fix");
+}
+
 #[test]
 fn a_dead_next_hop_names_the_egress_device_the_gateway_and_its_state() {
     let l = Lab::new("fwneigh", 83);

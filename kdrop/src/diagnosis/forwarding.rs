@@ -12,6 +12,7 @@
 //! device.
 use std::net::{IpAddr, Ipv4Addr};
 
+use super::routes::rule_spec;
 use super::routing::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
 use crate::model::{
     finding::Finding,
@@ -109,6 +110,14 @@ fn walked<'a>(t: &'a Tables, f: &Flow) -> Vec<&'a Rule> {
     rules
 }
 
+/// Rule actions that end a lookup with an error: blackhole, unreachable,
+/// prohibit (include/uapi/linux/fib_rules.h). `fib4_rule_action` returns
+/// -EINVAL, -ENETUNREACH or -EACCES for them, and `fib_rules_lookup` stops at
+/// any error but -EAGAIN (net/ipv4/fib_rules.c, net/core/fib_rules.c, v6.18):
+/// the rules after one are never read. Only `unreachable` reaches `ip_error`
+/// as IP_INNOROUTES; the others drop there without a reason.
+const ENDS_LOOKUP: [u8; 3] = [6, 7, 8];
+
 /// Leading bits `a` and `b` share.
 fn common_bits(a: Ipv4Addr, b: Ipv4Addr) -> u32 {
     (u32::from(a) ^ u32::from(b)).leading_zeros()
@@ -137,7 +146,16 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
         t.link_name(s.iif)
     };
     let f = flow(s, &iif_name);
-    let rules = walked(t, &f);
+    let all = walked(t, &f);
+    let end = all.iter().position(|r| ENDS_LOOKUP.contains(&r.action));
+    let (rules, after) = all.split_at(end.map_or(all.len(), |i| i + 1));
+    let ender = end.map(|i| all[i]);
+    // The first table after the rule that ended the lookup that would have
+    // answered: the rule shadows it.
+    let shadowed = after
+        .iter()
+        .filter(|r| r.action == FR_ACT_TO_TBL)
+        .find_map(|r| lookup(&t.routes, r.table, s.dst).map(|route| (*r, route)));
     let mut evidence = vec![s.kernel.clone()];
     // The kernel's own lookups for the packet, or the same one asked now.
     let own: Vec<&Lookup> = s
@@ -180,7 +198,7 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
         ));
     }
     let mut looked = Vec::new();
-    for r in &rules {
+    for r in rules {
         let found = (r.action == FR_ACT_TO_TBL)
             .then(|| lookup(&t.routes, r.table, s.dst))
             .flatten();
@@ -212,7 +230,8 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
         .routes
         .iter()
         .any(|r| looked.contains(&r.table) && r.dst.is_none() && r.dst_len == 0);
-    if !has_default {
+    // Behind a rule that ends the lookup, a default route would not help.
+    if !has_default && ender.is_none() {
         evidence.push(format!(
             "no default route in table{} {}",
             if looked.len() == 1 { "" } else { "s" },
@@ -233,8 +252,25 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
     let ns = s.netns_exec;
     let mut fix = Vec::new();
     let mut notes = Vec::new();
-    match elsewhere {
-        Some(r) => {
+    match (ender, shadowed, elsewhere) {
+        (Some(e), Some((r, route)), _) => {
+            evidence.push(format!(
+                "rule {}, after it, holds {}: the lookup never reads it",
+                rule_text(r),
+                route_text(route, t)
+            ));
+            fix.push(format!(
+                "{ns}ip rule del priority {}{}",
+                e.priority,
+                rule_spec(e)
+            ));
+            notes.push(format!(
+                "rule {} may be a policy that keeps this traffic out; delete it only if {} \
+                 should be reached from here",
+                e.priority, s.dst
+            ));
+        }
+        (None, _, Some(r)) => {
             evidence.push(format!(
                 "table {} holds {}, but no rule sends this packet there",
                 table_name(r.table),
@@ -254,17 +290,31 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
                 table_name(r.table)
             ));
         }
-        None => notes.push(format!(
+        _ => notes.push(format!(
             "add a route for {} where it is reached: `{ns}ip route add <prefix of {}> via <next \
              hop> dev <device>`; kdrop cannot know the next hop",
             s.dst, s.dst
         )),
     }
+    let outcome = match (ender, shadowed) {
+        (Some(e), Some((r, route))) => format!(
+            "and rule {} ({}) ends the lookup before table {}, which holds {}",
+            e.priority,
+            rule_spec(e).trim_start(),
+            table_name(r.table),
+            route_text(route, t)
+        ),
+        (Some(e), None) => format!(
+            "and rule {} ({}) ends the lookup; no table after it holds a route for it either",
+            e.priority,
+            rule_spec(e).trim_start()
+        ),
+        (None, _) => "and none holds a route for it".into(),
+    };
     Finding {
         cause: "no_route",
         summary: format!(
-            "no route to {} in netns {}: {} -> {} {}; rule{} {} looked in table{} {}, and none \
-             holds a route for it",
+            "no route to {} in netns {}: {} -> {} {}; rule{} {} looked in table{} {}, {outcome}",
             s.dst,
             s.netns,
             s.src,
@@ -748,30 +798,105 @@ mod tests {
 
     /// `ip rule add to 10.123.0.0/16 unreachable` ends the lookup with
     /// ENETUNREACH ahead of main, which holds a route and a default: the
-    /// rule reads no table, and main's route is not one to add a rule for.
-    #[test]
-    fn an_unreachable_rule_ahead_of_a_table_that_holds_the_route() {
-        let mut t = tables();
-        t.routes.push(route(254, None, Some("10.0.0.1"), 2));
+    /// rules after it are never read, and deleting it is the repair.
+    fn unreachable_rule(t: &mut Tables) {
         let mut unreachable = rule(100, 0);
         unreachable.action = 7;
         unreachable.dst = Some(("10.123.0.0".parse().unwrap(), 16));
         t.rules.push(unreachable);
+    }
+
+    #[test]
+    fn an_unreachable_rule_ahead_of_a_table_that_holds_the_route() {
+        let mut t = tables();
+        t.routes.push(route(254, None, Some("10.0.0.1"), 2));
+        unreachable_rule(&mut t);
         let f = explain(&stuck("IP_INNOROUTES", "10.123.9.9", &[]), &t).unwrap();
-        // 10.123.9.9 shares 20 bits with 10.123.0.0 (a /16), 9 with 10.0.0.0.
+        assert_eq!(
+            f.summary,
+            "no route to 10.123.9.9 in netns node: 10.0.0.7 -> 10.123.9.9 arriving on eth0; rules \
+             0, 100 looked in table local, and rule 100 (from all to 10.123.0.0/16 unreachable) \
+             ends the lookup before table main, which holds 10.123.0.0/16 via 10.123.2.3 dev ens6"
+        );
+        // No nearest routes (local holds none) and no word on default
+        // routes: main's would not be read either.
         assert_eq!(
             f.evidence,
             [
                 "kernel drop reason IP_INNOROUTES at ip_error+0x1",
                 "rule 0: from all lookup local: table local holds nothing for 10.123.9.9",
                 "rule 100: from all to 10.123.0.0/16 unreachable: ends the lookup",
-                "rule 32766: from all lookup main: holds 10.123.0.0/16 via 10.123.2.3 dev ens6",
-                "rule 32767: from all lookup default: table default holds nothing for 10.123.9.9",
-                "nearest routes: 10.123.0.0/16 via 10.123.2.3 dev ens6 (table main); 10.0.0.0/24 \
-                 dev eth0 (table main)",
+                "rule 32766: from all lookup main, after it, holds 10.123.0.0/16 via 10.123.2.3 \
+                 dev ens6: the lookup never reads it",
             ]
         );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip rule del priority 100 from all to 10.123.0.0/16 unreachable"]
+        );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "rule 100 may be a policy that keeps this traffic out; delete it only if \
+                 10.123.9.9 should be reached from here"
+            ]
+        );
+    }
+
+    /// Deleting the rule would not help when no table after it holds a
+    /// route either: the note to add one stays, and the summary says both.
+    #[test]
+    fn an_unreachable_rule_ahead_of_tables_that_hold_nothing_is_no_repair() {
+        let mut t = tables();
+        unreachable_rule(&mut t);
+        t.routes.retain(|r| r.dst_len != 16);
+        let f = explain(&stuck("IP_INNOROUTES", "10.123.9.9", &[]), &t).unwrap();
+        assert!(
+            f.summary.ends_with(
+                "rules 0, 100 looked in table local, and rule 100 (from all to 10.123.0.0/16 \
+                 unreachable) ends the lookup; no table after it holds a route for it either"
+            ),
+            "{}",
+            f.summary
+        );
         assert!(f.fix.is_empty());
+        assert!(f.fix_notes[0].starts_with("add a route for 10.123.9.9"));
+        assert_eq!(f.evidence.len(), 3, "{:?}", f.evidence);
+    }
+
+    /// A rule that ends the lookup for other destinations is walked past:
+    /// the packet's lookup reads every table as before.
+    #[test]
+    fn an_unreachable_rule_for_another_destination_changes_nothing() {
+        let mut t = tables();
+        unreachable_rule(&mut t);
+        let with = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &[]), &t).unwrap();
+        let without = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &[]), &tables()).unwrap();
+        assert_eq!(with, without);
+    }
+
+    /// Blackhole and prohibit end the lookup too (their drops carry no
+    /// reason, but a lookup asked through netlink meets them).
+    #[test]
+    fn blackhole_and_prohibit_rules_end_the_lookup_as_well() {
+        for (action, word) in [(6, "blackhole"), (8, "prohibit")] {
+            let mut t = tables();
+            unreachable_rule(&mut t);
+            t.rules.last_mut().unwrap().action = action;
+            let f = explain(&stuck("IP_INNOROUTES", "10.123.9.9", &[]), &t).unwrap();
+            assert_eq!(
+                f.fix,
+                [format!(
+                    "ip netns exec node ip rule del priority 100 from all to 10.123.0.0/16 {word}"
+                )]
+            );
+        }
+        // A nop does not: no rule ends the walk, so no rule is to blame.
+        let mut t = tables();
+        unreachable_rule(&mut t);
+        t.rules.last_mut().unwrap().action = 3;
+        let f = explain(&stuck("IP_INNOROUTES", "10.123.9.9", &[]), &t).unwrap();
+        assert!(f.fix.is_empty() && f.summary.ends_with("and none holds a route for it"));
     }
 
     /// A default route in a table no rule reads is no default for the

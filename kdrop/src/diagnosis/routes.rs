@@ -18,9 +18,15 @@ pub fn table_name(t: u32) -> String {
     }
 }
 
-/// `rule 1024 (from all fwmark 0x80/0x80 lookup main)`, as `ip rule` says it.
+/// `1024: from all fwmark 0x80/0x80 lookup main`, as `ip rule` says it.
 pub fn rule_text(r: &Rule) -> String {
-    let mut s = format!("{}:", r.priority);
+    format!("{}:{}", r.priority, rule_spec(r))
+}
+
+/// The rule's selector and action (` from all to 10.0.0.0/8 unreachable`),
+/// which `ip rule add` and `ip rule del` read back.
+pub fn rule_spec(r: &Rule) -> String {
+    let mut s = String::new();
     if r.invert {
         s.push_str(" not");
     }
