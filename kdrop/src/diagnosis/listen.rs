@@ -402,6 +402,78 @@ mod tests {
         assert!(f.fix.is_empty());
     }
 
+    /// A backlog below somaxconn is what the application asked for: a
+    /// lowered somaxconn did not cap it, so raising it changes nothing.
+    #[test]
+    fn a_backlog_below_a_lowered_somaxconn_is_the_applications_choice() {
+        let fd = overflow(
+            &found(129, 128, 1024, None, 1),
+            &t(),
+            &Seen::Unanswered("x".into()),
+        )
+        .unwrap();
+        assert!(fd.fix.is_empty());
+        assert_eq!(
+            fd.fix_notes,
+            vec![
+                "mysqld (pid 812) asked listen() for a backlog of 128 (net.core.somaxconn is \
+                 1024): make it call accept() faster, or raise the backlog in its own \
+                 configuration and restart it; nothing on the node changes that"
+                    .to_string()
+            ]
+        );
+    }
+
+    /// Capped at the default already: setting somaxconn to the default
+    /// would change nothing, so it is not offered as a fix.
+    #[test]
+    fn a_backlog_capped_at_the_default_somaxconn_gets_no_sysctl_fix() {
+        let fd = overflow(
+            &found(4097, 4096, SOMAXCONN_DEFAULT, None, 1),
+            &t(),
+            &Seen::Unanswered("x".into()),
+        )
+        .unwrap();
+        assert!(fd.fix.is_empty());
+        assert!(
+            fd.fix_notes[0].starts_with(
+                "mysqld (pid 812) asked listen() for a backlog of 4096 (net.core.somaxconn is \
+                 4096): "
+            ),
+            "{:?}",
+            fd.fix_notes
+        );
+    }
+
+    #[test]
+    fn a_duplicate_syn_says_which_answer_to_look_for() {
+        let f = duplicate_syn(&t(), "tcp_v4_rcv+0x1a", None);
+        assert_eq!(
+            f.summary,
+            "SYN 10.0.0.1:41000 -> 10.0.0.2:3306 repeated while the server's SYN-ACK for it was \
+             outstanding: the server resent its SYN-ACK, so the SYN-ACK or the client's final \
+             ACK is being lost on the way"
+        );
+        assert_eq!(
+            f.evidence,
+            vec![
+                "kernel drop reason NOT_SPECIFIED at tcp_v4_rcv+0x1a: TCP's receive path frees a \
+                 SYN that repeats one it is already answering"
+                    .to_string()
+            ]
+        );
+        assert_eq!(
+            f.fix_notes,
+            vec![
+                "look for what drops the SYN-ACK towards 10.0.0.1 or the final ACK towards \
+                 10.0.0.2:3306 (kdrop reports those drops in this handshake when it sees them)"
+                    .to_string()
+            ]
+        );
+        assert!(f.fix.is_empty());
+        assert!(f.inspect.is_empty());
+    }
+
     /// A counter below its previous read (the namespace was made again)
     /// shows its value, no negative growth.
     #[test]

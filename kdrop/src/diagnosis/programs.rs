@@ -192,7 +192,8 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
         evidence,
         fix,
         fix_notes,
-        inspect: vec![format!("bpftool cgroup show {}", c.cgroup)],
+        // `effective`: programs attached to a parent cgroup run here too.
+        inspect: vec![format!("bpftool cgroup show {} effective", c.cgroup)],
         ..Finding::default()
     }
 }
@@ -201,18 +202,21 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
     let (dev, hook, ns) = (&h.dev, &h.hook, d.netns);
     let mut evidence = vec![d.kernel.clone()];
     let candidates = h.tc.len() + h.tcx.len();
-    for f in &h.tc {
-        evidence.push(format!("tc {hook} on {dev}: {}", filter_text(f)));
-        if let Some(p) = filter_prog(f, &h.progs) {
-            evidence.push(format!("its program: {}", prog_text(p)));
-        }
-    }
+    // In the order the kernel runs them: tcx programs first, the tc
+    // filters only when tcx said TC_ACT_UNSPEC (`sch_handle_ingress` and
+    // `sch_handle_egress`, net/core/dev.c, v6.6 to v6.18).
     for id in &h.tcx {
         let p = h.progs.iter().find(|p| p.id == *id);
         evidence.push(format!(
             "tcx {hook} on {dev}: {}",
             p.map_or(format!("BPF program id {id}"), prog_text)
         ));
+    }
+    for f in &h.tc {
+        evidence.push(format!("tc {hook} on {dev}: {}", filter_text(f)));
+        if let Some(p) = filter_prog(f, &h.progs) {
+            evidence.push(format!("its program: {}", prog_text(p)));
+        }
     }
     let inspect = vec![
         format!("{}tc filter show dev {dev} {hook}", d.netns_exec),
@@ -393,7 +397,9 @@ fn unnamed(d: &ProgDrop, packet: &str) -> Finding {
         "SOCKET_FILTER" => (
             "socket_filter",
             format!("{packet} dropped by a socket filter (SO_ATTACH_FILTER / SO_ATTACH_BPF) of the receiving socket"),
-            vec![format!("{}ss -tnp0", d.netns_exec)],
+            // ss cannot show a TCP socket's filter: it names the
+            // listeners' processes, one of which attached it.
+            vec![format!("{}ss -tlnp", d.netns_exec)],
         ),
         "XDP" => (
             "xdp_program",
@@ -403,7 +409,8 @@ fn unnamed(d: &ProgDrop, packet: &str) -> Finding {
         hook => (
             "tc_filter",
             format!("{packet} dropped by a tc filter ({hook}) in netns {}", d.netns),
-            vec![format!("{}tc filter show", d.netns_exec)],
+            // `tc filter show` needs a device; bpftool lists every one's.
+            vec![format!("{}bpftool net show", d.netns_exec)],
         ),
     };
     Finding {
@@ -563,10 +570,236 @@ mod tests {
         assert!(explain(&drop(None, "NO_SOCKET")).is_none());
     }
 
+    /// A program with no pins, agent or holders, as a tc or XDP test loads it.
+    fn bare(id: u32, prog_type: &str, name: &str) -> ProgInfo {
+        let mut p = prog(id, None);
+        p.prog_type = prog_type.into();
+        p.name = name.into();
+        p.pinned.clear();
+        p
+    }
+
+    fn xdp_hook(mode: &str, progs: Vec<ProgInfo>) -> HookProgs {
+        let mut h = hook(vec![], progs);
+        h.hook = "xdp".into();
+        h.xdp = vec![XdpProg {
+            mode: mode.into(),
+            prog_id: 7,
+        }];
+        h
+    }
+
+    fn xdp_drop(h: &HookProgs) -> ProgDrop<'_> {
+        let mut d = drop(Some(h), "XDP");
+        d.kernel = "kernel drop reason XDP at do_xdp_generic+0x1f2".into();
+        d
+    }
+
+    #[test]
+    fn a_program_names_its_holders_only_when_it_has_some() {
+        let mut p = bare(42, "sched_cls", "drop_syn");
+        assert_eq!(
+            prog_text(&p),
+            "BPF program id 42 (sched_cls) name drop_syn tag abababababababab"
+        );
+        p.holders = vec![crate::model::listen::ProcessRef {
+            pid: 4321,
+            comm: "loader".into(),
+            cmdline: "loader --attach s0".into(),
+        }];
+        assert_eq!(
+            prog_text(&p),
+            "BPF program id 42 (sched_cls) name drop_syn tag abababababababab, held open by \
+             loader (pid 4321)"
+        );
+    }
+
+    /// Plain `xdp off` detaches the driver mode where the driver has one:
+    /// the fix names the mode the program runs in.
+    #[test]
+    fn an_xdp_program_is_detached_in_the_mode_it_runs_in() {
+        for (mode, flag) in [
+            ("generic", "xdpgeneric"),
+            ("native", "xdpdrv"),
+            ("offload", "xdpoffload"),
+        ] {
+            let h = xdp_hook(mode, vec![]);
+            assert_eq!(
+                explain(&xdp_drop(&h)).unwrap().fix,
+                vec![format!("ip netns exec srv ip link set dev s0 {flag} off")],
+                "{mode}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_xdp_program_nobody_claims_is_named_and_detached() {
+        let h = xdp_hook("generic", vec![bare(7, "xdp", "xdp_drop")]);
+        let f = explain(&xdp_drop(&h)).unwrap();
+        assert_eq!(f.cause, "xdp_program");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by the XDP program on s0 in netns srv: \
+             xdp_drop id 7"
+        );
+        assert_eq!(
+            f.evidence,
+            vec![
+                "kernel drop reason XDP at do_xdp_generic+0x1f2".to_string(),
+                "XDP (generic) on s0: BPF program id 7 (xdp) name xdp_drop tag abababababababab"
+                    .to_string(),
+            ]
+        );
+        assert_eq!(
+            f.fix,
+            vec!["ip netns exec srv ip link set dev s0 xdpgeneric off".to_string()]
+        );
+        assert_eq!(
+            f.fix_notes,
+            vec!["detaching removes everything the program does on s0".to_string()]
+        );
+        assert_eq!(
+            f.inspect,
+            vec!["ip netns exec srv ip -d link show dev s0".to_string()]
+        );
+    }
+
+    /// The agent would attach it again: change its policy instead.
+    #[test]
+    fn an_agents_xdp_program_gets_a_note_not_a_fix() {
+        let mut p = prog(7, Some("cilium"));
+        p.prog_type = "xdp".into();
+        p.name = "cil_xdp_entry".into();
+        let h = xdp_hook("generic", vec![p]);
+        let f = explain(&xdp_drop(&h)).unwrap();
+        assert!(f.fix.is_empty());
+        assert_eq!(
+            f.fix_notes,
+            vec!["the XDP program belongs to cilium (pinned at \
+                 /sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev): change the policy in \
+                 cilium"
+                .to_string()]
+        );
+    }
+
+    #[test]
+    fn one_tcx_program_is_named_with_its_agent() {
+        let mut h = hook(vec![], vec![prog(42, Some("cilium"))]);
+        h.tcx = vec![42];
+        let f = explain(&drop(Some(&h), "TC_INGRESS")).unwrap();
+        assert_eq!(f.cause, "tc_filter");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by the tcx ingress program on s0 in netns \
+             srv: cil_from_netdev id 42"
+        );
+        assert_eq!(
+            f.evidence,
+            vec![
+                "kernel drop reason TC_INGRESS at __netif_receive_skb_core+0x1".to_string(),
+                "tcx ingress on s0: BPF program id 42 (sched_cls) name cil_from_netdev tag \
+                 abababababababab, pinned at /sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev, \
+                 loaded by cilium (pinned at /sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev)"
+                    .to_string(),
+            ]
+        );
+        assert!(f.fix.is_empty());
+        assert_eq!(
+            f.fix_notes,
+            vec!["the program belongs to cilium (pinned at \
+                 /sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev): change the policy in \
+                 cilium"
+                .to_string()]
+        );
+        assert_eq!(
+            f.inspect,
+            vec![
+                "ip netns exec srv tc filter show dev s0 ingress".to_string(),
+                "ip netns exec srv bpftool net show dev s0".to_string(),
+            ]
+        );
+    }
+
+    /// tc filters and tcx programs on one hook are all candidates.
+    #[test]
+    fn a_tc_filter_and_a_tcx_program_are_both_candidates() {
+        let mut h = hook(vec![filter(1, None)], vec![prog(42, None)]);
+        h.tcx = vec![42];
+        let f = explain(&drop(Some(&h), "TC_INGRESS")).unwrap();
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by one of the 2 tc ingress programs on s0 \
+             in netns srv"
+        );
+        assert!(f.fix.is_empty());
+        // tcx runs first; the tc filters only when it says TC_ACT_UNSPEC.
+        let order: Vec<&str> = f.evidence[1..]
+            .iter()
+            .map(|l| l.split(" on ").next().unwrap())
+            .collect();
+        assert_eq!(order, ["tcx ingress", "tc ingress"]);
+    }
+
+    /// Without a program read from the cgroup, the finding says where to
+    /// look rather than naming one.
+    #[test]
+    fn a_cgroup_drop_without_programs_read_points_at_the_cgroup_tree() {
+        let c = CgroupProgs {
+            owner: None,
+            cgroup: "/sys/fs/cgroup/app".into(),
+            hook: "egress".into(),
+            progs: vec![],
+        };
+        let mut d = drop(None, "BPF_CGROUP_EGRESS");
+        d.kernel = "kernel drop reason BPF_CGROUP_EGRESS at ip_finish_output+0x2c".into();
+        d.cgroup = Some(&c);
+        let f = explain(&d).unwrap();
+        assert_eq!(f.cause, "bpf_cgroup");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by a cgroup egress BPF program of the \
+             sending socket's cgroup"
+        );
+        assert_eq!(
+            f.evidence,
+            vec!["kernel drop reason BPF_CGROUP_EGRESS at ip_finish_output+0x2c".to_string()]
+        );
+        assert!(f.fix.is_empty());
+        assert_eq!(f.inspect, vec!["bpftool cgroup tree".to_string()]);
+    }
+
+    #[test]
+    fn a_program_drop_on_an_unread_device_names_the_reason_and_netns() {
+        let mut d = drop(None, "XDP");
+        d.kernel = "kernel drop reason XDP at do_xdp_generic+0x1f2".into();
+        let f = explain(&d).unwrap();
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by an XDP program in netns srv"
+        );
+        assert_eq!(
+            f.evidence,
+            vec!["kernel drop reason XDP at do_xdp_generic+0x1f2".to_string()]
+        );
+        assert_eq!(f.inspect, vec!["ip netns exec srv ip -d link".to_string()]);
+        let f = explain(&drop(None, "TC_INGRESS")).unwrap();
+        assert_eq!(f.cause, "tc_filter");
+        assert_eq!(
+            f.summary,
+            "SYN 10.1.0.1:41000 -> 10.1.0.2:80 dropped by a tc filter (TC_INGRESS) in netns srv"
+        );
+        // Without a device `tc filter show` prints nothing.
+        assert_eq!(f.inspect, ["ip netns exec srv bpftool net show"]);
+        let f = explain(&drop(None, "SOCKET_FILTER")).unwrap();
+        assert_eq!(f.cause, "socket_filter");
+        assert_eq!(f.inspect, ["ip netns exec srv ss -tlnp"]);
+    }
+
     #[test]
     fn a_cgroup_program_is_named_with_where_it_is_attached() {
         let mut p = prog(9, None);
         p.name = "kdt_drop".into();
+        p.prog_type = "cgroup_skb".into();
         p.pinned.clear();
         let c = CgroupProgs {
             owner: Some(crate::model::listen::ProcessRef {
@@ -583,6 +816,7 @@ mod tests {
             }],
         };
         let mut d = drop(None, "BPF_CGROUP_EGRESS");
+        d.kernel = "kernel drop reason BPF_CGROUP_EGRESS at ip_finish_output+0x2c".into();
         d.cgroup = Some(&c);
         let f = explain(&d).unwrap();
         assert_eq!(f.cause, "bpf_cgroup");
@@ -594,6 +828,30 @@ mod tests {
         assert_eq!(
             f.fix,
             vec!["bpftool cgroup detach /sys/fs/cgroup/app egress id 9".to_string()]
+        );
+        assert_eq!(
+            f.evidence,
+            vec![
+                "kernel drop reason BPF_CGROUP_EGRESS at ip_finish_output+0x2c".to_string(),
+                "the socket 10.1.0.1:41000 belongs to curl (pid 77), in cgroup \
+                 /sys/fs/cgroup/app"
+                    .to_string(),
+                "cgroup egress on /sys/fs/cgroup/app: BPF program id 9 (cgroup_skb) name \
+                 kdt_drop tag abababababababab"
+                    .to_string(),
+            ]
+        );
+        assert_eq!(
+            f.fix_notes,
+            vec![
+                "detaching removes everything the program does for the sockets of \
+                 /sys/fs/cgroup/app"
+                    .to_string()
+            ]
+        );
+        assert_eq!(
+            f.inspect,
+            vec!["bpftool cgroup show /sys/fs/cgroup/app effective".to_string()]
         );
         let mut linked = c.clone();
         linked.progs[0].link_id = Some(3);
