@@ -547,7 +547,7 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::routing::{Addr, Conf, Link, Route, RouteAnswer, RTN_UNICAST};
+    use crate::model::routing::{Addr, Conf, Link, Route, RouteAnswer, RouteNextHop, RTN_UNICAST};
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
@@ -853,10 +853,32 @@ pub(crate) mod tests {
             f.summary,
             "reverse-path filter on eth1: there is no route back to 203.0.113.7 at all"
         );
-        assert!(f.evidence[1].ends_with("table local: no match; table main: network unreachable"));
+        // Loose mode fails only when there is no way back at all
+        // (`__fib_validate_source`, net/ipv4/fib_frontend.c v6.18:
+        // last_resort). Lookups without a mark: none is shown.
         assert_eq!(
-            f.fix[0],
-            "ip netns exec node ip route add 203.0.113.7/32 dev eth1"
+            f.evidence,
+            [
+                "kernel: drop reason IP_RPFILTER at ip_rcv_finish_core+0x25b",
+                "kernel: reverse lookup of 203.0.113.7 (from 10.0.2.20): table local: no match; \
+                 table main: network unreachable",
+                "rp_filter: conf.all=2, conf.eth1=0 → effective 2 (loose: any way back will do)",
+            ]
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip route add 203.0.113.7/32 dev eth1"]
+        );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "a route back to 203.0.113.7 through eth1 lets the check pass; if the client is \
+              not on eth1's link, give the route its gateway (via)"
+            ]
+        );
+        assert_eq!(
+            f.inspect,
+            ["ip netns exec node ip route get 203.0.113.7 from 10.0.2.20 iif eth1"]
         );
     }
 
@@ -896,6 +918,93 @@ pub(crate) mod tests {
             f.fix,
             ["ip netns exec node ip addr del 203.0.113.7/32 dev kube-ipvs0"]
         );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "kube-proxy (IPVS mode) binds the Service's LoadBalancer IP 203.0.113.7 to \
+              kube-ipvs0 and binds it again after the delete: the lasting repair is on the \
+              Service. Kubernetes 1.30+: status.loadBalancer.ingress[].ipMode: Proxy (set by \
+              the cloud controller) stops kube-proxy from binding it; else have the load \
+              balancer health-check from another source address"
+            ]
+        );
+        assert_eq!(
+            f.inspect,
+            [
+                "ip netns exec node ip route get 203.0.113.7 from 10.0.2.20",
+                "ip netns exec node ip -o addr show to 203.0.113.7",
+            ]
+        );
+    }
+
+    /// Without the kernel's lookups the address is found among the
+    /// namespace's own, and deleted with its own prefix length (an
+    /// `ip addr del` with another one matches nothing: `inet_rtm_deladdr`,
+    /// net/ipv4/devinet.c v6.18).
+    #[test]
+    fn a_local_source_without_kernel_lookups_is_found_among_the_addresses() {
+        let mut t = incident1();
+        t.addrs.push(Addr {
+            index: 2,
+            addr: "203.0.113.7".parse().unwrap(),
+            prefix_len: 24,
+            label: None,
+        });
+        let f = explain(&drop("IP_LOCAL_SOURCE", &[], 0), &t, &confs(0, 0, 0)).unwrap();
+        assert_eq!(
+            f.summary,
+            "martian source on eth1: 203.0.113.7 is a local address of this host (local table, \
+             on dev eth0)"
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip addr del 203.0.113.7/24 dev eth0"]
+        );
+        assert!(f.fix_notes.is_empty(), "{:?}", f.fix_notes);
+    }
+
+    /// With no kernel evidence the way back is the first table, in rule
+    /// order, that a rule selecting the reverse lookup leads to and that has
+    /// a route (`fib_rules_lookup`, net/core/fib_rules.c v6.18): a rule for
+    /// other sources ahead of it is passed over.
+    #[test]
+    fn the_way_back_from_the_tables_follows_only_the_rules_that_select_it() {
+        let mut t = incident1();
+        t.rules.retain(|r| r.priority != 1536);
+        let mut other_pods = rule(1000, 2);
+        other_pods.src = Some(("10.0.9.0".parse().unwrap(), 24));
+        t.rules.push(other_pods);
+        let f = explain(&drop("IP_RPFILTER", &[], 0), &t, &confs(0, 1, 0)).unwrap();
+        assert_eq!(
+            f.summary,
+            "strict reverse-path filter on eth1: the way back to 203.0.113.7 is via eth0 (rule \
+             32766: from all lookup main)"
+        );
+    }
+
+    /// The repair rule goes just ahead of the deciding one, never at
+    /// priority 0, the local table's rule (as `rpfilter6` keeps to 1).
+    #[test]
+    fn no_repair_rule_is_offered_ahead_of_a_rule_at_priority_1() {
+        let mut t = incident1();
+        t.rules.retain(|r| r.priority != 1536);
+        for r in &mut t.rules {
+            if r.priority == 1024 {
+                r.priority = 1;
+            }
+        }
+        let fib = [
+            lookup_ev(255, -11, 0, None, 0x80),
+            lookup_ev(254, 0, 2, Some("10.0.1.1"), 0x80),
+        ];
+        let f = explain(&drop("IP_RPFILTER", &fib, 0x80), &t, &confs(1, 1, 1)).unwrap();
+        assert_eq!(
+            f.summary,
+            "strict reverse-path filter on eth1: the way back to 203.0.113.7 is via eth0 (rule \
+             1: from all fwmark 0x80/0x80 lookup main)"
+        );
+        assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
+        assert!(f.fix_notes.is_empty(), "{:?}", f.fix_notes);
     }
 
     #[test]
@@ -904,10 +1013,31 @@ pub(crate) mod tests {
         d.dst = ip("127.1.1.1");
         let f = explain(&d, &incident1(), &confs(0, 0, 0)).unwrap();
         assert_eq!(f.cause, "martian_localnet");
-        assert!(f.summary.contains("127.1.1.1 is in 127.0.0.0/8"));
+        // ip_route_input_slow refuses a loopback destination unless
+        // route_localnet is on for all or the device (net/ipv4/route.c v6.18,
+        // IN_DEV_NET_ROUTE_LOCALNET).
+        assert_eq!(
+            f.summary,
+            "martian on eth1: 127.1.1.1 is in 127.0.0.0/8 and route_localnet is off"
+        );
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel: drop reason IP_LOCALNET at ip_rcv_finish_core+0x25b",
+                "route_localnet: conf.all=0, conf.eth1=0: loopback addresses are only routed \
+                 from lo",
+            ]
+        );
         assert_eq!(
             f.fix,
             ["ip netns exec node sysctl -w net.ipv4.conf.eth1.route_localnet=1"]
+        );
+        assert_eq!(
+            f.inspect,
+            [
+                "ip netns exec node sysctl net.ipv4.conf.all.route_localnet \
+              net.ipv4.conf.eth1.route_localnet"
+            ]
         );
     }
 
@@ -1020,5 +1150,296 @@ pub(crate) mod tests {
         assert_eq!(lookup(&t.routes, 254, ip("10.0.1.7")).unwrap().dst_len, 24);
         assert_eq!(lookup(&t.routes, 254, ip("8.8.8.8")).unwrap().dst_len, 0);
         assert!(lookup(&t.routes, 7, ip("8.8.8.8")).is_none());
+    }
+
+    #[test]
+    fn rule_text_prints_prefixes_and_marks_as_ip_rule_does() {
+        // A source prefix keeps its length; only an IPv4 host (/32) drops it.
+        let mut subnet = rule(100, 2);
+        subnet.src = Some(("10.0.2.0".parse().unwrap(), 24));
+        assert_eq!(rule_text(&subnet), "100: from 10.0.2.0/24 lookup 2");
+        // `ip rule add fwmark 0x80` gives the rule mask 0xffffffff and the
+        // kernel dumps it (net/core/fib_rules.c v6.18, `fib_nl2rule` and
+        // `fib_nl_fill_rule`); `ip rule` prints the mask only when it is
+        // not all ones.
+        let mut whole_mark = rule(1024, 254);
+        whole_mark.fwmark = Some(0x80);
+        whole_mark.fwmask = Some(u32::MAX);
+        assert_eq!(
+            rule_text(&whole_mark),
+            "1024: from all fwmark 0x80 lookup main"
+        );
+    }
+
+    #[test]
+    fn a_source_check_that_passed_derives_no_reason() {
+        // __fib_validate_source (net/ipv4/fib_frontend.c v6.18) returns 0,
+        // or 1 for a way back on the input device's own link: the source
+        // is fine, and the drop something else.
+        // 10.0.2.20 is one of the namespace's addresses, 203.0.113.7 not.
+        let t = incident1();
+        for src in ["203.0.113.7", "10.0.2.20"] {
+            let mut d = drop("NOT_SPECIFIED", &[], 0);
+            d.src = ip(src);
+            d.dst = ip("10.0.2.99");
+            for passed in [0, 1] {
+                d.src_check = Some(passed);
+                assert_eq!(
+                    derive_reason(&d, &t, &confs(1, 1, 0)),
+                    None,
+                    "{src} {passed}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_martian_source_that_is_not_local_is_an_invalid_source() {
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.src_check = Some(-EINVAL);
+        assert_eq!(
+            derive_reason(&d, &incident1(), &confs(0, 0, 0)),
+            Some((
+                "IP_INVALID_SOURCE",
+                "kernel: drop at ip_rcv_finish_core+0x25b (NOT_SPECIFIED on this kernel); \
+                 fib_validate_source returned -EINVAL for this packet: martian source"
+                    .to_string()
+            ))
+        );
+    }
+
+    fn asked_now(answer: RouteLookup) -> (RouteQuery, RouteLookup) {
+        let q = RouteQuery::reverse_path_v4(ip("203.0.113.7"), ip("10.0.2.20"), 0, false, 0, None);
+        (q, answer)
+    }
+
+    fn answer(kind: RouteType, oif: u32, gw: Option<&str>) -> RouteLookup {
+        RouteLookup::Found(RouteAnswer {
+            family: 2,
+            table: if kind == RouteType::Local { 255 } else { 254 },
+            kind,
+            scope: 0,
+            dst: None,
+            dst_len: 0,
+            oif: Some(oif),
+            gateway: gw.map(|g| g.parse().unwrap()),
+            prefsrc: None,
+            priority: None,
+            nexthops: vec![],
+            nh_id: None,
+            flags: 0,
+        })
+    }
+
+    /// A reverse lookup that answers a local route (an AnyIP prefix such as
+    /// `ip route add local 203.0.113.0/24 dev lo`) makes the kernel refuse
+    /// the source as a martian, not under rp_filter (`__fib_validate_source`,
+    /// net/ipv4/fib_frontend.c v6.18: res.type != RTN_UNICAST → e_inval).
+    #[test]
+    fn a_local_way_back_asked_afterwards_is_not_called_reverse_path() {
+        let asked = asked_now(answer(RouteType::Local, LOOPBACK_IFINDEX, None));
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.asked = Some(&asked);
+        assert_eq!(derive_reason(&d, &incident1(), &confs(1, 1, 0)), None);
+        // The same answer as a unicast route out of lo fails strict mode.
+        let asked = asked_now(answer(RouteType::Unicast, LOOPBACK_IFINDEX, None));
+        d.asked = Some(&asked);
+        assert_eq!(
+            derive_reason(&d, &incident1(), &confs(1, 1, 0)).map(|(r, _)| r),
+            Some("IP_RPFILTER")
+        );
+    }
+
+    /// No route back fails any rp_filter and passes with it off
+    /// (`__fib_validate_source`, net/ipv4/fib_frontend.c v6.18: last_resort).
+    #[test]
+    fn no_route_back_asked_afterwards_is_refused_only_with_rp_filter_on() {
+        let asked = asked_now(RouteLookup::Failed {
+            errno: 101,
+            name: "ENETUNREACH".into(),
+        });
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.reason = None;
+        d.asked = Some(&asked);
+        assert_eq!(
+            derive_reason(&d, &incident1(), &confs(0, 2, 0)),
+            Some((
+                "IP_RPFILTER",
+                "kernel: drop at ip_rcv_finish_core+0x25b (no reason on this kernel) while \
+                 routing; rp_filter 2 on eth1 and the reverse lookup, asked now, finds no route \
+                 back (derived: no return code for this packet)"
+                    .to_string()
+            ))
+        );
+        assert_eq!(derive_reason(&d, &incident1(), &confs(0, 0, 0)), None);
+    }
+
+    #[test]
+    fn a_mark_left_out_of_the_asked_lookup_is_not_shown_in_it() {
+        // src_valid_mark off: the kernel looks up with mark 0, and so did
+        // the question asked now.
+        let mut t = incident1();
+        t.rules.retain(|r| r.priority != 1536);
+        let asked = asked_now(answer(RouteType::Unicast, 2, Some("10.0.1.1")));
+        assert_eq!(asked.0.mark, Some(0));
+        let mut d = drop("IP_RPFILTER", &[], 0x80);
+        d.asked = Some(&asked);
+        let f = explain(&d, &t, &confs(1, 1, 0)).unwrap();
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel: drop reason IP_RPFILTER at ip_rcv_finish_core+0x25b",
+                "kernel, asked now through netlink as fib_validate_source asks (this drop came \
+                 before kdrop armed its route-lookup probe; the retransmission carries the \
+                 kernel's own): reverse lookup of 203.0.113.7 from 10.0.2.20: table main → dev \
+                 eth0 via 10.0.1.1",
+                "rp_filter: conf.all=1, conf.eth1=1 → effective 1 (strict: the way back must use \
+                 the input interface)",
+                "src_valid_mark=0: the packet's mark 0x80 does not take part in the reverse lookup",
+                "policy rule that decided: 32766: from all lookup main",
+                "route in table main: default via 10.0.1.1 dev eth0",
+            ]
+        );
+    }
+
+    /// The packet's own route lookups (the sender's output lookup from lo
+    /// when it missed the local table, this namespace's input lookup on
+    /// eth1) come with the reverse ones and say nothing of the way back.
+    #[test]
+    fn the_packets_forward_lookups_are_not_the_way_back() {
+        let forward = |table, err, iif, res| Lookup {
+            iif,
+            src: ip("203.0.113.7"),
+            dst: ip("10.0.2.20"),
+            ..lookup_ev(table, err, res, None, 0x80)
+        };
+        let reverse = [
+            lookup_ev(255, -11, 0, None, 0x80),
+            lookup_ev(254, 0, 2, Some("10.0.1.1"), 0x80),
+        ];
+        let mut all = vec![
+            forward(255, -11, LOOPBACK_IFINDEX, 0),
+            forward(255, 0, 3, 3),
+        ];
+        all.extend(reverse.iter().cloned());
+        let f = explain(
+            &drop("IP_RPFILTER", &all, 0x80),
+            &incident1(),
+            &confs(1, 1, 1),
+        )
+        .unwrap();
+        assert_eq!(
+            f.evidence[1],
+            "kernel: reverse lookup of 203.0.113.7 (from 10.0.2.20, mark 0x80): table local: \
+             no match; table main → dev eth0 via 10.0.1.1"
+        );
+        let only_reverse = explain(
+            &drop("IP_RPFILTER", &reverse, 0x80),
+            &incident1(),
+            &confs(1, 1, 1),
+        );
+        assert_eq!(Some(f), only_reverse);
+    }
+
+    /// Strict mode passes when any next hop of a multipath way back is the
+    /// input device (`fib_info_nh_uses_dev`, net/ipv4/fib_frontend.c v6.18),
+    /// so every one is named, not only the first.
+    #[test]
+    fn a_multipath_way_back_asked_afterwards_names_every_next_hop() {
+        let mut t = incident1();
+        t.links.push(link(4, "eth2"));
+        let hop = |oif, gw: &str| RouteNextHop {
+            oif,
+            gateway: Some(gw.parse().unwrap()),
+            flags: 0,
+        };
+        let mut multipath = answer(RouteType::Unicast, 2, None);
+        if let RouteLookup::Found(a) = &mut multipath {
+            a.nexthops = vec![hop(2, "10.0.1.1"), hop(4, "10.0.4.1")];
+        }
+        let asked = asked_now(multipath);
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.asked = Some(&asked);
+        let f = explain(&d, &t, &confs(1, 1, 0)).unwrap();
+        assert_eq!(f.cause, "rp_filter_strict");
+        assert_eq!(
+            f.evidence[1],
+            "kernel, asked now through netlink as fib_validate_source asks (this drop came \
+             before kdrop armed its route-lookup probe; the retransmission carries the kernel's \
+             own): reverse lookup of 203.0.113.7 from 10.0.2.20: table main → dev eth0 (next \
+             hops on eth0, eth2)"
+        );
+    }
+
+    /// An AnyIP route (`ip route add local 203.0.113.0/24 dev lo`) makes
+    /// every address in it local without one being assigned: where it lives
+    /// is the device of the kernel's local answer, from the drop's own
+    /// lookups or asked afterwards.
+    #[test]
+    fn a_local_source_lives_on_the_device_of_the_kernels_local_answer() {
+        let mut t = incident1();
+        let mut anyip = route(255, Some(("203.0.113.0", 24)), None, LOOPBACK_IFINDEX);
+        anyip.kind = RTN_LOCAL;
+        t.routes.push(anyip);
+        let fib = [lookup_ev(255, 0, LOOPBACK_IFINDEX, None, 0)];
+        let asked = asked_now(answer(RouteType::Local, LOOPBACK_IFINDEX, None));
+        let mut d = drop("IP_LOCAL_SOURCE", &[], 0);
+        d.asked = Some(&asked);
+        let own = drop("IP_LOCAL_SOURCE", &fib, 0);
+        for (d, lookup) in [
+            (
+                d,
+                "kernel, asked now through netlink as fib_validate_source asks (this drop came \
+                 before kdrop armed its route-lookup probe; the retransmission carries the \
+                 kernel's own): reverse lookup of 203.0.113.7 from 10.0.2.20: table local → dev lo",
+            ),
+            (
+                own,
+                "kernel: reverse lookup of 203.0.113.7 (from 10.0.2.20): table local → dev lo",
+            ),
+        ] {
+            let f = explain(&d, &t, &confs(0, 0, 0)).unwrap();
+            assert_eq!(
+                f.summary,
+                "martian source on eth1: 203.0.113.7 is a local address of this host (local \
+                 table, on dev lo)"
+            );
+            assert_eq!(
+                f.evidence[..3],
+                [
+                    "kernel: drop reason IP_LOCAL_SOURCE at ip_rcv_finish_core+0x25b",
+                    lookup,
+                    "route in table local: local 203.0.113.0/24 dev lo",
+                ]
+            );
+        }
+    }
+
+    /// v6.18 names IP_INVALID_SOURCE for a source that is multicast,
+    /// limited broadcast or 0.0.0.0 (net/ipv4/route.c `ip_route_input_slow`)
+    /// or whose reverse lookup ends on a route neither unicast nor local
+    /// (net/ipv4/fib_frontend.c `__fib_validate_source`): the reason's own
+    /// text says that. Only one of this host's addresses is a local-source
+    /// martian, whatever the kernel called it.
+    #[test]
+    fn an_invalid_source_is_explained_here_only_when_it_is_a_local_address() {
+        let mut d = drop("IP_INVALID_SOURCE", &[], 0);
+        d.src = ip("10.0.2.255");
+        assert_eq!(explain(&d, &incident1(), &confs(0, 0, 0)), None);
+        let mut t = incident1();
+        t.links.push(link(4, "kube-ipvs0"));
+        t.addrs.push(Addr {
+            index: 4,
+            addr: "203.0.113.7".parse().unwrap(),
+            prefix_len: 32,
+            label: None,
+        });
+        let f = explain(&drop("IP_INVALID_SOURCE", &[], 0), &t, &confs(0, 0, 0)).unwrap();
+        assert_eq!(f.cause, "martian_local_source");
+        assert_eq!(
+            f.summary,
+            "martian source on eth1: 203.0.113.7 is a local address of this host (local table, \
+             on dev kube-ipvs0)"
+        );
     }
 }

@@ -626,6 +626,16 @@ mod tests {
             f.fix_or,
             [["ip netns exec node ip6tables-nft -t raw -R PREROUTING 1 -m rpfilter --loose --invert -j DROP"]]
         );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the policy route sends the way back to fd00:61:9::1 (the rule's lookup, and the \
+                 replies from fd00:61:1::2) out of eth1, where the client's packets come in; it \
+                 assumes fd00:61:9::1 is reachable on eth1's link: add `via <router>` if not",
+                "loose mode only checks that some route back exists; a firewall manager \
+                 (firewalld: IPv6_rpfilter=loose) rewrites a rule changed by hand",
+            ]
+        );
         assert_eq!(f.inspect[1], "ip netns exec node ip -6 rule show");
         assert_eq!(f.inspect.len(), 3);
     }
@@ -709,5 +719,316 @@ mod tests {
             "ip netns exec node ip -6 rule add from fd00:61:1::2 to fd00:61:9::1/128 lookup 101 priority 1"
         );
         assert!(f.fix_or.is_empty());
+    }
+
+    fn rule6(priority: u32, table: u32) -> Rule {
+        Rule {
+            family: 10,
+            priority,
+            table,
+            action: FR_ACT_TO_TBL,
+            src: None,
+            dst: None,
+            fwmark: None,
+            fwmask: None,
+            iifname: None,
+            oifname: None,
+            invert: false,
+            goto: None,
+        }
+    }
+
+    fn net(s: &str, len: u8) -> Option<(IpAddr, u8)> {
+        Some((s.parse().unwrap(), len))
+    }
+
+    /// The rule that decided is the first, by priority, whose selectors all
+    /// take the lookup ip6t_rpfilter makes: from lo, source the packet's
+    /// destination, to its source, its mark with --validmark, the input
+    /// device as oif in strict mode (`rpfilter_lookup_reverse6`,
+    /// net/ipv6/netfilter/ip6t_rpfilter.c; `fib_rule_match`,
+    /// net/core/fib_rules.c; `fib6_rule_match`, net/ipv6/fib6_rules.c, v6.18).
+    #[test]
+    fn the_deciding_rule_is_the_first_whose_selectors_all_take_the_lookup() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: true,
+        };
+        let q = check.query(src(), dst(), 3, 0x180);
+        let ans = found(100, 2, Some("fe80::1"));
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --validmark --invert -j DROP",
+        );
+        let mut t = tables();
+        // Each of these leads to table 100 but misses on one selector.
+        let mut other_iif = rule6(900, 100);
+        other_iif.iifname = Some("eth1".into());
+        let mut other_oif = rule6(910, 100);
+        other_oif.oifname = Some("eth0".into());
+        let mut other_mark = rule6(920, 100);
+        other_mark.fwmark = Some(0x1);
+        let mut other_from = rule6(930, 100);
+        other_from.src = net("fd00:9::", 64);
+        let mut other_to = rule6(940, 100);
+        other_to.dst = net("fd00:99::", 64);
+        // This one takes it: 0x180 under mask 0xff is 0x80.
+        let mut taken = rule6(1000, 100);
+        taken.src = net("fd00:61:1::", 64);
+        taken.dst = net("fd00:61:9::", 64);
+        taken.fwmark = Some(0x80);
+        taken.fwmask = Some(0xff);
+        taken.iifname = Some("lo".into());
+        t.rules6 = vec![
+            rule6(0, 255),
+            other_iif,
+            other_oif,
+            other_mark,
+            other_from,
+            other_to,
+            taken,
+            rule6(32766, 254),
+        ];
+        let mut d = drop(check, &q, &ans);
+        d.mark = 0x180;
+        let f = explain(nf(), &a, &d, &t);
+        assert_eq!(
+            f.evidence,
+            [
+                "kernel drop reason NETFILTER_DROP",
+                "reverse lookup as the rule makes it (strict): `ip netns exec node ip -6 route get \
+                 fd00:61:9::1 from fd00:61:1::2 oif eth1 mark 0x180` answers default via fe80::1 \
+                 dev eth0 table 100",
+                "policy rule that decided: 1000: from fd00:61:1::/64 to fd00:61:9::/64 fwmark \
+                 0x80/0xff iif lo lookup 100",
+                "the check passes only when the way back to fd00:61:9::1 leaves by eth1, where the \
+                 packet came in",
+            ]
+        );
+        assert_eq!(
+            f.fix[1],
+            "ip netns exec node ip -6 rule add from fd00:61:1::2 to fd00:61:9::1/128 lookup 101 \
+             priority 999"
+        );
+    }
+
+    #[test]
+    fn answers_print_their_prefix_as_ip_route_does() {
+        let t = tables();
+        let with_dst = |dst: &str, len| {
+            let RouteLookup::Found(mut a) = found(100, 2, Some("fe80::1")) else {
+                unreachable!()
+            };
+            a.dst = Some(dst.parse().unwrap());
+            a.dst_len = len;
+            a
+        };
+        // A host route without its length, as `ip -6 route` shows it.
+        assert_eq!(
+            answer_text(&with_dst("fd00:61:9::1", 128), &t),
+            "fd00:61:9::1 via fe80::1 dev eth0 table 100"
+        );
+        assert_eq!(
+            answer_text(&with_dst("fd00:61::", 48), &t),
+            "fd00:61::/48 via fe80::1 dev eth0 table 100"
+        );
+    }
+
+    fn route6(
+        table: u32,
+        dst: Option<(&str, u8)>,
+        oif: Option<u32>,
+        gw: Option<&str>,
+    ) -> crate::model::routing::Route {
+        crate::model::routing::Route {
+            table,
+            family: 10,
+            dst: dst.map(|(a, _)| a.parse().unwrap()),
+            dst_len: dst.map_or(0, |(_, l)| l),
+            kind: RTN_UNICAST,
+            scope: 0,
+            oif,
+            gateway: gw.map(|g| g.parse().unwrap()),
+            prefsrc: None,
+            priority: 1024,
+            nexthops: vec![],
+        }
+    }
+
+    /// The repair route takes the gateway of the node's own longest unicast
+    /// route to the client that can leave by the input device: through a
+    /// default route, or the next hop on that device of a multipath one.
+    #[test]
+    fn the_repair_takes_the_gateway_of_the_nodes_own_way_out_of_the_input_device() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = found(254, 2, Some("fd00:61:2::1"));
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        let d = drop(check, &q, &ans);
+        let hop = |oif, gw: &str| (oif, Some(gw.parse().unwrap()));
+        let eth1_default = route6(7, None, Some(3), Some("fe80::1"));
+        let mut multipath_both = route6(254, Some(("fd00:61::", 32)), None, None);
+        multipath_both.nexthops = vec![hop(2, "fe80::2"), hop(3, "fe80::3")];
+        let mut multipath_eth0 = route6(254, Some(("fd00:61::", 32)), None, None);
+        multipath_eth0.nexthops = vec![hop(2, "fe80::2"), hop(2, "fe80::4")];
+        // A route that delivers locally (TPROXY-style, in a policy table)
+        // sends nothing out, whatever its device.
+        let mut local = route6(7, Some(("fd00:61:9::", 64)), Some(3), None);
+        local.kind = crate::model::routing::RTN_LOCAL;
+        let via_router = route6(7, Some(("fd00:61::", 32)), Some(3), Some("fd00:61:1::fe"));
+        for (routes, fix) in [
+            (vec![eth1_default.clone()], "via fe80::1 dev eth1"),
+            (
+                vec![eth1_default.clone(), multipath_both],
+                "via fe80::3 dev eth1",
+            ),
+            (vec![eth1_default, multipath_eth0], "via fe80::1 dev eth1"),
+            (vec![via_router, local], "via fd00:61:1::fe dev eth1"),
+        ] {
+            let mut t = tables();
+            t.routes6 = routes;
+            assert_eq!(
+                explain(nf(), &a, &d, &t).fix[0],
+                format!("ip netns exec node ip -6 route add fd00:61:9::1/128 {fix} table 101")
+            );
+        }
+    }
+
+    /// Tables 252-255 are the kernel's compat, default, main and local
+    /// (include/uapi/linux/rtnetlink.h): never the repair's own.
+    #[test]
+    fn the_repair_table_is_never_a_reserved_one() {
+        let mut t = tables();
+        t.rules6 = (100..252).map(|n| rule6(n, n)).collect();
+        let n = free_table(&t);
+        assert!(!(252..=255).contains(&n), "{n}");
+    }
+
+    /// ip6t_rpfilter fails a local answer in loose mode too, unless
+    /// --accept-local (`rpfilter_lookup_reverse6`,
+    /// net/ipv6/netfilter/ip6t_rpfilter.c v6.18: RTF_LOCAL): it is named
+    /// as such, and loose mode is not offered.
+    #[test]
+    fn a_local_way_back_is_named_and_loose_mode_is_not_offered() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let RouteLookup::Found(mut local) = found(255, 1, None) else {
+            unreachable!()
+        };
+        local.kind = RouteType::Local;
+        local.dst = Some(src().into());
+        local.dst_len = 128;
+        let ans = RouteLookup::Found(local);
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
+        assert_eq!(
+            f.summary,
+            "IPv6 reverse-path check failed on eth1: iptables-nft rule in raw/PREROUTING \
+             (strict) drops it: the way back to fd00:61:9::1 is a Local route: -A PREROUTING -m \
+             rpfilter --invert -j DROP"
+        );
+        assert_eq!(
+            f.evidence[1],
+            "reverse lookup as the rule makes it (strict): `ip netns exec node ip -6 route get \
+             fd00:61:9::1 from fd00:61:1::2 oif eth1` answers a Local route (fd00:61:9::1 dev lo \
+             table local)"
+        );
+        assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
+    }
+
+    /// A rule of the legacy backend is only seen, and so only replaced, by
+    /// ip6tables-legacy.
+    #[test]
+    fn a_legacy_rule_is_loosened_with_the_legacy_tool() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = found(254, 2, Some("fd00:61:2::1"));
+        let a = attribution(
+            Backend::IptablesLegacy,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
+        assert_eq!(
+            f.fix_or,
+            [[
+                "ip netns exec node ip6tables-legacy -t raw -R PREROUTING 1 -m rpfilter --loose \
+               --invert -j DROP"
+            ]]
+        );
+    }
+
+    /// A gateway is only one to use on the input device's link: an answer
+    /// to the query through that device that leaves by another one gives
+    /// none, and the repair says it assumes the client on-link.
+    #[test]
+    fn a_gateway_on_another_device_is_not_taken_for_the_repair() {
+        let check = Check::Fib {
+            iif: true,
+            mark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = found(254, 2, Some("fd00:61:2::1"));
+        let elsewhere = found(254, 2, Some("fe80::9"));
+        let a = attribution(
+            Backend::Nftables,
+            "fib saddr . iif oif missing counter drop",
+        );
+        let mut d = drop(check, &q, &ans);
+        d.via_iif = Some(&elsewhere);
+        let f = explain(nf(), &a, &d, &tables());
+        assert_eq!(
+            f.fix[0],
+            "ip netns exec node ip -6 route add fd00:61:9::1/128 dev eth1 table 101"
+        );
+        assert_eq!(
+            f.fix_notes[0],
+            "the policy route sends the way back to fd00:61:9::1 (the rule's lookup, and the \
+             replies from fd00:61:1::2) out of eth1, where the client's packets come in; it \
+             assumes fd00:61:9::1 is reachable on eth1's link: add `via <router>` if not"
+        );
+    }
+
+    /// With no route back at all loose mode fails too (`rpfilter_mt`,
+    /// net/ipv6/netfilter/ip6t_rpfilter.c v6.18): only the route is offered.
+    #[test]
+    fn no_route_back_in_strict_mode_offers_no_loose_mode() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = RouteLookup::Failed {
+            errno: 101,
+            name: "ENETUNREACH".into(),
+        };
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
+        assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the policy route sends the way back to fd00:61:9::1 (the rule's lookup, and the \
+              replies from fd00:61:1::2) out of eth1, where the client's packets come in; it \
+              assumes fd00:61:9::1 is reachable on eth1's link: add `via <router>` if not"
+            ]
+        );
     }
 }
