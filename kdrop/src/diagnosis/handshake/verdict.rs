@@ -70,13 +70,13 @@ impl Verdicts {
                     h.verdict = found.clone();
                     return (h.id, found);
                 }
+                // A weaker, different cause: the verdict stands, and says
+                // what this packet showed by itself.
                 let mut verdict = h.verdict.clone();
-                if found.cause != verdict.cause || found.summary != verdict.summary {
-                    verdict.evidence.push(format!(
-                        "this packet of the same handshake, by itself: {} [{}]",
-                        found.summary, found.cause
-                    ));
-                }
+                verdict.evidence.push(format!(
+                    "this packet of the same handshake, by itself: {} [{}]",
+                    found.summary, found.cause
+                ));
                 return (h.id, verdict);
             }
         }
