@@ -290,3 +290,93 @@ fn a_dead_next_hop_names_the_egress_device_the_gateway_and_its_state() {
         .unwrap();
     connect_from(&l.client, l.client_end(41086), l.service(7083)).expect("via a live next hop");
 }
+
+/// A forwarded SYN refused by strict rp_filter on the router: the way back
+/// to the client leaves by a second link (r2), not the one the SYN came in
+/// on (r0). The kernel checks the source with the forward route's output
+/// device as the input of its reverse lookup (`__mkroute_input` passes
+/// `FIB_RES_OIF`, net/ipv4/route.c v6.18), and the retransmission's drop
+/// carries that lookup.
+#[test]
+fn a_forwarded_syn_refused_by_rp_filter_carries_the_kernels_reverse_lookup() {
+    let l = Lab::new("fwrpf", 85);
+    veth(
+        &l.client,
+        "c1",
+        "02:00:00:00:55:05",
+        &l.router,
+        "r2",
+        "02:00:00:00:55:06",
+    )
+    .unwrap();
+    l.client
+        .ip(&["addr", "add", &l.addr(4, 2, 24), "dev", "c1"])
+        .unwrap();
+    l.router
+        .ip(&["addr", "add", &l.addr(4, 1, 24), "dev", "r2"])
+        .unwrap();
+    l.router
+        .ip(&["route", "add", "10.85.3.0/24", "via", &l.host(2, 2)])
+        .unwrap();
+    // Replies to the client take the second link; its SYNs come by the first.
+    l.router
+        .ip(&["route", "add", &l.addr(1, 2, 32), "via", &l.host(4, 2)])
+        .unwrap();
+    l.router.sysctl("net/ipv4/conf/r0/rp_filter", "1").unwrap();
+    // The router would not answer the client's ARP either: an ARP request's
+    // sender passes the same reverse-path check (`arp_process`,
+    // net/ipv4/arp.c v6.18). Give the client the router's address.
+    l.client
+        .ip(&[
+            "neigh",
+            "add",
+            &l.host(1, 1),
+            "lladdr",
+            "02:00:00:00:55:02",
+            "dev",
+            "c0",
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
+    let _srv = listen(&l.server, l.service(7085));
+    let k = Kdrop::start(&["--json", "--port", "7085"]);
+    let _syn = send_syn(&l.client, l.client_end(41089), l.service(7085));
+    let e = drop_of(&k, 41089);
+    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
+    assert_eq!(e["ifname"], "r0");
+    assert_eq!(e["finding"]["cause"], "rp_filter_strict", "{e}");
+    // The first drop arms the route-lookup probe; a retransmission (1 s,
+    // 3 s, 7 s) carries the kernel's own lookup. Without custom rules the
+    // kernel reads one table, main (local is merged into it,
+    // `fib_lookup` in include/net/ip_fib.h, v6.18).
+    let again = k.expect_event_within(
+        "a retransmission's drop with the kernel's own lookup",
+        Duration::from_secs(20),
+        |e| {
+            e["sport"] == 41089
+                && e["finding"]["evidence"][1]
+                    .as_str()
+                    .is_some_and(|l| l.starts_with("kernel: "))
+        },
+    );
+    let f = &again["finding"];
+    assert_eq!(
+        f["evidence"][1],
+        "kernel: reverse lookup of 10.85.1.2 (from 10.85.3.2): table main → dev r2 via 10.85.4.2",
+        "{f}"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [format!(
+            "ip netns exec {} sysctl -w net.ipv4.conf.r0.rp_filter=2",
+            l.router.name
+        )]
+    );
+    k.stop(libc::SIGINT);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    connect_from(&l.client, l.client_end(41090), l.service(7085)).expect("after the fix");
+}

@@ -152,11 +152,30 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
     }
 }
 
-/// The reverse-path lookups in the kernel's evidence: addresses swapped.
+/// The reverse-path lookups in the kernel's evidence: addresses swapped,
+/// from loopback for a packet to this host, from the forward route's output
+/// device for a forwarded one (`__mkroute_input` passes `FIB_RES_OIF`, and
+/// `__fib_validate_source` sets `flowi4_iif = oif ? : LOOPBACK_IFINDEX`:
+/// net/ipv4/route.c and fib_frontend.c, v6.18).
 fn reverse_lookups<'a>(d: &'a RouteDrop) -> impl Iterator<Item = &'a Lookup> + 'a {
-    d.fib
+    // A local delivery's source check passes oif 0, whatever device its
+    // local route names.
+    let forward_oif = d
+        .fib
         .iter()
-        .filter(move |l| l.dst == d.src && l.src == d.dst && l.iif == LOOPBACK_IFINDEX)
+        .find(|l| {
+            l.src == d.src
+                && l.dst == d.dst
+                && l.err == 0
+                && l.res_ifindex != 0
+                && l.table != RT_TABLE_LOCAL
+        })
+        .map(|l| l.res_ifindex);
+    d.fib.iter().filter(move |l| {
+        l.dst == d.src
+            && l.src == d.dst
+            && (l.iif == LOOPBACK_IFINDEX || Some(l.iif) == forward_oif)
+    })
 }
 
 /// The policy rules the reverse lookup walked, in priority order, up to the
@@ -1339,6 +1358,85 @@ pub(crate) mod tests {
             &confs(1, 1, 1),
         );
         assert_eq!(Some(f), only_reverse);
+    }
+
+    /// A forwarded packet's source check looks up the way back from the
+    /// forward route's output device, not from loopback (`__mkroute_input`,
+    /// net/ipv4/route.c v6.18): those lookups are the kernel's evidence, and
+    /// a swapped lookup from any other device (a reply's) is not.
+    #[test]
+    fn a_forwarded_packets_reverse_lookup_comes_from_its_output_device() {
+        let mut t = incident1();
+        t.links.push(link(4, "eth2"));
+        t.routes.push(route(254, Some(("10.0.3.0", 24)), None, 4));
+        let forward = |table, err, res| Lookup {
+            iif: 3,
+            src: ip("203.0.113.7"),
+            dst: ip("10.0.3.5"),
+            ..lookup_ev(table, err, res, None, 0)
+        };
+        let reverse = |iif, table, err, res, gw| Lookup {
+            iif,
+            src: ip("10.0.3.5"),
+            ..lookup_ev(table, err, res, gw, 0)
+        };
+        let fib = [
+            forward(255, -11, 0),
+            forward(254, 0, 4),
+            reverse(4, 255, -11, 0, None),
+            reverse(4, 254, 0, 2, Some("10.0.1.1")),
+        ];
+        let mut d = drop("IP_RPFILTER", &fib, 0);
+        d.dst = ip("10.0.3.5");
+        let f = explain(&d, &t, &confs(1, 1, 1)).unwrap();
+        assert_eq!(
+            f.evidence[1],
+            "kernel: reverse lookup of 203.0.113.7 (from 10.0.3.5): table local: no match; \
+             table main → dev eth0 via 10.0.1.1"
+        );
+        let from_eth0: Vec<Lookup> = fib
+            .iter()
+            .map(|l| Lookup {
+                iif: if l.src == d.dst { 2 } else { l.iif },
+                ..l.clone()
+            })
+            .collect();
+        let d = RouteDrop {
+            fib: &from_eth0,
+            ..d
+        };
+        let f = explain(&d, &t, &confs(1, 1, 1)).unwrap();
+        assert!(
+            !f.evidence
+                .iter()
+                .any(|l| l.starts_with("kernel: reverse lookup")),
+            "{:?}",
+            f.evidence
+        );
+    }
+
+    /// A packet to this host is checked from loopback, though its local
+    /// route names a device: a swapped lookup from that device is not its
+    /// way back.
+    #[test]
+    fn a_local_deliverys_reverse_lookup_comes_from_loopback_only() {
+        let local = Lookup {
+            iif: 3,
+            src: ip("203.0.113.7"),
+            dst: ip("10.0.2.20"),
+            ..lookup_ev(255, 0, 3, None, 0)
+        };
+        let from_eth1 = Lookup {
+            iif: 3,
+            ..lookup_ev(254, 0, 3, None, 0)
+        };
+        let fib = [local, from_eth1, lookup_ev(254, 0, 2, Some("10.0.1.1"), 0)];
+        let f = explain(&drop("IP_RPFILTER", &fib, 0), &incident1(), &confs(1, 1, 1)).unwrap();
+        assert_eq!(
+            f.evidence[1],
+            "kernel: reverse lookup of 203.0.113.7 (from 10.0.2.20): table main → dev eth0 via \
+             10.0.1.1"
+        );
     }
 
     /// Strict mode passes when any next hop of a multipath way back is the
