@@ -30,13 +30,22 @@ pub fn rule_spec(r: &Rule) -> String {
     if r.invert {
         s.push_str(" not");
     }
+    // iproute2 leaves out a host prefix's length, /32 or /128, on both
+    // (ip/iprule.c, print_rule).
+    let prefix = |a: IpAddr, len: u8| {
+        let host = if a.is_ipv4() { 32 } else { 128 };
+        if len == host {
+            a.to_string()
+        } else {
+            format!("{a}/{len}")
+        }
+    };
     match r.src {
-        Some((a, len)) if !(len == 32 && a.is_ipv4()) => s.push_str(&format!(" from {a}/{len}")),
-        Some((a, _)) => s.push_str(&format!(" from {a}")),
+        Some((a, len)) => s.push_str(&format!(" from {}", prefix(a, len))),
         None => s.push_str(" from all"),
     }
     if let Some((a, len)) = r.dst {
-        s.push_str(&format!(" to {a}/{len}"));
+        s.push_str(&format!(" to {}", prefix(a, len)));
     }
     if let Some(m) = r.fwmark {
         match r.fwmask {

@@ -1173,10 +1173,33 @@ pub(crate) mod tests {
 
     #[test]
     fn rule_text_prints_prefixes_and_marks_as_ip_rule_does() {
-        // A source prefix keeps its length; only an IPv4 host (/32) drops it.
+        // A prefix keeps its length; a host (/32, /128) drops it, on `from`
+        // and `to` alike (iproute2's ip/iprule.c, print_rule).
         let mut subnet = rule(100, 2);
         subnet.src = Some(("10.0.2.0".parse().unwrap(), 24));
         assert_eq!(rule_text(&subnet), "100: from 10.0.2.0/24 lookup 2");
+        subnet.dst = Some(("10.0.3.5".parse().unwrap(), 32));
+        assert_eq!(
+            rule_text(&subnet),
+            "100: from 10.0.2.0/24 to 10.0.3.5 lookup 2"
+        );
+        subnet.src = Some(("fd00::7".parse().unwrap(), 128));
+        subnet.dst = Some(("fd00:1::".parse().unwrap(), 64));
+        assert_eq!(
+            rule_text(&subnet),
+            "100: from fd00::7 to fd00:1::/64 lookup 2"
+        );
+        subnet.dst = Some(("fd00:1::9".parse().unwrap(), 128));
+        assert_eq!(
+            rule_text(&subnet),
+            "100: from fd00::7 to fd00:1::9 lookup 2"
+        );
+        subnet.src = Some(("10.0.2.7".parse().unwrap(), 32));
+        subnet.dst = Some(("10.0.0.0".parse().unwrap(), 8));
+        assert_eq!(
+            rule_text(&subnet),
+            "100: from 10.0.2.7 to 10.0.0.0/8 lookup 2"
+        );
         // `ip rule add fwmark 0x80` gives the rule mask 0xffffffff and the
         // kernel dumps it (net/core/fib_rules.c v6.18, `fib_nl2rule` and
         // `fib_nl_fill_rule`); `ip rule` prints the mask only when it is
