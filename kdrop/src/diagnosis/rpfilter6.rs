@@ -203,11 +203,18 @@ fn way_out_of_iif(t: &Tables, d: &Rpf6) -> Option<Option<IpAddr>> {
         })
 }
 
-/// A table number for the repair route that no IPv6 rule uses yet.
+/// A table number for the repair route that no rule reads and no route is
+/// in: from 100, past the kernel's 252-255 (compat, default, main, local;
+/// include/uapi/linux/rtnetlink.h) when 100-251 are all taken.
 fn free_table(t: &Tables) -> u32 {
+    let taken = |n: u32| {
+        t.rules.iter().chain(&t.rules6).any(|r| r.table == n)
+            || t.routes.iter().chain(&t.routes6).any(|r| r.table == n)
+    };
     (100..RT_TABLE_LOCAL - 3)
-        .find(|n| !t.rules6.iter().any(|r| r.table == *n))
-        .unwrap_or(100)
+        .chain(RT_TABLE_LOCAL + 1..)
+        .find(|n| !taken(*n))
+        .expect("fewer rules and routes than table numbers")
 }
 
 /// The rule changed to loose mode, where a route back through any device
@@ -906,8 +913,21 @@ mod tests {
     fn the_repair_table_is_never_a_reserved_one() {
         let mut t = tables();
         t.rules6 = (100..252).map(|n| rule6(n, n)).collect();
-        let n = free_table(&t);
-        assert!(!(252..=255).contains(&n), "{n}");
+        assert_eq!(free_table(&t), 256);
+    }
+
+    /// A table an IPv4 rule reads, or that holds routes no rule reads yet,
+    /// is someone's: the repair's route would join them.
+    #[test]
+    fn the_repair_table_is_one_nothing_uses() {
+        let mut t = tables();
+        t.rules6 = vec![rule6(1000, 100)];
+        t.rules = vec![crate::diagnosis::routing::tests::rule(1001, 101)];
+        t.routes6
+            .push(crate::diagnosis::routing::tests::route(102, None, None, 2));
+        t.routes
+            .push(crate::diagnosis::routing::tests::route(103, None, None, 2));
+        assert_eq!(free_table(&t), 104);
     }
 
     /// ip6t_rpfilter fails a local answer in loose mode too, unless
