@@ -518,7 +518,8 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
         .or(addr.map(|a| a.index))
         .map(|i| t.link_name(i))
         .unwrap_or_else(|| "?".into());
-    if let Some(route) = lookup(&t.routes, RT_TABLE_LOCAL, d.src).filter(|r| r.kind == RTN_LOCAL) {
+    let local_route = lookup(&t.routes, RT_TABLE_LOCAL, d.src).filter(|r| r.kind == RTN_LOCAL);
+    if let Some(route) = local_route {
         evidence.push(format!("route in table local: {}", route_text(route, t)));
     }
     let all = c.all.accept_local.unwrap_or(0);
@@ -532,26 +533,43 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
          local address and is delivered locally, never sent back",
         d.src
     ));
-    let prefix = addr.map_or(32, |a| a.prefix_len);
+    // The address, or a local route that is none (AnyIP: `ip route add
+    // local 203.0.113.0/24 dev lo`), makes the source local; a local route
+    // outside table local (a TPROXY table) is named but not deleted.
+    let (what, fix) = match (addr, local_route) {
+        (Some(a), _) => (
+            format!("a local address of this host (local table, on dev {dev})"),
+            vec![format!(
+                "{ns}ip addr del {}/{} dev {dev}",
+                d.src, a.prefix_len
+            )],
+        ),
+        (None, Some(r)) => (
+            format!(
+                "local to this host by a route, not an address: {} (table local)",
+                route_text(r, t)
+            ),
+            vec![format!("{ns}ip route del {} table local", route_text(r, t))],
+        ),
+        (None, None) => (
+            format!("local to this host (local table, on dev {dev})"),
+            Vec::new(),
+        ),
+    };
     Finding {
         cause: "martian_local_source",
-        summary: format!(
-            "martian source on {iif}: {} is a local address of this host (local table, on dev {dev})",
-            d.src
-        ),
+        summary: format!("martian source on {iif}: {} is {what}", d.src),
         evidence,
-        fix: vec![format!("{ns}ip addr del {}/{prefix} dev {dev}", d.src)],
+        fix,
         fix_notes: if dev == "kube-ipvs0" {
-            vec![
-                format!(
-                    "kube-proxy (IPVS mode) binds the Service's LoadBalancer IP {} to kube-ipvs0 \
+            vec![format!(
+                "kube-proxy (IPVS mode) binds the Service's LoadBalancer IP {} to kube-ipvs0 \
                      and binds it again after the delete: the lasting repair is on the Service. \
                      Kubernetes 1.30+: status.loadBalancer.ingress[].ipMode: Proxy (set by the \
                      cloud controller) stops kube-proxy from binding it; else have the load \
                      balancer health-check from another source address",
-                    d.src
-                ),
-            ]
+                d.src
+            )]
         } else {
             Vec::new()
         },
@@ -1522,8 +1540,13 @@ pub(crate) mod tests {
             let f = explain(&d, &t, &confs(0, 0, 0)).unwrap();
             assert_eq!(
                 f.summary,
-                "martian source on eth1: 203.0.113.7 is a local address of this host (local \
-                 table, on dev lo)"
+                "martian source on eth1: 203.0.113.7 is local to this host by a route, not an \
+                 address: local 203.0.113.0/24 dev lo (table local)"
+            );
+            // No address to delete: the route is what makes it local.
+            assert_eq!(
+                f.fix,
+                ["ip netns exec node ip route del local 203.0.113.0/24 dev lo table local"]
             );
             assert_eq!(
                 f.evidence[..3],
