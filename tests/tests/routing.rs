@@ -325,6 +325,50 @@ fn incident3_local_source_martian_and_its_fix() {
     k.stop(libc::SIGINT);
 }
 
+/// The same health check, where the LB's address is local to the node by
+/// an AnyIP route (`ip route add local 203.0.113.0/24 dev lo`), not an
+/// address: the fix deletes the route, as no address matches. The kernel's
+/// reverse lookup answers RTN_LOCAL either way (`__fib_validate_source`,
+/// net/ipv4/fib_frontend.c v6.18).
+#[test]
+fn a_source_local_by_an_anyip_route_is_repaired_by_deleting_the_route() {
+    let i = incident3("lsrcr");
+    i.node
+        .ip(&["addr", "del", &format!("{LB_IP}/32"), "dev", "kube-ipvs0"])
+        .unwrap();
+    i.node
+        .ip(&["route", "add", "local", "203.0.113.0/24", "dev", "lo"])
+        .unwrap();
+    let k = Kdrop::start(&["--json", "--netns", &i.node.name, "-p", "30080"]);
+    let src: SocketAddr = format!("{LB_IP}:41004").parse().unwrap();
+    let dst: SocketAddr = format!("{NODE_IP}:30080").parse().unwrap();
+    let _syn = send_syn(&i.lb, src, dst);
+    let e = k.expect_event("the health check drop", |e| e["sport"] == 41004);
+    if let Some(r) = kernel_reason("IP_LOCAL_SOURCE") {
+        assert_eq!(e["reason"], r);
+    }
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "martian_local_source", "{e}");
+    assert_eq!(
+        f["summary"],
+        "martian source on eth0: 203.0.113.50 is local to this host by a route, not an address: \
+         local 203.0.113.0/24 dev lo (table local)"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [format!(
+            "ip netns exec {} ip route del local 203.0.113.0/24 dev lo table local",
+            i.node.name
+        )]
+    );
+    k.stop(libc::SIGINT);
+    let _l = listen(&i.node, dst);
+    run_fix(&fix[0]);
+    let again: SocketAddr = format!("{LB_IP}:41005").parse().unwrap();
+    connect_from(&i.lb, again, dst).expect("health check handshake after the fix");
+}
+
 /// accept_local lets the SYN in: no martian drop for it (the reply then goes
 /// to the local address, which is what the finding warns about).
 #[test]

@@ -72,7 +72,7 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
     if !d.location.starts_with("ip_rcv_finish_core") {
         return None;
     }
-    let local = t.addrs.iter().any(|a| a.addr == IpAddr::V4(d.src));
+    let local = is_local(t, d.src);
     let named = if d.reason.is_some() {
         "NOT_SPECIFIED"
     } else {
@@ -113,7 +113,7 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
         None if local => Some((
             "IP_LOCAL_SOURCE",
             format!(
-                "kernel: drop at {} ({named} on this kernel) while routing a packet whose source is one of this namespace's addresses (derived from the location; no return code on this kernel)",
+                "kernel: drop at {} ({named} on this kernel) while routing a packet whose source is local to this namespace, an address or a local route (derived from the location; no return code on this kernel)",
                 d.location
             ),
         )),
@@ -150,6 +150,14 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
         }
         _ => None,
     }
+}
+
+/// Is `a` this namespace's own: one of its addresses, or in a local route of
+/// table local (AnyIP), which the kernel's reverse lookup answers RTN_LOCAL
+/// alike.
+fn is_local(t: &Tables, a: Ipv4Addr) -> bool {
+    t.addrs.iter().any(|x| x.addr == IpAddr::V4(a))
+        || lookup(&t.routes, RT_TABLE_LOCAL, a).is_some_and(|r| r.kind == RTN_LOCAL)
 }
 
 /// The reverse-path lookups in the kernel's evidence: addresses swapped,
@@ -313,9 +321,7 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
     match reason {
         "IP_RPFILTER" => Some(rp_filter(d, t, c, &iif, kernel)),
         "IP_LOCAL_SOURCE" => Some(local_source(d, t, c, &iif, kernel)),
-        "IP_INVALID_SOURCE" if t.addrs.iter().any(|a| a.addr == IpAddr::V4(d.src)) => {
-            Some(local_source(d, t, c, &iif, kernel))
-        }
+        "IP_INVALID_SOURCE" if is_local(t, d.src) => Some(local_source(d, t, c, &iif, kernel)),
         "IP_LOCALNET" => {
             let which = if d.dst.is_loopback() { d.dst } else { d.src };
             let all = c.all.route_localnet.unwrap_or(0);
@@ -1557,6 +1563,34 @@ pub(crate) mod tests {
                 ]
             );
         }
+    }
+
+    /// A source local by an AnyIP route is a local source on kernels that
+    /// name no reason (5.10) or name IP_INVALID_SOURCE for it, as one by an
+    /// address is: the kernel's reverse lookup answers RTN_LOCAL for both.
+    #[test]
+    fn a_source_local_by_a_route_is_a_local_source_without_the_kernels_word() {
+        let mut t = incident1();
+        let mut anyip = route(255, Some(("203.0.113.0", 24)), None, LOOPBACK_IFINDEX);
+        anyip.kind = RTN_LOCAL;
+        t.routes.push(anyip);
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.reason = None;
+        assert_eq!(
+            derive_reason(&d, &t, &confs(0, 0, 0)).map(|(r, _)| r),
+            Some("IP_LOCAL_SOURCE")
+        );
+        d.src_check = Some(-EINVAL);
+        assert_eq!(
+            derive_reason(&d, &t, &confs(0, 0, 0)).map(|(r, _)| r),
+            Some("IP_LOCAL_SOURCE")
+        );
+        let f = explain(&drop("IP_INVALID_SOURCE", &[], 0), &t, &confs(0, 0, 0)).unwrap();
+        assert_eq!(f.cause, "martian_local_source");
+        // A unicast route to it is no local one.
+        t.routes.last_mut().unwrap().kind = RTN_UNICAST;
+        d.src_check = None;
+        assert_eq!(derive_reason(&d, &t, &confs(0, 0, 0)), None);
     }
 
     /// v6.18 names IP_INVALID_SOURCE for a source that is multicast,
