@@ -9,6 +9,8 @@ use crate::model::netfilter::{Attribution, Backend, DroppedBy, Family, Hook};
 const V131_SAVE: &str = include_str!("../../../../tests/fixtures/kube-proxy/v1.31-iptables.save");
 const V131_RULES: &str = include_str!("../../../../tests/fixtures/kube-proxy/v1.31-iptables.rules");
 const V122_SAVE: &str = include_str!("../../../../tests/fixtures/kube-proxy/v1.22-iptables.save");
+const V131_READY: &str =
+    include_str!("../../../../tests/fixtures/kube-proxy/v1.31-iptables-ready.rules");
 
 fn services(text: &str) -> Services {
     Services::from_rules(text.lines().filter_map(KubeRule::parse))
@@ -48,6 +50,27 @@ fn svc_port_names() {
     assert_eq!(SvcPort::parse("Redirect"), None);
 }
 
+/// Namespaces and Service names are lowercase DNS labels, never empty: a
+/// comment someone else wrote with a slash in its first word names no
+/// Service.
+#[test]
+fn svc_port_parse_rejects_what_kubernetes_would_not_name() {
+    assert_eq!(SvcPort::parse("/svc1:p80"), None);
+    assert_eq!(SvcPort::parse("ns1/:p80"), None);
+    assert_eq!(SvcPort::parse("Ns1/svc1:p80"), None);
+    assert_eq!(SvcPort::parse("ns1/Svc1:p80"), None);
+    assert_eq!(SvcPort::parse("Allow/Deny"), None);
+    assert_eq!(
+        SvcPort::parse("kube-system/kube-dns:dns-tcp"),
+        Some(SvcPort {
+            namespace: "kube-system".into(),
+            name: "kube-dns".into(),
+            port_name: "dns-tcp".into(),
+            port: None,
+        })
+    );
+}
+
 #[test]
 fn rule_parts() {
     let r = KubeRule::parse(
@@ -72,6 +95,191 @@ fn rule_parts() {
         Some("GNZBNJ2PO5MGZ6GT")
     );
     assert_eq!(chain_hash("KUBE-SEP-RS4RBKLTHTF2IUXJ"), None);
+}
+
+/// `!` negates the one match after it: a negated address, mark or state is
+/// not the rule's, and the matches after it are read as written.
+#[test]
+fn a_negated_match_is_not_the_rules_value() {
+    // Docker's jump for the node's own addresses other than loopback.
+    let docker =
+        KubeRule::parse("-A OUTPUT ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j DOCKER")
+            .unwrap();
+    assert_eq!(
+        (docker.dst, docker.dst_local, docker.target.as_str()),
+        (None, true, "DOCKER")
+    );
+    let localnet = KubeRule::parse(line(V122_SAVE, "block incoming localnet")).unwrap();
+    assert_eq!(
+        (localnet.dst, localnet.ctstate, localnet.target.as_str()),
+        (Some("127.0.0.0".parse().unwrap()), None, "DROP")
+    );
+    let masq = KubeRule::parse(line(V122_SAVE, "-A KUBE-POSTROUTING -m mark !")).unwrap();
+    assert_eq!((masq.mark, masq.target.as_str()), (None, "RETURN"));
+    let input = KubeRule::parse(
+        "-A INPUT -p tcp -m addrtype ! --dst-type LOCAL -m tcp ! --dport 22 -j DROP",
+    )
+    .unwrap();
+    assert_eq!(
+        (input.dst_local, input.dport, input.target.as_str()),
+        (false, None, "DROP")
+    );
+}
+
+/// A NodePort Service with no endpoints gets no nat rules from kube-proxy:
+/// filter's REJECTs are the only trace of its cluster IP and node port.
+#[test]
+fn the_filter_reject_alone_names_a_node_port_without_endpoints() {
+    let s = services(
+        r#"-A KUBE-SERVICES -d 172.30.0.43/32 -p tcp -m comment --comment "ns3/svc3:p80 has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable
+-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment "ns3/svc3:p80 has no endpoints" -m addrtype --dst-type LOCAL -m tcp --dport 3003 -j REJECT --reject-with icmp-port-unreachable"#,
+    );
+    assert_eq!(
+        named(&s, "192.0.2.10:3003", true),
+        Some(("ns3/svc3:80".into(), Kind::NodePort))
+    );
+    assert_eq!(
+        named(&s, "172.30.0.43:80", false),
+        Some(("ns3/svc3:80".into(), Kind::ClusterIp))
+    );
+}
+
+/// kube-proxy itself answers the healthCheckNodePort of an
+/// externalTrafficPolicy: Local Service (filter's KUBE-NODEPORTS ACCEPT):
+/// it is no node port of the Service.
+#[test]
+fn the_health_check_node_port_is_not_a_service_node_port() {
+    for text in [V131_SAVE, V122_SAVE] {
+        let s = services(text);
+        assert_eq!(named(&s, "192.0.2.10:30000", true), None);
+        assert_eq!(
+            named(&s, "192.0.2.10:3001", true),
+            Some(("ns2/svc2:80".into(), Kind::NodePort))
+        );
+    }
+}
+
+/// Empty means kube-proxy named nothing here: a virtual address, a node
+/// port or an endpoint alone is a name.
+#[test]
+fn services_are_empty_only_without_any_address_named() {
+    assert!(Services::default().is_empty());
+    assert!(!services(V131_SAVE).is_empty());
+    let vip = services(line(
+        V131_SAVE,
+        "\"ns1/svc1:p80 cluster IP\" -m tcp --dport 80 -j KUBE-SVC",
+    ));
+    assert_eq!(
+        (vip.vips.len(), vip.node_ports.len(), vip.endpoints.len()),
+        (1, 0, 0)
+    );
+    assert!(!vip.is_empty());
+    let node_port = services(line(
+        V131_SAVE,
+        "-A KUBE-NODEPORTS -p tcp -m comment --comment \"ns3/svc3:p80\"",
+    ));
+    assert_eq!(
+        (
+            node_port.vips.len(),
+            node_port.node_ports.len(),
+            node_port.endpoints.len()
+        ),
+        (0, 1, 0)
+    );
+    assert!(!node_port.is_empty());
+    let endpoint = services(line(V131_SAVE, "--to-destination 10.180.0.1:80"));
+    assert_eq!(
+        (
+            endpoint.vips.len(),
+            endpoint.node_ports.len(),
+            endpoint.endpoints.len()
+        ),
+        (0, 0, 1)
+    );
+    assert!(!endpoint.is_empty());
+}
+
+/// kube-proxy's Service rules are in nat and filter of the iptables
+/// backends; kube-proxy-shaped rules elsewhere name nothing.
+#[test]
+fn from_tables_reads_only_the_iptables_nat_and_filter_tables() {
+    use crate::context::netfilter::iptables_save::parse_save;
+    let tables = parse_save(
+        V131_SAVE,
+        Backend::IptablesLegacy,
+        Family::Ip,
+        "iptables-legacy-save -c",
+    )
+    .unwrap();
+    assert_eq!(
+        tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["nat", "filter"]
+    );
+    let s = Services::from_tables(&tables);
+    let want = services(V131_SAVE);
+    assert_eq!(s.vips, want.vips);
+    assert_eq!(s.node_ports, want.node_ports);
+    assert_eq!(s.endpoints, want.endpoints);
+    assert_eq!(s.chains, want.chains);
+    // The cluster IP only nat names, and the one only filter names.
+    assert_eq!(
+        named(&s, "172.30.0.41:80", false),
+        Some(("ns1/svc1:80".into(), Kind::ClusterIp))
+    );
+    assert_eq!(
+        named(&s, "172.30.0.46:80", false),
+        Some(("ns6/svc6:80".into(), Kind::ClusterIp))
+    );
+
+    let renamed = |name: &str| {
+        let mut t = tables.clone();
+        t.iter_mut().for_each(|t| t.name = name.into());
+        t
+    };
+    assert!(Services::from_tables(&renamed("mangle")).is_empty());
+    assert!(Services::from_tables(&renamed("raw")).is_empty());
+    let mut nft = tables.clone();
+    nft.iter_mut().for_each(|t| t.backend = Backend::Nftables);
+    assert!(Services::from_tables(&nft).is_empty());
+}
+
+/// `kdrop record` bundles carry the Services as JSON, where a tuple key
+/// cannot be an object key: mark_drops goes as a list of pairs and comes
+/// back whole.
+#[test]
+fn mark_drops_survive_a_json_round_trip() {
+    let s = services(V122_SAVE);
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(
+        json["mark_drops"],
+        serde_json::json!([[["ns2", "svc2", "p80"], true]])
+    );
+    let back: Services = serde_json::from_value(json).unwrap();
+    assert_eq!(back.mark_drops, s.mark_drops);
+    assert_eq!(back.vips, s.vips);
+}
+
+/// Once a Service has endpoints kube-proxy writes no filter rule for it:
+/// the nat jumps alone name its external IP.
+#[test]
+fn the_nat_comment_names_an_external_ip() {
+    let s = services(V131_READY);
+    assert_eq!(
+        named(&s, "192.168.99.22:80", false),
+        Some(("ns2/svc2:80".into(), Kind::ExternalIp))
+    );
+    assert_eq!(
+        named(&s, "192.168.99.33:80", false),
+        Some(("ns4/svc4:80".into(), Kind::ExternalIp))
+    );
+    assert_eq!(
+        named(&s, "1.2.3.4:80", false),
+        Some(("ns2/svc2:80".into(), Kind::LoadBalancer))
+    );
+    assert_eq!(
+        named(&s, "172.30.0.46:80", false),
+        Some(("ns6/svc6:80".into(), Kind::ClusterIp))
+    );
 }
 
 /// Both the restore input kube-proxy writes and what iptables-save prints
@@ -279,6 +487,42 @@ fn no_local_endpoints_drop() {
         .ends_with("new connections to its load-balancer IP 1.2.3.4:80 here"));
 }
 
+/// internalTrafficPolicy: Local with no endpoint on this node: kube-proxy
+/// drops what reaches the cluster IP here; the advice is about the
+/// internal policy, with nothing about masquerading or load balancers.
+#[test]
+fn no_local_endpoints_on_a_cluster_ip_names_the_internal_traffic_policy() {
+    let rule = r#"-A KUBE-SERVICES -d 172.30.0.47/32 -p tcp -m comment --comment "ns7/svc7:p80 has no local endpoints" -m tcp --dport 80 -j DROP"#;
+    let s = services(rule);
+    let a = attribution("filter", rule);
+    let k = classify(&a, &s, sa("172.30.0.47:80"), false).unwrap();
+    assert_eq!(
+        k,
+        KubeDrop::NoLocalEndpoints {
+            svc: SvcPort {
+                namespace: "ns7".into(),
+                name: "svc7".into(),
+                port_name: "p80".into(),
+                port: Some(80),
+            },
+            kind: Kind::ClusterIp,
+            marked: false
+        }
+    );
+    let f = explain(&k, &a, &facts("10.0.0.2:40000", "172.30.0.47:80"));
+    assert_eq!(
+        f.summary,
+        "Service ns7/svc7 port p80 has no endpoint on this node and internalTrafficPolicy is Local: kube-proxy drops new connections to its cluster IP 172.30.0.47:80 here"
+    );
+    assert_eq!(
+        f.fix_notes,
+        [
+            "run a ready endpoint of the Service on this node, or set internalTrafficPolicy: Cluster (then traffic is forwarded to endpoints on other nodes), or send the traffic only to nodes that have an endpoint",
+            "kube-proxy wrote this rule and rewrites it within seconds of any change: deleting it repairs nothing",
+        ]
+    );
+}
+
 #[test]
 fn mark_drop_before_1_25() {
     let s = services(V122_SAVE);
@@ -463,6 +707,39 @@ mod nftables {
         other.table = Some("filter".into());
         assert_eq!(classify(&other, &s, sa("1.2.3.4:80"), false), None);
     }
+
+    /// kube-dns serves `dns` on UDP 53 and `dns-tcp` on TCP 53 at one
+    /// cluster IP: a TCP connection to it is the `dns-tcp` port's, and a
+    /// UDP-only port names no TCP address.
+    #[test]
+    fn only_tcp_elements_name_a_service_port() {
+        let json = serde_json::json!({"nftables": [
+            {"map": {"family": "ip", "name": "service-ips", "table": "kube-proxy", "elem": [
+                [{"concat": ["172.30.0.10", "tcp", 53]},
+                 {"goto": {"target": "service-NWBZK7IH-kube-system/kube-dns/tcp/dns-tcp"}}],
+                [{"concat": ["172.30.0.10", "udp", 53]},
+                 {"goto": {"target": "service-FY5PMXPG-kube-system/kube-dns/udp/dns"}}],
+                [{"concat": ["172.30.0.12", "udp", 514]},
+                 {"goto": {"target": "service-QXKOR3DD-ns7/syslog/udp/syslog"}}]
+            ]}}
+        ]});
+        let mut s = Services::default();
+        s.add_nft(&json);
+        assert_eq!(
+            s.frontend(sa("172.30.0.10:53"), false),
+            Some(&Frontend {
+                svc: SvcPort {
+                    namespace: "kube-system".into(),
+                    name: "kube-dns".into(),
+                    port_name: "dns-tcp".into(),
+                    port: Some(53),
+                },
+                kind: Kind::ClusterIp,
+            })
+        );
+        assert_eq!(named(&s, "172.30.0.12:514", false), None);
+        assert_eq!(s.vips.len(), 1);
+    }
 }
 
 /// With no Service map entry for the destination, the rule's own chain and
@@ -514,4 +791,44 @@ fn an_unmarked_uncommented_drop_in_kube_firewall_is_not_localnet() {
     let s = services(V122_SAVE);
     let a = attribution("filter", "-A KUBE-FIREWALL -j DROP");
     assert_eq!(classify(&a, &s, sa("127.0.0.1:3001"), true), None);
+}
+
+/// On an IPv6 cluster kube-proxy writes its rules with ip6tables: the
+/// listing must name the family's tool of the backend that holds the rule.
+#[test]
+fn a_drop_is_listed_with_the_iptables_tool_of_its_family_and_backend() {
+    let rule = r#"-A KUBE-SERVICES -d fd00:10:96::46/128 -p tcp -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp6-port-unreachable"#;
+    let s = services(rule);
+    let inspect = |backend, family| {
+        let a = Attribution {
+            backend: Some(backend),
+            family: Some(family),
+            ..attribution("filter", rule)
+        };
+        let k = classify(&a, &s, sa("[fd00:10:96::46]:80"), false).unwrap();
+        explain(
+            &k,
+            &a,
+            &facts("[fd00:10:244::2]:40000", "[fd00:10:96::46]:80"),
+        )
+        .inspect
+    };
+    for (backend, family, tool) in [
+        (Backend::IptablesLegacy, Family::Ip6, "ip6tables-legacy"),
+        (Backend::IptablesNft, Family::Ip6, "ip6tables-nft"),
+        (Backend::IptablesLegacy, Family::Ip, "iptables-legacy"),
+        (Backend::IptablesNft, Family::Ip, "iptables-nft"),
+    ] {
+        assert_eq!(
+            inspect(backend, family),
+            [
+                "kubectl -n ns6 get endpointslices -l kubernetes.io/service-name=svc6".to_string(),
+                "kubectl -n ns6 get svc svc6 -o yaml".to_string(),
+                format!(
+                    "ip netns exec node {tool} -t filter -L KUBE-SERVICES -v -n -x --line-numbers"
+                ),
+            ],
+            "{backend:?} {family:?}"
+        );
+    }
 }
