@@ -124,9 +124,17 @@ pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
         }
         KubeDrop::SourceRange { svc } => {
             inspect = kubectl(svc);
-            let client = f.src.rsplit_once(':').map_or(f.src.as_str(), |(h, _)| h);
+            // `[2001:db8::7]:40000` too: the field takes CIDRs, not bracketed
+            // addresses.
+            let (client, cidr) = match f.src.parse::<std::net::SocketAddr>() {
+                Ok(a) => {
+                    let len = if a.is_ipv4() { 32 } else { 128 };
+                    (a.ip().to_string(), format!("{}/{len}", a.ip()))
+                }
+                Err(_) => (f.src.clone(), f.src.clone()),
+            };
             notes.push(format!(
-                "add the client's address {client} to the Service's \
+                "add the client's address ({cidr}) to the Service's \
                  spec.loadBalancerSourceRanges, or connect from an address it allows"
             ));
             (

@@ -832,3 +832,42 @@ fn a_drop_is_listed_with_the_iptables_tool_of_its_family_and_backend() {
         );
     }
 }
+
+/// `spec.loadBalancerSourceRanges` takes CIDRs: the note names the client
+/// as one, without the brackets an IPv6 socket address carries.
+#[test]
+fn a_source_range_drop_names_the_client_as_a_cidr() {
+    let svc = SvcPort::parse("ns1/lb:p443").unwrap();
+    let k = KubeDrop::SourceRange { svc };
+    let rule = r#"-A KUBE-PROXY-FIREWALL -d 192.0.2.10/32 -p tcp -m comment --comment "ns1/lb:p443 traffic not accepted by KUBE-FW-X" -m tcp --dport 443 -j DROP"#;
+    let a = attribution("filter", rule);
+    for (src, dst, client, cidr) in [
+        (
+            "10.0.0.7:40000",
+            "192.0.2.10:443",
+            "10.0.0.7",
+            "10.0.0.7/32",
+        ),
+        (
+            "[2001:db8::7]:40000",
+            "[2001:db8:1::10]:443",
+            "2001:db8::7",
+            "2001:db8::7/128",
+        ),
+    ] {
+        let f = explain(&k, &a, &facts(src, dst));
+        assert_eq!(f.cause, "kube_source_ranges");
+        assert!(
+            f.summary.ends_with(&format!("and {client} is not in them")),
+            "{}",
+            f.summary
+        );
+        assert_eq!(
+            f.fix_notes[0],
+            format!(
+                "add the client's address ({cidr}) to the Service's \
+                 spec.loadBalancerSourceRanges, or connect from an address it allows"
+            )
+        );
+    }
+}
