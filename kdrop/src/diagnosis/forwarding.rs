@@ -229,7 +229,7 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
     let has_default = t
         .routes
         .iter()
-        .any(|r| looked.contains(&r.table) && r.dst.is_none() && r.dst_len == 0);
+        .any(|r| looked.contains(&r.table) && r.dst.is_none());
     // Behind a rule that ends the lookup, a default route would not help.
     if !has_default && ender.is_none() {
         evidence.push(format!(
@@ -897,6 +897,20 @@ mod tests {
         t.rules.last_mut().unwrap().action = 3;
         let f = explain(&stuck("IP_INNOROUTES", "10.123.9.9", &[]), &t).unwrap();
         assert!(f.fix.is_empty() && f.summary.ends_with("and none holds a route for it"));
+    }
+
+    /// A default route in a table the lookup read is no missing default
+    /// (the lookup, asked now, may still fail: the route's next hop).
+    #[test]
+    fn a_default_route_in_a_table_read_is_not_reported_missing() {
+        let mut t = tables();
+        t.routes.push(route(253, None, Some("10.0.0.1"), 2));
+        let f = explain(&stuck("IP_INNOROUTES", "10.99.0.5", &[]), &t).unwrap();
+        assert!(
+            !f.evidence.iter().any(|l| l.starts_with("no default route")),
+            "{:?}",
+            f.evidence
+        );
     }
 
     /// A default route in a table no rule reads is no default for the
