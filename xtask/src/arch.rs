@@ -36,8 +36,17 @@ const IO: [&str; 12] = [
 /// The modes: each reaches the session and below, never another mode.
 const MODES: [&str; 4] = ["trace", "monitor", "lab", "check"];
 
-/// A source file's code before its `#[cfg(test)]` module.
+/// A source file's code before its `#[cfg(test)]` module; nothing for a
+/// file that is a test module as a whole (`#![cfg(test)]` after its `//!`
+/// lines, as a `#[path = "tests.rs"]` module of tests says it).
 fn non_test(src: &str) -> &str {
+    let whole = src
+        .lines()
+        .find(|l| !l.starts_with("//") && !l.trim().is_empty())
+        .is_some_and(|l| l.trim() == "#![cfg(test)]");
+    if whole {
+        return "";
+    }
     match src.find("#[cfg(test)]") {
         Some(i) => &src[..i],
         None => src,
@@ -281,6 +290,15 @@ mod tests {
                 .lines()
                 .count(),
             2
+        );
+        assert_eq!(non_test("//! Tests.\n#![cfg(test)]\nuse super::*;\n"), "");
+        // Only as the file's first item: an inner attribute elsewhere is
+        // not the file's.
+        assert_eq!(
+            non_test("//! Code.\nfn a() {}\n#![cfg(test)]\n")
+                .lines()
+                .count(),
+            3
         );
     }
 

@@ -1,4 +1,5 @@
 //! Against the rule sets kube-proxy writes (tests/fixtures/kube-proxy).
+#![cfg(test)]
 use std::net::SocketAddr;
 
 use super::*;
