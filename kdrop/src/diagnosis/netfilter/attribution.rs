@@ -700,6 +700,13 @@ mod tests {
         assert_eq!(a.rule, None);
         assert_eq!((a.packets_before, a.packets_after), (Some(4), Some(5)));
         assert_eq!(a.method, "rule counters (iptables-legacy-save -c)");
+        assert_eq!(
+            a.evidence,
+            [
+                "policy counter went 4 -> 5 packets between the snapshots around the drop",
+                "no rule of ip filter/FORWARD (FORWARD hook) accepted or dropped it before the policy",
+            ]
+        );
 
         // The same packet to port 22 would have been accepted by the rule
         // (-i br0 matches through the bridge port): nothing dropped it here.
@@ -782,6 +789,290 @@ mod tests {
         assert_eq!((a.packets_before, a.packets_after), (None, Some(7)));
     }
 
+    /// `inet kdt` with one base chain `input` (policy accept) holding
+    /// `rules`, each an nft JSON `expr` array with its handle.
+    fn nft_input(rules: &[(u64, &str)]) -> Vec<Table> {
+        let mut items = vec![
+            r#"{"table": {"family": "inet", "name": "kdt"}}"#.to_string(),
+            r#"{"chain": {"family": "inet", "table": "kdt", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}}"#.to_string(),
+        ];
+        for (handle, expr) in rules {
+            items.push(format!(
+                r#"{{"rule": {{"family": "inet", "table": "kdt", "chain": "input", "handle": {handle}, "expr": {expr}}}}}"#
+            ));
+        }
+        parse_ruleset(&format!(r#"{{"nftables": [{}]}}"#, items.join(","))).unwrap()
+    }
+
+    /// The packet meets the ipset rule first, but only the port rule
+    /// certainly matches it: both counters moved, the port rule wins.
+    #[test]
+    fn a_rule_that_surely_matches_beats_an_earlier_one_that_may() {
+        let text = |set: u64, port: u64| {
+            filter(
+                "ACCEPT [0:0]",
+                &[
+                    (set, "-m set --match-set blocked src -j DROP"),
+                    (port, "-p tcp -m tcp --dport 80 -j DROP"),
+                ],
+                "",
+            )
+        };
+        let before = snap(legacy(&text(5, 0)));
+        let a = attribute(&syn_in(80), Some(&before), &snap(legacy(&text(6, 1)))).unwrap();
+        assert_eq!(a.rule_number, Some(2));
+        assert_eq!(a.method, "rule counters (iptables-legacy-save -c)");
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter went 0 -> 1 packets between the snapshots around the drop",
+                "the rule's matches fit this packet",
+                "an earlier rule that kdrop could not fully evaluate may have decided first",
+            ]
+        );
+        // Only the ipset rule moved: it is the answer, with what kdrop
+        // could not evaluate named.
+        let a = attribute(&syn_in(80), Some(&before), &snap(legacy(&text(6, 0)))).unwrap();
+        assert_eq!(a.rule_number, Some(1));
+        assert_eq!(a.method, "rule counters (iptables-legacy-save -c)");
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter went 5 -> 6 packets between the snapshots around the drop",
+                "the rule's other matches fit this packet; not evaluated: -m set --match-set blocked src",
+            ]
+        );
+    }
+
+    /// iptables-save writes a rule twice when it was appended twice; each
+    /// copy keeps its own counter.
+    #[test]
+    fn identical_rules_keep_their_own_counters() {
+        let text = |first: u64, second: u64| {
+            filter(
+                "ACCEPT [0:0]",
+                &[
+                    (first, "-p tcp -m tcp --dport 80 -j DROP"),
+                    (second, "-p tcp -m tcp --dport 80 -j DROP"),
+                ],
+                "",
+            )
+        };
+        let a = attribute(
+            &syn_in(80),
+            Some(&snap(legacy(&text(5, 0)))),
+            &snap(legacy(&text(6, 0))),
+        )
+        .unwrap();
+        assert_eq!(a.rule_number, Some(1));
+        assert_eq!((a.packets_before, a.packets_after), (Some(5), Some(6)));
+    }
+
+    /// An ipset ACCEPT kdrop cannot evaluate comes first: the DROP after it
+    /// is the answer, with that doubt said.
+    #[test]
+    fn a_drop_after_an_accept_kdrop_cannot_evaluate_is_unsure() {
+        // Other clients in the set moved its counter meanwhile.
+        let text = |n: u64| {
+            filter(
+                "ACCEPT [0:0]",
+                &[
+                    (7 + 2 * n, "-m set --match-set allowed src -j ACCEPT"),
+                    (n, "-p tcp -m tcp --dport 80 -j DROP"),
+                ],
+                "",
+            )
+        };
+        let a = attribute(
+            &syn_in(80),
+            Some(&snap(legacy(&text(0)))),
+            &snap(legacy(&text(1))),
+        )
+        .unwrap();
+        assert_eq!(a.rule_number, Some(2));
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter went 0 -> 1 packets between the snapshots around the drop",
+                "the rule's matches fit this packet",
+                "an earlier rule that kdrop could not fully evaluate may have decided first",
+            ]
+        );
+    }
+
+    /// Jumps are followed 32 chains deep (MAX_DEPTH); deeper, the walk
+    /// gives up rather than loop.
+    #[test]
+    fn jumps_are_followed_to_the_depth_limit() {
+        let text = |depth: usize, n: u64| {
+            let mut decls = String::new();
+            let mut rules = format!("[{n}:0] -A INPUT -j C1\n");
+            for i in 1..=depth {
+                decls.push_str(&format!(":C{i} - [0:0]\n"));
+                if i < depth {
+                    rules.push_str(&format!("[{n}:0] -A C{i} -j C{}\n", i + 1));
+                } else {
+                    rules.push_str(&format!(
+                        "[{n}:0] -A C{i} -p tcp -m tcp --dport 80 -j DROP\n"
+                    ));
+                }
+            }
+            format!(
+                "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n{decls}{rules}COMMIT\n"
+            )
+        };
+        let at = |depth| {
+            attribute(
+                &syn_in(80),
+                Some(&snap(legacy(&text(depth, 0)))),
+                &snap(legacy(&text(depth, 1))),
+            )
+        };
+        let a = at(MAX_DEPTH).unwrap();
+        assert_eq!(a.chain.as_deref(), Some("C32"));
+        assert_eq!(a.hook, Some(Hook::Input));
+        assert_eq!(at(MAX_DEPTH + 1), None);
+    }
+
+    /// Without counters too: a rate limit kdrop cannot evaluate may have
+    /// dropped the SYN, the port rule after it surely would have.
+    #[test]
+    fn without_counters_a_rule_that_surely_matches_beats_one_that_may() {
+        let s = snap(nft_input(&[
+            (
+                2,
+                r#"[{"limit": {"rate": 100, "burst": 5, "per": "second", "inv": true}}, {"drop": null}]"#,
+            ),
+            (
+                3,
+                r#"[{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 80}}, {"drop": null}]"#,
+            ),
+        ]));
+        let a = attribute(&syn_in(80), Some(&s), &s).unwrap();
+        assert_eq!((a.handle, a.rule_number), (Some(3), Some(2)));
+        assert_eq!(a.method, "ruleset evaluation (nft -j list ruleset)");
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter has no counter",
+                "the rule's matches fit this packet",
+                "an earlier rule that kdrop could not fully evaluate may have decided first",
+            ]
+        );
+    }
+
+    /// An iptables rule never sees an IPv6 packet nor an ip6tables rule an
+    /// IPv4 one: their counters move for the other family's traffic.
+    #[test]
+    fn tables_of_the_other_family_are_not_searched() {
+        let text = |n: u64| {
+            filter(
+                "ACCEPT [0:0]",
+                &[(n, "-p tcp -m tcp --dport 80 -j DROP")],
+                "",
+            )
+        };
+        let v6 = |n| {
+            parse_save(
+                &text(n),
+                Backend::IptablesLegacy,
+                Family::Ip6,
+                "ip6tables-legacy-save -c",
+            )
+            .unwrap()
+        };
+        let a = attribute(&syn_in(80), Some(&snap(v6(0))), &snap(v6(1)));
+        assert_eq!(a, None);
+        let mut d6 = syn_in(80);
+        d6.src = "fd00:7::1".parse().unwrap();
+        d6.dst = "fd00:7::2".parse().unwrap();
+        let a = attribute(&d6, Some(&snap(v6(0))), &snap(v6(1))).unwrap();
+        assert_eq!(a.family, Some(Family::Ip6));
+        assert_eq!(a.method, "rule counters (ip6tables-legacy-save -c)");
+        assert_eq!(
+            attribute(&d6, Some(&snap(legacy(&text(0)))), &snap(legacy(&text(1)))),
+            None
+        );
+    }
+
+    /// A drop counted in FORWARD for a packet to a local address only
+    /// counts when nothing on its own path (PREROUTING, INPUT) explains it.
+    #[test]
+    fn a_rule_on_the_path_beats_a_counter_off_it() {
+        let forward = |n: u64| {
+            format!(
+                "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n[{n}:0] -A FORWARD -p tcp -m tcp --dport 80 -j DROP\nCOMMIT\n"
+            )
+        };
+        let both = |n| {
+            let mut t = legacy(&forward(n));
+            t.extend(nft_input(&[(
+                2,
+                r#"[{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 80}}, {"drop": null}]"#,
+            )]));
+            snap(t)
+        };
+        let a = attribute(&syn_in(80), Some(&both(0)), &both(1)).unwrap();
+        assert_eq!(a.backend, Some(Backend::Nftables));
+        assert_eq!((a.hook, a.handle), (Some(Hook::Input), Some(2)));
+        assert_eq!(a.method, "ruleset evaluation (nft -j list ruleset)");
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter has no counter",
+                "the rule's matches fit this packet",
+            ]
+        );
+    }
+
+    /// A verdict map that sends port 80 to `drop` decides before a later
+    /// rule that would drop it too (nft_do_chain stops at the first
+    /// verdict, net/netfilter/nf_tables_core.c, v6.18).
+    #[test]
+    fn a_verdict_map_that_fits_decides_before_later_rules() {
+        let rules = |counter: &str| {
+            nft_input(&[
+                (
+                    2,
+                    &format!(
+                        r#"[{counter}{{"vmap": {{"key": {{"payload": {{"protocol": "tcp", "field": "dport"}}}}, "data": {{"set": [[22, {{"accept": null}}], [80, {{"drop": null}}]]}}}}}}]"#
+                    ),
+                ),
+                (
+                    3,
+                    &format!(
+                        r#"[{{"match": {{"op": "==", "left": {{"payload": {{"protocol": "tcp", "field": "dport"}}}}, "right": 80}}}}, {counter}{{"drop": null}}]"#
+                    ),
+                ),
+            ])
+        };
+        // No counters: evaluation, the map first.
+        let s = snap(rules(""));
+        let a = attribute(&syn_in(80), Some(&s), &s).unwrap();
+        assert_eq!((a.handle, a.rule_number), (Some(2), Some(1)));
+        assert_eq!(a.method, "ruleset evaluation (nft -j list ruleset)");
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter has no counter",
+                "the rule's matches fit this packet"
+            ]
+        );
+        // Counters but no snapshot from before: the same, from their totals.
+        let s = snap(rules(r#"{"counter": {"packets": 3, "bytes": 180}}, "#));
+        let a = attribute(&syn_in(80), None, &s).unwrap();
+        assert_eq!((a.handle, a.rule_number), (Some(2), Some(1)));
+        assert_eq!((a.packets_before, a.packets_after), (None, Some(3)));
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter stands at 3 packets (first look at this namespace: no snapshot from before)",
+                "the rule's matches fit this packet",
+                "first look at this namespace: later drops are compared with this snapshot",
+            ]
+        );
+    }
+
     #[test]
     fn user_chains_are_followed_from_their_hook() {
         let text = |n: u64| {
@@ -800,6 +1091,69 @@ mod tests {
         assert_eq!(a.hook, Some(Hook::Input));
         assert_eq!(a.chain.as_deref(), Some("KUBE-FW"));
         assert_eq!(a.rule_number, Some(2));
+        // Every turn on the way was certain: no doubt in the evidence.
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter went 3 -> 4 packets between the snapshots around the drop",
+                "the rule's matches fit this packet",
+            ]
+        );
+    }
+
+    /// A jump kdrop cannot evaluate (an ipset) may or may not lead to the
+    /// DROP behind it.
+    #[test]
+    fn a_drop_behind_a_jump_kdrop_cannot_evaluate_is_unsure() {
+        let text = |n: u64| {
+            format!(
+                "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:LOG-DROP - [0:0]\n\
+                 [{n}:0] -A INPUT -m set --match-set blocklist src -j LOG-DROP\n\
+                 [{n}:0] -A LOG-DROP -j LOG --log-prefix \"blocked: \"\n[{n}:0] -A LOG-DROP -j DROP\nCOMMIT\n"
+            )
+        };
+        let a = attribute(
+            &syn_in(80),
+            Some(&snap(legacy(&text(0)))),
+            &snap(legacy(&text(1))),
+        )
+        .unwrap();
+        assert_eq!(
+            (a.chain.as_deref(), a.rule_number),
+            (Some("LOG-DROP"), Some(2))
+        );
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter went 0 -> 1 packets between the snapshots around the drop",
+                "the rule's matches fit this packet",
+                "an earlier rule that kdrop could not fully evaluate may have decided first",
+            ]
+        );
+    }
+
+    /// A verdict map's element is not evaluated, but the chains it can
+    /// jump to are searched.
+    #[test]
+    fn chains_a_verdict_map_jumps_to_are_searched() {
+        let json = r#"{"nftables": [{"table": {"family": "inet", "name": "kdt"}},
+ {"chain": {"family": "inet", "table": "kdt", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}},
+ {"chain": {"family": "inet", "table": "kdt", "name": "svc80", "handle": 2}},
+ {"rule": {"family": "inet", "table": "kdt", "chain": "input", "handle": 3, "expr": [{"vmap": {"key": {"payload": {"protocol": "tcp", "field": "dport"}}, "data": {"set": [[80, {"jump": {"target": "svc80"}}]]}}}]}},
+ {"rule": {"family": "inet", "table": "kdt", "chain": "svc80", "handle": 4, "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "10.7.0.1"}}, {"drop": null}]}}
+]}"#;
+        let s = snap(parse_ruleset(json).unwrap());
+        let a = attribute(&syn_in(80), Some(&s), &s).unwrap();
+        assert_eq!((a.chain.as_deref(), a.handle), (Some("svc80"), Some(4)));
+        assert_eq!(a.rule.as_deref(), Some("ip saddr 10.7.0.1 drop"));
+        assert_eq!(
+            a.evidence,
+            [
+                "rule counter has no counter",
+                "the rule's matches fit this packet",
+                "an earlier rule that kdrop could not fully evaluate may have decided first",
+            ]
+        );
     }
 
     #[test]
@@ -981,6 +1335,94 @@ mod tests {
         // Without that counter moving, nothing explains a drop to port 443.
         b.conntrack = a.conntrack;
         assert_eq!(attribute(&syn_in(443), Some(&b), &a), None);
+    }
+
+    /// A hash chain too long counts insert_failed (and chaintoolong), not
+    /// drop (__nf_conntrack_confirm, net/netfilter/nf_conntrack_core.c,
+    /// v6.18).
+    #[test]
+    fn conntrack_insert_failed_alone_is_conntrack_too() {
+        let mut b = snap(legacy(&filter("ACCEPT [0:0]", &[], "")));
+        let mut a = b.clone();
+        b.conntrack = Some(ConntrackStats::default());
+        a.conntrack = Some(ConntrackStats {
+            insert_failed: 1,
+            chaintoolong: 1,
+            ..ConntrackStats::default()
+        });
+        let r = attribute(&syn_in(443), Some(&b), &a).unwrap();
+        assert_eq!(r.dropped_by, DroppedBy::Conntrack);
+        assert_eq!(
+            r.evidence,
+            ["conntrack statistics of the namespace moved while no rule or policy counter for this packet did: insert_failed 0 -> 1, chaintoolong 0 -> 1 (drop 0, early_drop 0, invalid 0, clash_resolve 0)"]
+        );
+    }
+
+    /// A rule counter that moved is stronger evidence than conntrack's
+    /// drop counter; a rule kdrop only evaluated (no counter) is weaker.
+    #[test]
+    fn conntrack_counters_rank_between_rule_counters_and_evaluation() {
+        let stats = |drop| {
+            Some(ConntrackStats {
+                drop,
+                ..ConntrackStats::default()
+            })
+        };
+        let text = |n: u64| {
+            filter(
+                "ACCEPT [0:0]",
+                &[(n, "-p tcp -m tcp --dport 80 -j DROP")],
+                "",
+            )
+        };
+        let mut b = snap(legacy(&text(0)));
+        let mut a = snap(legacy(&text(1)));
+        b.conntrack = stats(2);
+        a.conntrack = stats(3);
+        let r = attribute(&syn_in(80), Some(&b), &a).unwrap();
+        assert_eq!((r.dropped_by, r.rule_number), (DroppedBy::Rule, Some(1)));
+
+        let port80 = r#"[{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 80}}, {"drop": null}]"#;
+        let mut b = snap(nft_input(&[(2, port80)]));
+        let mut a = b.clone();
+        b.conntrack = stats(2);
+        a.conntrack = stats(3);
+        let r = attribute(&syn_in(80), Some(&b), &a).unwrap();
+        assert_eq!(r.dropped_by, DroppedBy::Conntrack);
+    }
+
+    /// The kernel's verdict (ipt_do_table returned NF_DROP in table filter,
+    /// hook INPUT) keeps the counter search to that table and hook.
+    #[test]
+    fn a_kernel_scope_keeps_the_search_to_its_table_and_hook() {
+        let text = |raw: u64, filt: u64, fwd: u64| {
+            format!(
+                "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n[{raw}:0] -A PREROUTING -p tcp -m tcp --dport 80 -j DROP\nCOMMIT\n\
+                 *filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                 [{filt}:0] -A INPUT -p tcp -m tcp --dport 80 -j DROP\n[{fwd}:0] -A FORWARD -p tcp -m tcp --dport 80 -j DROP\nCOMMIT\n"
+            )
+        };
+        let scope = Scope {
+            table: Some("filter".into()),
+            hook: Some(Hook::Input),
+        };
+        let before = snap(legacy(&text(0, 0, 0)));
+        let after = snap(legacy(&text(1, 1, 0)));
+        // Unscoped, the raw rule the packet meets first.
+        let a = attribute(&syn_in(80), Some(&before), &after).unwrap();
+        assert_eq!(a.table.as_deref(), Some("raw"));
+        let a = attribute_within(&syn_in(80), Some(&before), &after, Some(&scope)).unwrap();
+        assert_eq!(
+            (a.table.as_deref(), a.hook, a.rule_number),
+            (Some("filter"), Some(Hook::Input), Some(1))
+        );
+        // Nothing moved in filter/INPUT: no answer from counters, and none
+        // from other hooks either, the kernel having named this one.
+        let after = snap(legacy(&text(0, 0, 1)));
+        assert_eq!(
+            attribute_within(&syn_in(80), Some(&before), &after, Some(&scope)),
+            None
+        );
     }
 
     #[test]

@@ -176,3 +176,63 @@ pub(super) fn describe(
         evidence,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unresolved clash counts both insert_failed and drop
+    /// (nf_ct_resolve_clash, net/netfilter/nf_conntrack_core.c, v6.18).
+    #[test]
+    fn moved_counters_come_first_and_the_rest_as_they_stand() {
+        let b = ConntrackStats {
+            early_drop: 4,
+            invalid: 9,
+            ..ConntrackStats::default()
+        };
+        let a = ConntrackStats {
+            insert_failed: 1,
+            drop: 1,
+            ..b
+        };
+        assert_eq!(
+            stats_moved(&b, &a),
+            "insert_failed 0 -> 1, drop 0 -> 1 (early_drop 4, chaintoolong 0, invalid 9, clash_resolve 0)"
+        );
+    }
+
+    #[test]
+    fn a_full_conntrack_table_is_the_whole_attribution() {
+        let b = ConntrackStats {
+            drop: 2,
+            count: Some(65535),
+            max: Some(65536),
+            ..ConntrackStats::default()
+        };
+        let a = ConntrackStats {
+            drop: 3,
+            count: Some(65536),
+            ..b
+        };
+        let mut want = Attribution::bare(
+            DroppedBy::Conntrack,
+            "conntrack statistics (/proc/net/stat/nf_conntrack)".into(),
+        );
+        want.conntrack = Some(ConntrackMoved {
+            before: b,
+            after: a,
+        });
+        want.evidence = vec![
+            "conntrack statistics of the namespace moved while no rule or policy counter for this packet did: drop 2 -> 3 (insert_failed 0, early_drop 0, chaintoolong 0, invalid 0, clash_resolve 0)".into(),
+            "conntrack table: 65536 entries of nf_conntrack_max 65536".into(),
+        ];
+        assert_eq!(conntrack_attribution(b, a), want);
+        // Without the fill levels, no line about them.
+        let bare = ConntrackStats {
+            count: None,
+            max: None,
+            ..a
+        };
+        assert_eq!(conntrack_attribution(b, bare).evidence.len(), 1);
+    }
+}

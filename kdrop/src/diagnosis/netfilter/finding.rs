@@ -262,6 +262,10 @@ mod tests {
             f.fix_or,
             [["ip netns exec srv iptables-legacy -t filter -D INPUT -p tcp -m tcp --dport 80 -j DROP"]]
         );
+        assert_eq!(
+            f.fix_notes,
+            ["the first repair lets TCP to 10.0.0.2:80 through, from any client; deleting the rule lets everything it dropped through"]
+        );
         // Listing is inspecting, not repairing.
         assert_eq!(
             f.inspect,
@@ -269,6 +273,62 @@ mod tests {
                 "ip netns exec srv iptables-legacy -t filter -L INPUT -v -n -x --line-numbers",
                 "ip netns exec srv iptables-legacy-save -c -t filter"
             ]
+        );
+    }
+
+    #[test]
+    fn ip6tables_legacy_rule_is_repaired_with_ip6tables_legacy() {
+        let mut a = rule();
+        a.family = Some(Family::Ip6);
+        let mut facts = facts();
+        facts.src = "[2001:db8::1]:40000".into();
+        facts.dst = "[2001:db8::2]:80".into();
+        let f = explain(&a, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv ip6tables-legacy -t filter -I INPUT 2 -p tcp -d 2001:db8::2 --dport 80 -j ACCEPT"]
+        );
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec srv ip6tables-legacy -t filter -D INPUT -p tcp -m tcp --dport 80 -j DROP"]]
+        );
+        assert_eq!(
+            f.inspect,
+            [
+                "ip netns exec srv ip6tables-legacy -t filter -L INPUT -v -n -x --line-numbers",
+                "ip netns exec srv ip6tables-legacy-save -c -t filter"
+            ]
+        );
+    }
+
+    /// An nftables chain policy applies after the chain's last rule: an
+    /// accept appended with `nft add rule` comes before it.
+    #[test]
+    fn nftables_policy_is_repaired_by_appending_an_accept() {
+        let mut p = rule();
+        p.dropped_by = DroppedBy::Policy;
+        p.backend = Some(Backend::Nftables);
+        p.family = Some(Family::Inet);
+        p.table = Some("kdt".into());
+        p.chain = Some("input".into());
+        p.rule = None;
+        p.rule_number = None;
+        p.target = Some("drop".into());
+        let mut facts = facts();
+        facts.dst = "[2001:db8::2]:80".into();
+        let f = explain(&p, &facts);
+        assert_eq!(
+            f.summary,
+            "no rule accepted it: policy drop of nftables chain kdt/input (inet, INPUT hook)"
+        );
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"]
+        );
+        assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
+        assert_eq!(
+            f.inspect,
+            ["ip netns exec srv nft -a list chain inet kdt input"]
         );
     }
 
@@ -326,6 +386,8 @@ mod tests {
         let f = explain(&c, &facts);
         assert_eq!(f.cause, "conntrack_drop");
         assert!(f.fix.is_empty());
+        // Nothing to repair, nothing to say about a repair.
+        assert!(f.fix_notes.is_empty(), "{:?}", f.fix_notes);
         assert_eq!(f.inspect[0], "conntrack -S");
     }
 }

@@ -243,6 +243,78 @@ mod tests {
         assert!(a.evidence[1].starts_with("no rule"), "{:?}", a.evidence);
     }
 
+    /// NF_DROP_ERR(x) is `((-x) << 16) | NF_DROP` (include/uapi/linux/
+    /// netfilter.h, v6.18): the errno sits in the verdict's upper 16 bits.
+    #[test]
+    fn an_errno_in_the_verdict_is_shown() {
+        let mut ct = v(NfFn::ConntrackIn, None, Some(Hook::Prerouting));
+        ct.raw = 12 << 16; // NF_DROP_ERR(-ENOMEM)
+        let a = combine(&[ct], 1_005_000, &rung, None).unwrap();
+        assert_eq!(
+            a.evidence[0],
+            "kernel: nf_conntrack_in returned NF_DROP (errno 12) for this packet (hook PREROUTING, via kretprobe; 5 µs before the free, same CPU)"
+        );
+    }
+
+    #[test]
+    fn conntrack_verdict_keeps_conntrack_counters_only() {
+        let ct = v(NfFn::ConntrackIn, None, Some(Hook::Prerouting));
+        let mut stats = counted("filter", Hook::Input);
+        stats.dropped_by = DroppedBy::Conntrack;
+        stats.evidence = vec!["conntrack statistics moved: drop 2 -> 3".into()];
+        let a = combine(std::slice::from_ref(&ct), 1_000_000, &rung, Some(stats)).unwrap();
+        let mut want = Attribution::bare(
+            DroppedBy::Conntrack,
+            "kernel verdict (kretprobe on nf_conntrack_in)".into(),
+        );
+        want.hook = Some(Hook::Prerouting);
+        want.family = Some(Family::Ip);
+        want.evidence = vec![
+            "kernel: nf_conntrack_in returned NF_DROP for this packet (hook PREROUTING, via kretprobe; 0 µs before the free, same CPU)".into(),
+            "conntrack refuses a packet when it cannot create its entry: the table is full (nf_conntrack_max) or memory ran out".into(),
+            "conntrack statistics moved: drop 2 -> 3".into(),
+        ];
+        assert_eq!(a, want);
+        // A rule the counters found is not conntrack's evidence.
+        let a = combine(
+            &[ct],
+            1_000_000,
+            &rung,
+            Some(counted("filter", Hook::Input)),
+        )
+        .unwrap();
+        assert_eq!(a.evidence.len(), 2, "{:?}", a.evidence);
+    }
+
+    #[test]
+    fn nat_step_alone_keeps_its_hook_and_family() {
+        let mut nat = v(NfFn::Nat, None, Some(Hook::Postrouting));
+        nat.family = Some(Family::Ip6);
+        nat.saddr = "fd00::1".parse().unwrap();
+        nat.daddr = "fd00::2".parse().unwrap();
+        let a = combine(&[nat], 1_000_000, &rung, None).unwrap();
+        assert_eq!(
+            (a.dropped_by, a.hook, a.family),
+            (DroppedBy::Nat, Some(Hook::Postrouting), Some(Family::Ip6))
+        );
+    }
+
+    #[test]
+    fn counters_in_the_same_hook_but_another_table_are_overruled() {
+        let vs = [v(NfFn::IptDoTable, Some("raw"), Some(Hook::Input))];
+        let a = combine(&vs, 1_000_000, &rung, Some(counted("filter", Hook::Input))).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Table);
+        assert_eq!(a.table.as_deref(), Some("raw"));
+        assert_eq!(
+            a.evidence[1],
+            "the rule counters point elsewhere (rule counters (iptables-legacy-save -c)), which the kernel's verdict rules out"
+        );
+        // And the same table in another hook.
+        let vs = [v(NfFn::IptDoTable, Some("filter"), Some(Hook::Forward))];
+        let a = combine(&vs, 1_000_000, &rung, Some(counted("filter", Hook::Input))).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Table);
+    }
+
     #[test]
     fn conntrack_and_nat_come_first() {
         let ct = v(NfFn::ConntrackIn, None, Some(Hook::Prerouting));

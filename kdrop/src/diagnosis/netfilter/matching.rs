@@ -357,6 +357,32 @@ pub(crate) mod tests {
         assert_eq!(Match::L3 { v6: true }.eval(&p4), Tri::No);
     }
 
+    /// `-m iprange --src-range lo-hi` and nft `ip saddr lo-hi` are
+    /// inclusive at both ends.
+    #[test]
+    fn address_ranges_hold_their_ends_and_nothing_outside() {
+        let r = |lo: &str, hi: &str| Match::AddrRange {
+            dir: Dir::Src,
+            neg: false,
+            lo: lo.parse().unwrap(),
+            hi: hi.parse().unwrap(),
+        };
+        let from = |src: &str| syn(src, 40000, "10.0.0.2", 80);
+        let v4 = r("10.1.2.0", "10.1.2.9");
+        assert_eq!(v4.eval(&from("10.1.2.0")), Tri::Yes);
+        assert_eq!(v4.eval(&from("10.1.2.9")), Tri::Yes);
+        assert_eq!(v4.eval(&from("10.1.1.255")), Tri::No);
+        assert_eq!(v4.eval(&from("10.1.2.10")), Tri::No);
+        let v6 = r("fd00::10", "fd00::1f");
+        let from6 = |src: &str| syn(src, 40000, "fd00::2", 80);
+        assert_eq!(v6.eval(&from6("fd00::10")), Tri::Yes);
+        assert_eq!(v6.eval(&from6("fd00::1f")), Tri::Yes);
+        assert_eq!(v6.eval(&from6("fd00::f")), Tri::No);
+        assert_eq!(v6.eval(&from6("fd00::20")), Tri::No);
+        // An IPv4 range never matches an IPv6 packet.
+        assert_eq!(v4.eval(&from6("fd00::10")), Tri::No);
+    }
+
     #[test]
     fn interfaces() {
         let mut p = syn("10.0.0.1", 1, "10.0.0.2", 2);
@@ -410,8 +436,22 @@ pub(crate) mod tests {
         assert_eq!(syn_only.eval(&p), Tri::No);
         assert_eq!(ct(&[New], false).eval(&p), Tri::No);
         assert_eq!(ct(&[Established, Related], false).eval(&p), Tri::Maybe);
+        // SYN with FIN or RST is no opening SYN: tcp_error() refuses the
+        // combination (nf_conntrack_proto_tcp.c, v6.18), and kdrop, which
+        // models only SYN and SYN-ACK, leaves conntrack matches undecided.
+        for odd in [TCP_SYN | TCP_FIN, TCP_SYN | TCP_RST] {
+            p.tcp_flags = odd;
+            assert_eq!(ct(&[Established, Related], false).eval(&p), Tri::Maybe);
+        }
         p.tcp_flags = TCP_ACK;
         assert_eq!(ct(&[Established], false).eval(&p), Tri::Maybe);
+        // A lone ACK may even open a connection: nf_conntrack_tcp_loose
+        // (default 1) picks up connections mid-stream as NEW
+        // (net/netfilter/nf_conntrack_proto_tcp.c, v6.18).
+        assert_eq!(
+            ct(&[Established, Invalid, Untracked], false).eval(&p),
+            Tri::Maybe
+        );
         let any_rst = Match::TcpFlags {
             neg: false,
             mask: TCP_RST | TCP_FIN,

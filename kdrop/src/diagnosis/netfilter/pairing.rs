@@ -117,6 +117,26 @@ mod tests {
         assert!(log.recent.is_empty());
     }
 
+    /// CLOCK_MONOTONIC stamps are large: the window is measured between
+    /// verdict and drop, not from zero.
+    #[test]
+    fn pairs_at_realistic_timestamps() {
+        let mut v = verdict(NfFn::IptDoTable);
+        v.ts_ns = 5_000_000_000;
+        let mut log = VerdictLog::default();
+        log.push(v.clone());
+        assert_eq!(
+            log.take_for(&drop_at(5_000_012_000, 1, 40000)),
+            vec![v.clone()]
+        );
+        // Exactly WINDOW_NS before its drop still belongs to it.
+        log.push(v.clone());
+        assert_eq!(
+            log.take_for(&drop_at(5_000_000_000 + WINDOW_NS, 1, 40000)),
+            vec![v]
+        );
+    }
+
     #[test]
     fn bounded() {
         let mut log = VerdictLog::default();
