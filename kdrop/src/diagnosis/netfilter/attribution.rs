@@ -351,6 +351,9 @@ impl<'a> Walker<'a> {
                     if sure {
                         return true;
                     }
+                    // The policy may have dropped it: what a later base
+                    // chain drops is no surer.
+                    self.maybe_dropped = true;
                 }
             }
         }
@@ -900,6 +903,38 @@ mod tests {
         );
     }
 
+    /// A base chain's DROP policy that may have dropped the packet (an
+    /// ipset ACCEPT before it kdrop cannot evaluate) leaves the next base
+    /// chain of the hook in doubt too: mangle INPUT runs before filter
+    /// INPUT (NF_IP_PRI_MANGLE -150, NF_IP_PRI_FILTER 0).
+    #[test]
+    fn a_policy_that_may_have_dropped_leaves_later_tables_in_doubt() {
+        let text = format!(
+            "*mangle\n:PREROUTING ACCEPT [0:0]\n:INPUT DROP [3:0]\n:FORWARD ACCEPT [0:0]\n\
+             :OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+             [9:0] -A INPUT -m set --match-set allowed src -j ACCEPT\nCOMMIT\n{}",
+            filter(
+                "ACCEPT [0:0]",
+                &[(1, "-p tcp -m tcp --dport 80 -j DROP")],
+                ""
+            )
+        );
+        let a = attribute(&syn_in(80), None, &snap(legacy(&text))).unwrap();
+        // Neither is sure; the first on the packet's path is named, with
+        // the doubt (the filter rule came out sure before).
+        assert_eq!(
+            (a.table.as_deref(), a.rule.as_deref()),
+            (Some("mangle"), None)
+        );
+        assert_eq!(
+            a.evidence[1..3],
+            [
+                "no rule of ip mangle/INPUT (INPUT hook) accepted or dropped it before the policy",
+                "an earlier rule that kdrop could not fully evaluate may have decided first",
+            ]
+        );
+    }
+
     /// Jumps are followed 32 chains deep (MAX_DEPTH); deeper, the walk
     /// gives up rather than loop.
     #[test]
@@ -954,7 +989,7 @@ mod tests {
         assert_eq!(
             a.evidence,
             [
-                "rule counter has no counter",
+                "the rule has no counter",
                 "the rule's matches fit this packet",
                 "an earlier rule that kdrop could not fully evaluate may have decided first",
             ]
@@ -1019,7 +1054,7 @@ mod tests {
         assert_eq!(
             a.evidence,
             [
-                "rule counter has no counter",
+                "the rule has no counter",
                 "the rule's matches fit this packet",
             ]
         );
@@ -1054,7 +1089,7 @@ mod tests {
         assert_eq!(
             a.evidence,
             [
-                "rule counter has no counter",
+                "the rule has no counter",
                 "the rule's matches fit this packet"
             ]
         );
@@ -1149,7 +1184,7 @@ mod tests {
         assert_eq!(
             a.evidence,
             [
-                "rule counter has no counter",
+                "the rule has no counter",
                 "the rule's matches fit this packet",
                 "an earlier rule that kdrop could not fully evaluate may have decided first",
             ]

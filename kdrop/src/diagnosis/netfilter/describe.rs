@@ -77,19 +77,21 @@ pub(super) fn describe(
     let (before, after_n) = c.evidence.counts();
     let place = format!("{} {}/{}", t.family.name(), t.name, c.chain.name);
     let mut evidence = Vec::new();
-    let moved = match (before, after_n) {
+    // `rule counter ...` / `policy counter ...`, or that there is none.
+    let moved = |what: &str| match (before, after_n) {
         (Some(b), Some(a)) => {
-            format!("went {b} -> {a} packets between the snapshots around the drop")
+            format!("{what} counter went {b} -> {a} packets between the snapshots around the drop")
         }
-        (None, Some(a)) => {
-            format!("stands at {a} packets (first look at this namespace: no snapshot from before)")
-        }
-        _ => "has no counter".into(),
+        (None, Some(a)) => format!(
+            "{what} counter stands at {a} packets (first look at this namespace: no snapshot \
+             from before)"
+        ),
+        _ => format!("the {what} has no counter"),
     };
     let (rule, rule_number, handle, target, ctstate_invalid) = match c.kind {
         Kind::Rule(i) => {
             let r = &c.chain.rules[i];
-            evidence.push(format!("rule counter {moved}"));
+            evidence.push(moved("rule"));
             let unknown: Vec<&str> = r
                 .matches
                 .iter()
@@ -120,7 +122,7 @@ pub(super) fn describe(
             } else {
                 "DROP"
             };
-            evidence.push(format!("policy counter {moved}"));
+            evidence.push(moved("policy"));
             evidence.push(format!(
                 "no rule of {place} ({} hook) accepted or dropped it before the policy",
                 c.hook

@@ -98,10 +98,20 @@ fn repair(a: &Attribution, f: &DropFacts, ns: &str) -> Repair {
         None => {}
     }
     if !r.fix.is_empty() {
-        r.notes.push(format!(
-            "the first repair lets TCP to {dst}:{port} through, from any client; deleting the \
-             rule lets everything it dropped through"
-        ));
+        let to = if v6 {
+            format!("[{dst}]:{port}")
+        } else {
+            format!("{dst}:{port}")
+        };
+        // Only a rule's drop offers its deletion as the other repair.
+        r.notes.push(if r.fix_or.is_empty() {
+            format!("the repair lets TCP to {to} through, from any client")
+        } else {
+            format!(
+                "the first repair lets TCP to {to} through, from any client; deleting the rule \
+                 lets everything it dropped through"
+            )
+        });
     }
     r
 }
@@ -299,6 +309,14 @@ mod tests {
                 "ip netns exec srv ip6tables-legacy-save -c -t filter"
             ]
         );
+        // An IPv6 endpoint in brackets, as `ss` and curl write it.
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the first repair lets TCP to [2001:db8::2]:80 through, from any client; deleting \
+              the rule lets everything it dropped through"
+            ]
+        );
     }
 
     /// An nftables chain policy applies after the chain's last rule: an
@@ -329,6 +347,11 @@ mod tests {
         assert_eq!(
             f.inspect,
             ["ip netns exec srv nft -a list chain inet kdt input"]
+        );
+        // No rule to delete: the note offers no such thing.
+        assert_eq!(
+            f.fix_notes,
+            ["the repair lets TCP to [2001:db8::2]:80 through, from any client"]
         );
     }
 
