@@ -81,6 +81,25 @@ pub const EVENT_DROP_ROUTED: u32 = 4;
 /// conntrack entry, the flags of what was retransmitted).
 pub const EVENT_RETRANS: u32 = 5;
 pub const EVENT_HEAD: u32 = 6;
+/// A local socket left SYN-SENT for CLOSE: its connect() ended without a
+/// connection ([`AbandonEvent`]).
+pub const EVENT_ABANDON: u32 = 7;
+
+/// The client's initial sequence number a handshake packet carries or
+/// answers, from its TCP header: a SYN's own sequence number; a SYN-ACK's
+/// (or a RST|ACK refusing a SYN) acknowledgement minus one; a plain RST
+/// refusing a SYN-ACK, or the final ACK, carries the client's ISN + 1 as
+/// its sequence number (RFC 9293 3.5, 3.10.7). NAT leaves both alone.
+pub const fn handshake_isn(flags: u8, seq: u32, ack: u32) -> u32 {
+    use crate::{TCP_ACK, TCP_RST, TCP_SYN};
+    if flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
+        seq
+    } else if flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_RST) != 0 {
+        ack.wrapping_sub(1)
+    } else {
+        seq.wrapping_sub(1)
+    }
+}
 
 /// Bytes of a dropped packet copied for `--pcap`, from its IP header.
 pub const HEAD_BYTES: usize = 128;
@@ -116,7 +135,10 @@ pub struct PacketId {
     pub ifindex: u32,
     /// `skb->mark`.
     pub mark: u32,
-    pub _pad0: u32,
+    /// The client's initial sequence number of the handshake this packet
+    /// belongs to ([`handshake_isn`]): one connection, even when another
+    /// reuses its ports. 0: unknown.
+    pub isn: u32,
     /// Network order; IPv4 in the first 4 bytes.
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
@@ -135,7 +157,7 @@ impl PacketId {
             netns: 0,
             ifindex: 0,
             mark: 0,
-            _pad0: 0,
+            isn: 0,
             saddr: [0; 16],
             daddr: [0; 16],
             sport: 0,
@@ -265,13 +287,31 @@ pub struct PacketEvent {
     pub ct: CtInfo,
 }
 
+/// A local socket whose connect() ended in SYN-SENT (`sock:
+/// inet_sock_set_state` SYN_SENT -> CLOSE): the application gave up (a
+/// connect timeout, `err` 0), the kernel did (`ETIMEDOUT` after
+/// tcp_syn_retries), or an answer refused it (`ECONNREFUSED`,
+/// `EHOSTUNREACH`, ...). `pkt` is the socket's ends (client first) with the
+/// SYN's sequence number; `retransmits` the SYN's retransmissions.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AbandonEvent {
+    pub header: EventHeader,
+    pub pkt: PacketId,
+    /// `sk->sk_err` (a positive errno; 0 when none was set).
+    pub err: i32,
+    /// `icsk_retransmits`, `ABSENT` when unreadable.
+    pub retransmits: u32,
+}
+
 /// Entries of the per-CPU `COUNTERS` map, one per source of records.
 pub const COUNTERS_KEY: u32 = 0;
 /// Handshake packets leaving devices.
 pub const EGRESS_COUNTERS_KEY: u32 = 1;
 /// Netfilter verdict records (nf.rs).
 pub const NF_VERDICT_COUNTERS_KEY: u32 = 2;
-/// SYN and SYN-ACK retransmissions of local sockets.
+/// SYN and SYN-ACK retransmissions of local sockets, and their connects
+/// abandoned in SYN-SENT.
 pub const RETRANS_COUNTERS_KEY: u32 = 3;
 pub const COUNTERS_KEYS: u32 = 4;
 

@@ -54,6 +54,7 @@ mod pod {
     unsafe impl aya::Pod for CtTuple {}
     unsafe impl aya::Pod for CtInfo {}
     unsafe impl aya::Pod for PacketEvent {}
+    unsafe impl aya::Pod for AbandonEvent {}
     unsafe impl aya::Pod for SrcCheck {}
     unsafe impl aya::Pod for MonitorConfig {}
     unsafe impl aya::Pod for AggKey {}
@@ -90,8 +91,8 @@ mod tests {
     #[test]
     fn layouts_have_no_hidden_padding() {
         use core::mem::size_of;
-        assert_eq!(size_of::<Offsets>(), 44 * 4);
-        assert_eq!(size_of::<RetransArgs>(), 16);
+        assert_eq!(size_of::<Offsets>(), 47 * 4);
+        assert_eq!(size_of::<RetransArgs>(), 32);
         assert_eq!(size_of::<Endpoint>(), 20);
         assert_eq!(size_of::<FollowValue>(), 16);
         assert_eq!(size_of::<FollowStats>(), 24);
@@ -117,6 +118,7 @@ mod tests {
         assert_eq!(size_of::<CtTuple>(), 40);
         assert_eq!(size_of::<CtInfo>(), 96);
         assert_eq!(size_of::<PacketEvent>(), 16 + 56 + 96);
+        assert_eq!(size_of::<AbandonEvent>(), 16 + 56 + 8);
         assert_eq!(size_of::<Counters>(), 40);
         assert_eq!(size_of::<MonitorConfig>(), 8);
         assert_eq!(size_of::<HeadEvent>(), 16 + HEAD_BYTES);
@@ -173,5 +175,22 @@ mod tests {
         assert_eq!(service_port(TCP_SYN | TCP_ECE | TCP_CWR, 40000, 8080), 8080);
         assert_eq!(service_port(TCP_RST | TCP_ACK, 40000, 443), 443);
         assert_eq!(service_port(TCP_ACK, 22, 51000), 22);
+    }
+
+    #[test]
+    fn every_packet_of_one_handshake_names_the_clients_isn() {
+        let isn = 0x8000_0000u32;
+        // The client's SYN, the server's SYN-ACK (its own ISN in seq).
+        assert_eq!(handshake_isn(TCP_SYN, isn, 0), isn);
+        assert_eq!(handshake_isn(TCP_SYN | TCP_ECE | TCP_CWR, isn, 0), isn);
+        assert_eq!(handshake_isn(TCP_SYN | TCP_ACK, 77, isn + 1), isn);
+        // No listener: RST|ACK acknowledging the SYN.
+        assert_eq!(handshake_isn(TCP_RST | TCP_ACK, 0, isn + 1), isn);
+        // The client refusing a SYN-ACK (seq = its ack), its final ACK.
+        assert_eq!(handshake_isn(TCP_RST, isn + 1, 0), isn);
+        assert_eq!(handshake_isn(TCP_ACK, isn + 1, 78), isn);
+        // Wrapping at both ends of the sequence space.
+        assert_eq!(handshake_isn(TCP_SYN | TCP_ACK, 1, 0), u32::MAX);
+        assert_eq!(handshake_isn(TCP_RST, 0, 0), u32::MAX);
     }
 }

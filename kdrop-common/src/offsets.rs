@@ -84,7 +84,17 @@ pub struct Offsets {
     pub skc_v6_daddr: u32,
     pub skc_v6_rcv_saddr: u32,
     pub skc_net: u32,
-    pub _pad2: u32,
+    /// The client's initial sequence number and how its connect() ended, for
+    /// the handshake tracepoints: `tcp_sock.snd_una` (`u32`: the SYN's
+    /// sequence number while SYN-SENT, `tcp_connect_init`),
+    /// `tcp_request_sock.rcv_isn` (`u32`), `inet_connection_sock.
+    /// icsk_retransmits` (`__u8`), `sock.sk_err` (`int`), each from the
+    /// start of the socket (include/linux/tcp.h, include/net/inet_connection_sock.h,
+    /// include/net/sock.h as of v6.18).
+    pub tcp_snd_una: u32,
+    pub req_rcv_isn: u32,
+    pub icsk_retransmits: u32,
+    pub sk_err: u32,
 }
 
 impl Offsets {
@@ -133,7 +143,10 @@ impl Offsets {
             skc_v6_daddr: ABSENT,
             skc_v6_rcv_saddr: ABSENT,
             skc_net: ABSENT,
-            _pad2: 0,
+            tcp_snd_una: ABSENT,
+            req_rcv_isn: ABSENT,
+            icsk_retransmits: ABSENT,
+            sk_err: ABSENT,
         }
     }
 }
@@ -187,9 +200,11 @@ impl FibLookupArgs {
 }
 
 /// Argument positions (`TP_PROTO` indexes, from BTF) of the TCP
-/// retransmission tracepoints: `tcp_retransmit_skb(sk, skb[, err])` (the
+/// handshake tracepoints: `tcp_retransmit_skb(sk, skb[, err])` (the
 /// `err` argument came in v6.11) and `tcp_retransmit_synack(sk, req)`
-/// (https://github.com/torvalds/linux/blob/v6.18/include/trace/events/tcp.h).
+/// (https://github.com/torvalds/linux/blob/v6.18/include/trace/events/tcp.h),
+/// `inet_sock_set_state(sk, oldstate, newstate)` (since v4.16,
+/// https://github.com/torvalds/linux/blob/v6.18/include/trace/events/sock.h).
 /// `ABSENT` when the kernel has no such tracepoint or argument.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,7 +212,10 @@ pub struct RetransArgs {
     pub skb_sk: u32,
     pub synack_sk: u32,
     pub synack_req: u32,
-    pub _pad: u32,
+    pub state_sk: u32,
+    pub state_old: u32,
+    pub state_new: u32,
+    pub _pad: [u32; 2],
 }
 
 impl RetransArgs {
@@ -206,7 +224,10 @@ impl RetransArgs {
             skb_sk: ABSENT,
             synack_sk: ABSENT,
             synack_req: ABSENT,
-            _pad: 0,
+            state_sk: ABSENT,
+            state_old: ABSENT,
+            state_new: ABSENT,
+            _pad: [0; 2],
         }
     }
 }

@@ -129,6 +129,21 @@ pub fn tcp_retransmit_synack_raw(ctx: RawTracePointContext) -> i32 {
     retrans::on_retransmit_synack::<Probe>(arg_at(retrans_args().synack_req, |n| ctx.arg(n)))
 }
 
+/// `sock:inet_sock_set_state` as tp_btf: `(sk, oldstate, newstate)`, the
+/// positions userspace checks against BTF before loading (constant indexes:
+/// three `arg_at`s here compiled to ctx pointer arithmetic, which the
+/// verifier refuses).
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
+    retrans::on_set_state::<Direct>(ctx.arg(0), ctx.arg(1), ctx.arg(2))
+}
+
+/// The same as a raw tracepoint.
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn inet_sock_set_state_raw(ctx: RawTracePointContext) -> i32 {
+    retrans::on_set_state::<Probe>(ctx.arg(0), ctx.arg(1), ctx.arg(2))
+}
+
 /// `fib_validate_source`'s return code through fexit (kernels whose
 /// trampolines take its 8 arguments; 6.1 takes 6 and refuses it).
 #[fexit(function = "fib_validate_source")]

@@ -1,7 +1,7 @@
 //! Reading a TCP packet's addresses, ports and flags out of a `struct sk_buff`
 //! with member offsets from BTF.
 use aya_ebpf::helpers::bpf_probe_read_kernel;
-use kdrop_common::{Offsets, ABSENT, AF_INET, AF_INET6};
+use kdrop_common::{handshake_isn, Offsets, ABSENT, AF_INET, AF_INET6};
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -73,6 +73,8 @@ pub struct Tcp {
     pub tcp_flags: u8,
     pub sport: u16,
     pub dport: u16,
+    /// kdrop_common::handshake_isn of the header.
+    pub isn: u32,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
 }
@@ -85,6 +87,7 @@ impl Tcp {
             tcp_flags: 0,
             sport: 0,
             dport: 0,
+            isn: 0,
             saddr: [0; 16],
             daddr: [0; 16],
         }
@@ -198,12 +201,16 @@ fn parse_v6(h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     Some(())
 }
 
-/// Ports and flags from the TCP header's first 14 bytes.
+/// Ports, flags and the handshake's ISN from the TCP header's first 14
+/// bytes (sequence and acknowledgement numbers at 4 and 8).
 #[inline(always)]
 fn set_ports(th: &[u8], t: &mut Tcp) {
     t.sport = u16::from_be_bytes([th[0], th[1]]);
     t.dport = u16::from_be_bytes([th[2], th[3]]);
     t.tcp_flags = th[13];
+    let seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
+    let ack = u32::from_be_bytes([th[8], th[9], th[10], th[11]]);
+    t.isn = handshake_isn(t.tcp_flags, seq, ack);
 }
 
 /// The netns inode and the interface of `skb`: the device's namespace, or the

@@ -48,6 +48,17 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 /// A full handshake `src -> dst` from inside `ns` with a fixed source
 /// address and port, bounded by 3 s.
 pub fn connect_from(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> std::io::Result<()> {
+    connect_within(ns, src, dst, Duration::from_secs(3))
+}
+
+/// `connect_from` giving up after `timeout`, as a client with a connect
+/// timeout does: the socket is closed then, in SYN-SENT if nothing answered.
+pub fn connect_within(
+    ns: &Ns,
+    src: SocketAddr,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<()> {
     let fd = send_syn(ns, src, dst);
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
@@ -55,11 +66,11 @@ pub fn connect_from(ns: &Ns, src: SocketAddr, dst: SocketAddr) -> std::io::Resul
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 3000) };
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
     if n == 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            "no handshake in 3 s",
+            format!("no handshake in {timeout:?}"),
         ));
     }
     let mut err: libc::c_int = 0;
@@ -222,4 +233,19 @@ pub fn answered_three_times(
     assert_eq!(unsafe { libc::poll(&mut pfd, 1, ms) }, 1, "no handshake");
     assert_eq!(pfd.revents & libc::POLLERR, 0, "the handshake failed");
     fd
+}
+
+/// A listener in `ns` with listen(2)'s `backlog`, never accepting.
+pub fn listen_backlog(ns: &Ns, addr: SocketAddr, backlog: i32) -> OwnedFd {
+    in_netns(&ns.path(), move || {
+        let std_l = std::net::TcpListener::bind(addr).unwrap();
+        // Re-listen with the small backlog: listen(2) on a listening socket
+        // updates sk_max_ack_backlog.
+        use std::os::fd::IntoRawFd as _;
+        let fd = std_l.into_raw_fd();
+        // SAFETY: fd is a valid listening socket we own.
+        assert_eq!(unsafe { libc::listen(fd, backlog) }, 0);
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    })
+    .unwrap()
 }

@@ -4,32 +4,15 @@
 //! sysctl (run inside the namespace) are the oracles.
 use std::{
     net::SocketAddr,
-    os::fd::{FromRawFd as _, OwnedFd},
     process::Command,
     time::{Duration, Instant},
 };
 
-use integration_tests::{bound, send_syn, Ns, Pair};
+use integration_tests::{bound, listen_backlog, send_syn, Ns, Pair};
 use kdrop::context::{
-    in_netns,
     listeners::{listener_for, snapshot_in},
     procs::{Held, Holders},
 };
-
-/// A listener in `ns` with listen(2)'s `backlog`, never accepting.
-fn listen_backlog(ns: &Ns, addr: SocketAddr, backlog: i32) -> OwnedFd {
-    in_netns(&ns.path(), move || {
-        let std_l = std::net::TcpListener::bind(addr).unwrap();
-        // Re-listen with the small backlog: listen(2) on a listening socket
-        // updates sk_max_ack_backlog.
-        use std::os::fd::IntoRawFd as _;
-        let fd = std_l.into_raw_fd();
-        // SAFETY: fd is a valid listening socket we own.
-        assert_eq!(unsafe { libc::listen(fd, backlog) }, 0);
-        unsafe { OwnedFd::from_raw_fd(fd) }
-    })
-    .unwrap()
-}
 
 /// Output of a command run inside `ns`.
 fn in_ns(ns: &Ns, cmd: &[&str]) -> String {

@@ -86,8 +86,8 @@ pub struct Enricher<N: Node> {
     /// One verdict per handshake.
     handshakes: Verdicts,
     /// Drops with no finding of their own, held `HOLD_NS` for their
-    /// handshake's verdict (kernel time of the drop, record).
-    held: VecDeque<(u64, DropRecord)>,
+    /// handshake's verdict (kernel time of the drop, its ISN, record).
+    held: VecDeque<(u64, u32, DropRecord)>,
 }
 
 /// How long a drop that explains nothing by itself waits for its
@@ -122,7 +122,7 @@ impl<N: Node> Enricher<N> {
     /// packet leaving a device does when it shows a handshake died
     /// unanswered; a netfilter verdict waits for its drop.
     pub fn on_event(&mut self, e: &Event) -> Option<DropRecord> {
-        let (r, ts) = match e {
+        let (r, ts, isn) = match e {
             Event::Drop(d) => {
                 let r = self.drop_record(d);
                 // A drop that explains nothing by itself may belong to a
@@ -133,18 +133,24 @@ impl<N: Node> Enricher<N> {
                     .as_ref()
                     .is_none_or(|f| verdict::rank(f.cause) == 0);
                 if weak && client_end(&r).is_some() && self.held.len() < HELD_MAX {
-                    self.held.push_back((d.ts_ns, r));
+                    self.held.push_back((d.ts_ns, d.isn, r));
                     return None;
                 }
-                (r, d.ts_ns)
+                (r, d.ts_ns, d.isn)
+            }
+            Event::Egress(p) => {
+                let dead = self.tracker.on_egress(p, &self.ct_bits)?;
+                (self.dead(&dead), p.ts_ns, p.isn)
             }
             // A retransmission is one more transmission of its handshake.
-            Event::Egress(p) | Event::Retrans(p) => {
-                let r = match self.tracker.on_egress(p, &self.ct_bits)? {
-                    Dead::Unanswered(flow) => self.unanswered(&flow, None),
-                    Dead::LoopedBack(pair) => self.unanswered(&pair.0, Some(&pair.1)),
-                };
-                (r, p.ts_ns)
+            Event::Retrans(p) => {
+                let dead = self.tracker.on_retrans(p, &self.ct_bits)?;
+                (self.dead(&dead), p.ts_ns, p.isn)
+            }
+            // The client gave up: its handshake's verdict is due now.
+            Event::Abandon(a) => {
+                let dead = self.tracker.on_abandon(a, &self.ct_bits)?;
+                (self.dead(&dead), a.packet.ts_ns, a.packet.isn)
             }
             Event::Verdict(v) => {
                 self.verdicts.push(v.clone());
@@ -153,23 +159,31 @@ impl<N: Node> Enricher<N> {
             // The session's, for --pcap.
             Event::Head(_) => return None,
         };
-        Some(self.fold(r, ts))
+        Some(self.fold(r, ts, isn))
+    }
+
+    fn dead(&mut self, dead: &Dead) -> DropRecord {
+        match dead {
+            Dead::Unanswered(flow) => self.unanswered(flow, None),
+            Dead::LoopedBack(pair) => self.unanswered(&pair.0, Some(&pair.1)),
+        }
     }
 
     /// Files the record under its handshake: a shared id, and the
     /// handshake's one verdict (see diagnosis::handshake::verdict).
     /// Its summary then starts with the record's own pods
     /// (diagnosis::names).
-    fn fold(&mut self, mut r: DropRecord, ts_ns: u64) -> DropRecord {
+    /// `isn`: the client's ISN of the record's connection (0: unknown).
+    fn fold(&mut self, mut r: DropRecord, ts_ns: u64, isn: u32) -> DropRecord {
         let found = r.finding.take();
         r.finding = match (found, client_end(&r)) {
             (Some(found), Some(client)) => {
-                let (id, finding) = self.handshakes.fold(client, found, ts_ns);
+                let (id, finding) = self.handshakes.fold(client, isn, found, ts_ns);
                 r.handshake = Some(id);
                 Some(finding)
             }
             // No finding of its own: the handshake's verdict, if it has one.
-            (None, Some(client)) => self.handshakes.join(client, ts_ns).map(|(id, mut v)| {
+            (None, Some(client)) => self.handshakes.join(client, isn, ts_ns).map(|(id, mut v)| {
                 v.evidence.push(format!(
                     "this packet of the same handshake, by itself: {} at {}, nothing more",
                     r.reason.as_deref().unwrap_or("no drop reason"),
@@ -197,16 +211,16 @@ impl<N: Node> Enricher<N> {
             .iter()
             .map(|r| {
                 let rec = self.reset(r);
-                self.fold(rec, r.rst.ts_ns)
+                self.fold(rec, r.rst.ts_ns, r.rst.isn)
             })
             .collect();
         while self
             .held
             .front()
-            .is_some_and(|(ts, _)| ts.saturating_add(HOLD_NS) <= now)
+            .is_some_and(|(ts, _, _)| ts.saturating_add(HOLD_NS) <= now)
         {
-            let (ts, r) = self.held.pop_front().expect("front exists");
-            out.push(self.fold(r, ts));
+            let (ts, isn, r) = self.held.pop_front().expect("front exists");
+            out.push(self.fold(r, ts, isn));
         }
         out
     }
@@ -239,7 +253,7 @@ impl<N: Node> Enricher<N> {
         if let Some(f) = r.finding.as_mut() {
             f.evidence.push(line);
         }
-        Some(self.fold(r, flow.last_ns))
+        Some(self.fold(r, flow.last_ns, flow.isn))
     }
 
     fn netns_name(&mut self, inode: u32) -> NetnsName {

@@ -6,12 +6,13 @@ pub mod verdict;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use kdrop_common::{
-    nf::EVENT_NF_VERDICT, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup, HeadEvent,
-    PacketEvent, PacketId, RoutedDropEvent, AF_INET, AF_INET6, EVENT_DROP, EVENT_DROP_ROUTED,
-    EVENT_EGRESS, EVENT_HEAD, EVENT_RETRANS, FIB_PER_EVENT, FIB_RECENT, FIB_WINDOW_NS,
+    nf::EVENT_NF_VERDICT, AbandonEvent, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup,
+    HeadEvent, PacketEvent, PacketId, RoutedDropEvent, ABSENT, AF_INET, AF_INET6, EVENT_ABANDON,
+    EVENT_DROP, EVENT_DROP_ROUTED, EVENT_EGRESS, EVENT_HEAD, EVENT_RETRANS, FIB_PER_EVENT,
+    FIB_RECENT, FIB_WINDOW_NS,
 };
 
-use crate::model::packet::{Ct, Drop, Event, Head, Lookup, Packet, Tuple};
+use crate::model::packet::{Abandon, Ct, Drop, Event, Head, Lookup, Packet, Tuple};
 
 impl From<&FibLookup> for Lookup {
     fn from(f: &FibLookup) -> Self {
@@ -146,6 +147,7 @@ fn drop(e: &DropEvent, fib: Vec<Lookup>) -> Result<Drop, DecodeError> {
         sport: p.sport,
         dport: p.dport,
         tcp_flags: p.tcp_flags,
+        isn: p.isn,
         fib,
         ct: ct(p.family, &e.ct)?,
         src_check: (e.src_check_seen != 0).then_some(e.src_check_ret),
@@ -160,7 +162,25 @@ fn packet(e: &PacketEvent) -> Result<Packet, DecodeError> {
         mark: e.pkt.mark,
         tuple: tuple(&e.pkt)?,
         tcp_flags: e.pkt.tcp_flags,
+        isn: e.pkt.isn,
         ct: ct(e.pkt.family, &e.ct)?,
+    })
+}
+
+fn abandon(e: &AbandonEvent) -> Result<Abandon, DecodeError> {
+    Ok(Abandon {
+        packet: Packet {
+            ts_ns: e.header.ts_ns,
+            netns: e.pkt.netns,
+            ifindex: 0,
+            mark: 0,
+            tuple: tuple(&e.pkt)?,
+            tcp_flags: e.pkt.tcp_flags,
+            isn: e.pkt.isn,
+            ct: None,
+        },
+        err: e.err,
+        retransmits: (e.retransmits != ABSENT).then_some(e.retransmits),
     })
 }
 
@@ -178,6 +198,7 @@ pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
         }
         EVENT_EGRESS => Ok(Event::Egress(packet(&read(data, header.kind)?)?)),
         EVENT_RETRANS => Ok(Event::Retrans(packet(&read(data, header.kind)?)?)),
+        EVENT_ABANDON => Ok(Event::Abandon(abandon(&read(data, header.kind)?)?)),
         EVENT_NF_VERDICT => verdict::decode(data).map(Event::Verdict),
         EVENT_HEAD => {
             let e: HeadEvent = read(data, header.kind)?;

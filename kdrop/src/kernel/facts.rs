@@ -69,6 +69,13 @@ pub fn offsets(btf: &Btf) -> Result<Offsets> {
         skc_v6_daddr: optional(btf, "sock_common", "skc_v6_daddr", 16),
         skc_v6_rcv_saddr: optional(btf, "sock_common", "skc_v6_rcv_saddr", 16),
         skc_net: optional(btf, "sock_common", "skc_net.net", 8),
+        // The handshake's ISN and how a connect() ended (include/linux/tcp.h,
+        // include/net/inet_connection_sock.h, include/net/sock.h, v6.18):
+        // without them events lose the ISN (0: unknown) or the errno.
+        tcp_snd_una: optional(btf, "tcp_sock", "snd_una", 4),
+        req_rcv_isn: optional(btf, "tcp_request_sock", "rcv_isn", 4),
+        icsk_retransmits: optional(btf, "inet_connection_sock", "icsk_retransmits", 1),
+        sk_err: optional(btf, "sock", "sk_err", 4),
         // Conntrack members are filled by `conntrack_offsets` (nf_conn may
         // live in module BTF).
         ..Offsets::zeroed()
@@ -190,14 +197,20 @@ fn position(names: &[String], want: &str) -> Option<u32> {
         .filter(|&i| i <= 4)
 }
 
-/// Where the retransmission tracepoints pass the socket (and request):
+/// What the socket tracepoints can be used with.
+pub struct SocketPoints {
+    pub args: RetransArgs,
+    pub retrans_skb: Result<(), String>,
+    pub retrans_synack: Result<(), String>,
+    pub set_state: Result<(), String>,
+}
+
+/// Where the socket tracepoints pass the socket (and request):
 /// `tcp_retransmit_skb(sk, skb[, err])`, `tcp_retransmit_synack(sk, req)`
-/// as of v6.18 (include/trace/events/tcp.h); each `Err` says why that
-/// tracepoint cannot be used.
-pub fn retrans_args(
-    btf: &Btf,
-    o: &Offsets,
-) -> (RetransArgs, Result<(), String>, Result<(), String>) {
+/// as of v6.18 (include/trace/events/tcp.h), `inet_sock_set_state(sk,
+/// oldstate, newstate)` (include/trace/events/sock.h, v4.16+); each `Err`
+/// says why that tracepoint cannot be used.
+pub fn socket_points(btf: &Btf, o: &Offsets) -> SocketPoints {
     let mut a = RetransArgs::zeroed();
     let socks = [
         o.sk_common,
@@ -221,7 +234,7 @@ pub fn retrans_args(
         }
         Ok(())
     });
-    let synack = layout.and_then(|()| {
+    let synack = layout.clone().and_then(|()| {
         let names = tp_params(btf, "tcp_retransmit_synack").map_err(|e| format!("{e:#}"))?;
         a.synack_sk = position(&names, "struct sock *").unwrap_or(ABSENT);
         a.synack_req = position(&names, "struct request_sock *").ok_or_else(|| {
@@ -235,7 +248,45 @@ pub fn retrans_args(
         }
         Ok(())
     });
-    (a, skb, synack)
+    let set_state = layout.and_then(|()| {
+        let names = tp_params(btf, "inet_sock_set_state").map_err(|e| format!("{e:#}"))?;
+        let (sk, old, new) = state_positions(&names).ok_or_else(|| {
+            format!(
+                "inet_sock_set_state does not pass (sock, oldstate, newstate): ({})",
+                names.join(", ")
+            )
+        })?;
+        // The programs read them at these constant positions (main.rs).
+        if (sk, old, new) != (0, 1, 2) {
+            return Err(format!(
+                "inet_sock_set_state passes ({}): kdrop reads (sock, oldstate, newstate)",
+                names.join(", ")
+            ));
+        }
+        (a.state_sk, a.state_old, a.state_new) = (sk, old, new);
+        Ok(())
+    });
+    SocketPoints {
+        args: a,
+        retrans_skb: skb,
+        retrans_synack: synack,
+        set_state,
+    }
+}
+
+/// `inet_sock_set_state`'s socket and the two `int` states after it, old
+/// first (`TP_PROTO(const struct sock *sk, const int oldstate, const int
+/// newstate)`, unchanged since v4.16).
+fn state_positions(names: &[String]) -> Option<(u32, u32, u32)> {
+    let sk = position(names, "struct sock *")?;
+    let mut ints = names
+        .iter()
+        .enumerate()
+        .skip(sk as usize + 1)
+        .filter(|(_, n)| n.trim_start_matches("const ") == "int")
+        .map(|(i, _)| i as u32)
+        .filter(|&i| i <= 4);
+    Some((sk, ints.next()?, ints.next()?))
 }
 
 /// The offset of `strukt.path` when it is a `struct inner` (checked by

@@ -22,6 +22,10 @@ pub struct Drop {
     pub sport: u16,
     pub dport: u16,
     pub tcp_flags: u8,
+    /// The client's ISN of the handshake (kdrop_common::handshake_isn; 0:
+    /// unknown, as in bundles recorded before it was).
+    #[serde(default)]
+    pub isn: u32,
     /// The kernel's route lookups for this packet, oldest first (IPv4).
     pub fib: Vec<Lookup>,
     /// The conntrack entry the packet carried.
@@ -68,7 +72,22 @@ pub struct Packet {
     pub mark: u32,
     pub tuple: Tuple,
     pub tcp_flags: u8,
+    /// As `Drop::isn`.
+    #[serde(default)]
+    pub isn: u32,
     pub ct: Option<Ct>,
+}
+
+/// A local client socket whose connect() ended in SYN-SENT: `packet` is its
+/// SYN as the socket would send it (no device, no entry).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Abandon {
+    pub packet: Packet,
+    /// `sk_err`: 0 when the application closed it (a connect timeout),
+    /// ETIMEDOUT when the kernel gave up, ECONNREFUSED after a RST, ...
+    pub err: i32,
+    /// The SYN's retransmissions, when the kernel says.
+    pub retransmits: Option<u32>,
 }
 
 /// One FIB table lookup, as `fib:fib_table_lookup` reported it.
@@ -127,6 +146,8 @@ pub enum Event {
     /// A SYN or SYN-ACK a local socket retransmitted (no conntrack entry,
     /// no interface).
     Retrans(Packet),
+    /// A local client's connect() ended in SYN-SENT.
+    Abandon(Abandon),
     /// Precedes the drop it explains on the ring buffer.
     Verdict(NfVerdict),
     /// A dropped packet's first bytes (`--pcap`), just before its drop.

@@ -232,7 +232,7 @@ pub fn points<'a>(
                 "tcp_retransmit_skb",
                 "tcp_retransmit_skb_btf",
                 "tcp_retransmit_skb_raw",
-                ok_or_why(&setup.retrans_skb),
+                ok_or_why(&setup.sockets.retrans_skb),
             ),
         },
         Point {
@@ -245,7 +245,23 @@ pub fn points<'a>(
                 "tcp_retransmit_synack",
                 "tcp_retransmit_synack_btf",
                 "tcp_retransmit_synack_raw",
-                ok_or_why(&setup.retrans_synack),
+                ok_or_why(&setup.sockets.retrans_synack),
+            ),
+        },
+        Point {
+            name: "sock:inet_sock_set_state",
+            what: "connects given up in SYN-SENT (short client timeouts)",
+            required: false,
+            trace_only: false,
+            // Fires on every TCP state change, a few per connection, not per
+            // packet; the program returns after two compares unless a
+            // SYN-SENT socket closes (BENCHMARKS.md, healthy traffic).
+            demand: None,
+            rungs: tracepoint_rungs(
+                "inet_sock_set_state",
+                "inet_sock_set_state_btf",
+                "inet_sock_set_state_raw",
+                ok_or_why(&setup.sockets.set_state),
             ),
         },
         Point {

@@ -51,7 +51,7 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
             .override_global("KFREE_SKB_ARGS", args, true)
             .override_global("KFREE_SKB_FIELDS", fields, true)
             .override_global("FIB_ARGS", fib, true)
-            .override_global("RETRANS_ARGS", &setup.retrans_args, true)
+            .override_global("RETRANS_ARGS", &setup.sockets.args, true)
             .override_global("FILTER", cfg.filter, true)
             .override_global("MONITOR", cfg.monitor, true)
             .override_global("EVIDENCE", cfg.evidence, true)

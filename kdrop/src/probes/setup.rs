@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets, RetransArgs};
+use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets};
 
 use super::nf::NfSetup;
 use crate::{
@@ -44,11 +44,9 @@ pub struct KernelSetup {
     pub fib_validate_source: Result<(), String>,
     /// The netfilter functions whose verdicts kdrop records.
     pub nf: NfSetup,
-    /// Where the retransmission tracepoints pass the socket, and whether
-    /// each can be used.
-    pub retrans_args: RetransArgs,
-    pub retrans_skb: Result<(), String>,
-    pub retrans_synack: Result<(), String>,
+    /// Where the socket tracepoints (retransmissions, connects ended in
+    /// SYN-SENT) pass the socket, and whether each can be used.
+    pub sockets: facts::SocketPoints,
 }
 
 impl KernelSetup {
@@ -78,7 +76,7 @@ impl KernelSetup {
             .ok_or_else(|| "fib_validate_source is not in BTF (inlined or renamed?)".to_string());
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let nf = NfSetup::read(&btf, &release);
-        let (retrans_args, retrans_skb, retrans_synack) = facts::retrans_args(&btf, &offsets);
+        let sockets = facts::socket_points(&btf, &offsets);
         Ok(Self {
             btf_path,
             btf,
@@ -92,9 +90,7 @@ impl KernelSetup {
             net_dev_queue,
             fib_validate_source,
             nf,
-            retrans_args,
-            retrans_skb,
-            retrans_synack,
+            sockets,
         })
     }
 }

@@ -59,13 +59,42 @@ pub(crate) fn ct_text(ct: &Ct, status: &[String]) -> String {
 
 pub fn transmissions(flow: &Flow) -> String {
     let secs = (flow.last_ns.saturating_sub(flow.first_ns)) as f64 / 1e9;
-    if flow.syns == 1 {
-        return "1 transmission of the SYN, not answered".into();
+    let mut s = if flow.syns == 1 {
+        "1 transmission of the SYN, not answered".to_string()
+    } else if flow.first_unseen {
+        format!(
+            "{} transmissions of the same SYN, none answered (counted by the client's socket: \
+             kdrop saw {})",
+            flow.syns,
+            if flow.first_ns == flow.last_ns {
+                "the last".to_string()
+            } else {
+                format!("those of the last {secs:.1}s")
+            }
+        )
+    } else {
+        format!(
+            "{} transmissions of the same SYN over {secs:.1}s, none answered",
+            flow.syns
+        )
+    };
+    if let Some(err) = flow.gave_up {
+        s.push_str("; then the client's connect() ended in SYN-SENT: ");
+        s.push_str(&gave_up_text(err));
     }
-    format!(
-        "{} transmissions of the same SYN over {secs:.1}s, none answered",
-        flow.syns
-    )
+    s
+}
+
+/// How a connect() ended in SYN-SENT, from the socket's `sk_err` (errno
+/// values of include/uapi/asm-generic/errno.h, as on x86_64 and arm64).
+fn gave_up_text(err: i32) -> String {
+    match err {
+        0 => "the application closed it (a connect timeout, or it gave up)".into(),
+        110 => "the kernel gave up (ETIMEDOUT: net.ipv4.tcp_syn_retries spent)".into(),
+        113 => "an ICMP host unreachable answered it (EHOSTUNREACH)".into(),
+        101 => "an ICMP network unreachable answered it (ENETUNREACH)".into(),
+        e => format!("error {e} (sk_err)"),
+    }
 }
 
 /// The evidence line of a RST answering a SYN-ACK: where each left.

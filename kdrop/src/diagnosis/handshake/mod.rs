@@ -24,7 +24,7 @@ pub(crate) mod tests {
     };
     use crate::model::{
         finding::Finding,
-        packet::{Ct, Packet, Tuple},
+        packet::{Abandon, Ct, Packet, Tuple},
         routing::{Addr, Link, Tables},
     };
 
@@ -60,6 +60,7 @@ pub(crate) mod tests {
             mark: 0,
             tuple: tuple("172.16.0.50:40000", "10.0.0.13:80"),
             tcp_flags: TCP_SYN,
+            isn: 0,
             ct,
         }
     }
@@ -258,6 +259,7 @@ pub(crate) mod tests {
             mark: 0,
             tuple: tuple("10.244.2.5:41000", "203.0.113.80:80"),
             tcp_flags: TCP_SYN,
+            isn: 0,
             ct: None,
         };
         let back_ct = Ct {
@@ -370,6 +372,7 @@ pub(crate) mod tests {
             mark: 0,
             tuple: t,
             tcp_flags: flags,
+            isn: 0,
             ct: None,
         }
     }
@@ -510,6 +513,9 @@ pub(crate) mod tests {
             first_ns: 0,
             last_ns,
             syns,
+            first_unseen: false,
+            isn: 0,
+            gave_up: None,
             answered: false,
             reported: true,
             netns: 7,
@@ -929,5 +935,142 @@ pub(crate) mod tests {
         );
         assert_eq!(tr.dnat_reply(&snat.reply), None);
         assert_eq!(tr.len(), 1);
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    fn syn_isn(ts: u64, isn: u32) -> Packet {
+        Packet {
+            isn,
+            ..syn(ts, None)
+        }
+    }
+
+    fn syn_ack_isn(ts: u64, isn: u32) -> Packet {
+        Packet {
+            tuple: syn(0, None).tuple.reversed(),
+            tcp_flags: TCP_SYN | TCP_ACK,
+            isn,
+            ..syn(ts, None)
+        }
+    }
+
+    fn gave_up(ts: u64, isn: u32, retransmits: Option<u32>, err: i32) -> Abandon {
+        Abandon {
+            packet: Packet {
+                ifindex: 0,
+                ..syn_isn(ts, isn)
+            },
+            err,
+            retransmits,
+        }
+    }
+
+    #[test]
+    fn connections_that_reuse_a_client_port_are_not_one_handshake() {
+        let mut tr = Tracker::default();
+        // Three connections from one client port, a second apart, their
+        // SYN-ACKs unseen (a capped monitor): no SYN sent three times.
+        for (i, isn) in [11, 22, 33].into_iter().enumerate() {
+            assert_eq!(tr.on_egress(&syn_isn(i as u64 * S, isn), &BITS), None);
+        }
+        // The third one's own retransmissions are.
+        assert_eq!(tr.on_egress(&syn_isn(4 * S, 33), &BITS), None);
+        let Some(Dead::Unanswered(f)) = tr.on_egress(&syn_isn(6 * S, 33), &BITS) else {
+            panic!("the same SYN three times is dead")
+        };
+        assert_eq!((f.syns, f.isn, f.first_ns), (3, 33, 2 * S));
+    }
+
+    #[test]
+    fn a_syn_ack_answers_only_its_own_connection() {
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn_isn(0, 5), &BITS);
+        // The answer to an older connection on the same tuple.
+        tr.on_egress(&syn_ack_isn(S / 2, 4), &BITS);
+        tr.on_egress(&syn_isn(S, 5), &BITS);
+        assert!(matches!(
+            tr.on_egress(&syn_isn(3 * S, 5), &BITS),
+            Some(Dead::Unanswered(_))
+        ));
+        // Its own answer (or an unknown ISN) does.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn_isn(0, 5), &BITS);
+        tr.on_egress(&syn_ack_isn(S / 2, 5), &BITS);
+        tr.on_egress(&syn_isn(S, 5), &BITS);
+        assert_eq!(tr.on_egress(&syn_isn(3 * S, 5), &BITS), None);
+    }
+
+    #[test]
+    fn a_retransmission_counts_the_transmission_before_it() {
+        let mut tr = Tracker::default();
+        // The device probe was not armed: only the socket's retransmissions.
+        assert_eq!(tr.on_retrans(&syn_isn(S, 9), &BITS), None);
+        let Some(Dead::Unanswered(f)) = tr.on_retrans(&syn_isn(3 * S, 9), &BITS) else {
+            panic!("the second retransmission is the third transmission")
+        };
+        assert_eq!((f.syns, f.first_unseen), (3, true));
+        assert_eq!(
+            findings::transmissions(&f),
+            "3 transmissions of the same SYN, none answered (counted by the client's socket: \
+             kdrop saw those of the last 2.0s)"
+        );
+        // The same retransmission seen leaving a device too is one.
+        let mut tr = Tracker::default();
+        tr.on_retrans(&syn_isn(S, 9), &BITS);
+        assert_eq!(tr.on_egress(&syn_isn(S + 1_000, 9), &BITS), None);
+        assert_eq!(tr.on_egress(&syn_isn(S + 2_000, 9), &BITS), None);
+    }
+
+    #[test]
+    fn a_client_that_gives_up_gets_its_verdict_then() {
+        // A 1 s connect timeout: one transmission, never seen, no retransmission.
+        let mut tr = Tracker::default();
+        let Some(Dead::Unanswered(f)) = tr.on_abandon(&gave_up(S, 9, Some(0), 0), &BITS) else {
+            panic!("given up is dead")
+        };
+        assert_eq!((f.syns, f.gave_up, f.ifindex), (1, Some(0), 0));
+        assert_eq!(
+            findings::transmissions(&f),
+            "1 transmission of the SYN, not answered; then the client's connect() ended in \
+             SYN-SENT: the application closed it (a connect timeout, or it gave up)"
+        );
+        // A 3 s timeout: one retransmission seen, the socket says 1.
+        let mut tr = Tracker::default();
+        tr.on_retrans(&syn_isn(S, 9), &BITS);
+        let Some(Dead::Unanswered(f)) = tr.on_abandon(&gave_up(3 * S, 9, Some(1), 110), &BITS)
+        else {
+            panic!("given up is dead")
+        };
+        assert_eq!((f.syns, f.gave_up, f.ifindex), (2, Some(110), 2));
+        assert!(findings::transmissions(&f)
+            .ends_with("the kernel gave up (ETIMEDOUT: net.ipv4.tcp_syn_retries spent)"));
+        // Unknown retransmissions: at least the one.
+        let mut tr = Tracker::default();
+        let Some(Dead::Unanswered(f)) = tr.on_abandon(&gave_up(S, 9, None, 0), &BITS) else {
+            panic!()
+        };
+        assert_eq!(f.syns, 1);
+    }
+
+    #[test]
+    fn a_client_that_gives_up_after_an_answer_or_a_verdict_is_no_new_death() {
+        // Refused by a RST: the RST (or the drop that made it) explains it.
+        let mut tr = Tracker::default();
+        assert_eq!(tr.on_abandon(&gave_up(S, 9, Some(0), 111), &BITS), None);
+        // Answered.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn_isn(0, 9), &BITS);
+        tr.on_egress(&syn_ack_isn(1_000, 9), &BITS);
+        assert_eq!(tr.on_abandon(&gave_up(S, 9, Some(0), 0), &BITS), None);
+        // Already reported at the second retransmission.
+        let mut tr = Tracker::default();
+        tr.on_retrans(&syn_isn(S, 9), &BITS);
+        assert!(tr.on_retrans(&syn_isn(3 * S, 9), &BITS).is_some());
+        assert_eq!(tr.on_abandon(&gave_up(4 * S, 9, Some(2), 0), &BITS), None);
+        // Another connection on the tuple gave up: it is a death of its own.
+        assert!(tr
+            .on_abandon(&gave_up(9 * S, 10, Some(0), 0), &BITS)
+            .is_some());
     }
 }

@@ -5,7 +5,11 @@ use std::collections::HashMap;
 
 use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
-use crate::model::packet::{Ct, Packet, Tuple};
+use crate::model::packet::{Abandon, Ct, Packet, Tuple};
+
+/// `ECONNREFUSED` (include/uapi/asm-generic/errno.h, the same on x86_64 and
+/// arm64): a RST answered the SYN, which the drop or the RST explains.
+const ECONNREFUSED: i32 = 111;
 
 /// A SYN sent this many times without an answer is a dead handshake: the
 /// first and two retransmissions (1 s and 3 s after it, Linux defaults).
@@ -40,6 +44,14 @@ pub struct Flow {
     pub first_ns: u64,
     pub last_ns: u64,
     pub syns: u32,
+    /// The first transmission was not seen: counted from a retransmission or
+    /// from the socket's own count.
+    pub first_unseen: bool,
+    /// The client's ISN (0: unknown): another ISN on the same tuple is
+    /// another connection.
+    pub isn: u32,
+    /// The client's connect() ended in SYN-SENT: its `sk_err`.
+    pub gave_up: Option<i32>,
     pub answered: bool,
     pub reported: bool,
     /// Where the (last) SYN left: namespace and device.
@@ -102,7 +114,78 @@ impl Tracker {
             self.on_rst(p);
             return None;
         }
-        let flow = self.count(p, bits)?;
+        let flow = self.count(p, bits, false)?;
+        Some(self.dead(flow, bits))
+    }
+
+    /// A SYN (or SYN-ACK) a local socket retransmitted: one more
+    /// transmission, and proof of one before it, seen or not (the device
+    /// probe is armed on demand, after the first).
+    pub fn on_retrans(&mut self, p: &Packet, bits: &CtBits) -> Option<Dead> {
+        let flow = self.count(p, bits, true)?;
+        Some(self.dead(flow, bits))
+    }
+
+    /// A local client's connect() ended in SYN-SENT: its handshake is dead
+    /// now, however few transmissions it had, unless something answered it
+    /// (a SYN-ACK seen, a RST refusing it) or it was reported already.
+    pub fn on_abandon(&mut self, a: &Abandon, bits: &CtBits) -> Option<Dead> {
+        if a.err == ECONNREFUSED {
+            return None;
+        }
+        let p = &a.packet;
+        // A socket's ends are its connection's original tuple.
+        let f = self.flow_for(p.tuple, p, p.ts_ns);
+        let sent = a.retransmits.map_or(1, |r| r.saturating_add(1));
+        if f.syns < sent {
+            // The socket sent more than kdrop saw: the first among them.
+            f.first_unseen = true;
+            f.syns = sent;
+        }
+        f.gave_up = Some(a.err);
+        if f.answered || f.reported {
+            return None;
+        }
+        f.reported = true;
+        let flow = f.clone();
+        Some(self.dead(flow, bits))
+    }
+
+    /// The flow of `key` for the handshake `p` belongs to: a new one when
+    /// the tuple is new or carried another connection (another ISN).
+    fn flow_for(&mut self, key: Tuple, p: &Packet, now_ns: u64) -> &mut Flow {
+        if self.flows.len() >= MAX_FLOWS && !self.flows.contains_key(&key) {
+            self.expire(now_ns.saturating_add(FORGET_AFTER_NS));
+        }
+        let fresh = || Flow {
+            orig: key,
+            ct: None,
+            first_ns: now_ns,
+            last_ns: now_ns,
+            syns: 0,
+            first_unseen: false,
+            isn: p.isn,
+            gave_up: None,
+            answered: false,
+            reported: false,
+            netns: p.netns,
+            ifindex: p.ifindex,
+            wire: p.tuple,
+        };
+        let f = self.flows.entry(key).or_insert_with(fresh);
+        if p.isn != 0 && f.isn != 0 && p.isn != f.isn {
+            // The client reused its port: another connection, another
+            // handshake (RFC 9293 3.4.1: a new ISN).
+            *f = fresh();
+        }
+        if f.isn == 0 {
+            f.isn = p.isn;
+        }
+        f
+    }
+
+    /// A dead handshake: unanswered, or looped back through a load balancer.
+    fn dead(&mut self, flow: Flow, bits: &CtBits) -> Dead {
         // The same client endpoint with another destination, one of the two
         // DNAT'd without SNAT: the SYN looped back through a load balancer.
         // Whichever reached the count first (a flow followed from its
@@ -125,7 +208,7 @@ impl Tracker {
             })
             .cloned();
         let (first, back) = match looped {
-            None => return Some(Dead::Unanswered(Box::new(flow))),
+            None => return Dead::Unanswered(Box::new(flow)),
             Some(o) if dnat_only(&o) => (flow, o),
             Some(o) => (o, flow),
         };
@@ -134,17 +217,20 @@ impl Tracker {
                 f.reported = true;
             }
         }
-        Some(Dead::LoopedBack(Box::new((first, back))))
+        Dead::LoopedBack(Box::new((first, back)))
     }
 
-    fn count(&mut self, p: &Packet, bits: &CtBits) -> Option<Flow> {
+    fn count(&mut self, p: &Packet, bits: &CtBits, retrans: bool) -> Option<Flow> {
         let syn = p.tcp_flags & TCP_SYN != 0;
         let ack = p.tcp_flags & TCP_ACK != 0;
         if syn && ack {
             // A SYN-ACK leaving answers the flow it replies to.
             let key = p.ct.map_or(p.tuple.reversed(), |c| c.orig);
             if let Some(f) = self.flows.get_mut(&key) {
-                f.answered = true;
+                // Unless it answers another connection on the same tuple.
+                if p.isn == 0 || f.isn == 0 || p.isn == f.isn {
+                    f.answered = true;
+                }
             }
             if self.syn_acks.len() >= MAX_FLOWS && !self.syn_acks.contains_key(&p.tuple) {
                 // A SYN-ACK flood: keep the last second's.
@@ -166,42 +252,38 @@ impl Tracker {
             return None;
         }
         let key = p.ct.map_or(p.tuple, |c| c.orig);
-        if self.flows.len() >= MAX_FLOWS && !self.flows.contains_key(&key) {
-            self.expire(p.ts_ns.saturating_add(FORGET_AFTER_NS));
+        let f = self.flow_for(key, p, p.ts_ns);
+        let another = f.syns == 0 || p.ts_ns.saturating_sub(f.last_ns) >= SAME_TRANSMISSION_NS;
+        if retrans && f.syns == 0 {
+            // The transmission this one repeats, before kdrop saw any.
+            f.syns = 1;
+            f.first_unseen = true;
         }
-        let f = self.flows.entry(key).or_insert_with(|| Flow {
-            orig: key,
-            ct: None,
-            first_ns: p.ts_ns,
-            last_ns: p.ts_ns,
-            syns: 0,
-            answered: false,
-            reported: false,
-            netns: p.netns,
-            ifindex: p.ifindex,
-            wire: p.tuple,
-        });
-        if f.syns == 0 || p.ts_ns.saturating_sub(f.last_ns) >= SAME_TRANSMISSION_NS {
+        if another {
             f.syns += 1;
         }
         f.last_ns = p.ts_ns;
-        f.netns = p.netns;
-        f.ifindex = p.ifindex;
-        f.wire = p.tuple;
+        // A socket's retransmission has no device and no entry: where its
+        // SYN left, if seen, stands.
+        if !retrans || f.ifindex == 0 {
+            f.netns = p.netns;
+            f.ifindex = p.ifindex;
+            f.wire = p.tuple;
+        }
         if let Some(ct) = p.ct {
             f.ct = Some(ct);
             if ct.status & bits.seen_reply != 0 {
                 f.answered = true;
             }
-            if ct.status & bits.dst_nat != 0 {
-                self.dnat_replies.insert(ct.reply, key);
-            }
         }
-        if f.syns >= UNANSWERED_AFTER && !f.answered && !f.reported {
+        let dead = (f.syns >= UNANSWERED_AFTER && !f.answered && !f.reported).then(|| {
             f.reported = true;
-            return Some(f.clone());
+            f.clone()
+        });
+        if let Some(ct) = p.ct.filter(|c| c.status & bits.dst_nat != 0) {
+            self.dnat_replies.insert(ct.reply, key);
         }
-        None
+        dead
     }
 
     /// A NAT'd conntrack entry was created (ctnetlink NEW event, `now_ns`
@@ -228,6 +310,9 @@ impl Tracker {
             first_ns: now_ns,
             last_ns: now_ns,
             syns: 1,
+            first_unseen: false,
+            isn: 0,
+            gave_up: None,
             answered: false,
             reported: false,
             netns,

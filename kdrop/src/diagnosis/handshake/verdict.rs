@@ -37,10 +37,22 @@ struct Handshake {
     id: u64,
     verdict: Finding,
     last_ns: u64,
+    /// The client's ISN (0: unknown).
+    isn: u32,
+}
+
+impl Handshake {
+    /// Is a record of the client's connection with ISN `isn` at `now_ns`
+    /// this handshake? Not when it is stale, nor when both ISNs are known and
+    /// differ: the client reused its port for another connection.
+    fn current(&self, isn: u32, now_ns: u64) -> bool {
+        now_ns.saturating_sub(self.last_ns) < FORGET_AFTER_NS
+            && (isn == 0 || self.isn == 0 || isn == self.isn)
+    }
 }
 
 /// Handshakes by their client's end (address and port as the client sent
-/// them, before any NAT on the way).
+/// them, before any NAT on the way) and its ISN, which NAT leaves alone.
 #[derive(Debug, Default)]
 pub struct Verdicts {
     by_client: HashMap<SocketAddr, Handshake>,
@@ -52,7 +64,13 @@ impl Verdicts {
     /// handshake of `client` at `now_ns`; returns the handshake's id and the
     /// finding the record carries: `found` when it is the strongest yet, else
     /// the handshake's verdict with `found`'s summary added as evidence.
-    pub fn fold(&mut self, client: SocketAddr, found: Finding, now_ns: u64) -> (u64, Finding) {
+    pub fn fold(
+        &mut self,
+        client: SocketAddr,
+        isn: u32,
+        found: Finding,
+        now_ns: u64,
+    ) -> (u64, Finding) {
         if self.by_client.len() >= MAX_HANDSHAKES && !self.by_client.contains_key(&client) {
             let cutoff = now_ns.saturating_sub(FORGET_AFTER_NS);
             self.by_client.retain(|_, h| h.last_ns >= cutoff);
@@ -61,8 +79,11 @@ impl Verdicts {
             }
         }
         if let Some(h) = self.by_client.get_mut(&client) {
-            if now_ns.saturating_sub(h.last_ns) < FORGET_AFTER_NS {
+            if h.current(isn, now_ns) {
                 h.last_ns = now_ns;
+                if h.isn == 0 {
+                    h.isn = isn;
+                }
                 // The same cause again (a retransmission): the record keeps
                 // its own evidence (the kernel's lookups for that packet),
                 // and it is the newest word on the handshake.
@@ -80,21 +101,27 @@ impl Verdicts {
                 return (h.id, verdict);
             }
         }
-        self.new_handshake(client, found, now_ns)
+        self.new_handshake(client, isn, found, now_ns)
     }
 
     /// The id and verdict of `client`'s handshake, if it has one that is
     /// still current: for a record that found nothing by itself.
-    pub fn join(&mut self, client: SocketAddr, now_ns: u64) -> Option<(u64, Finding)> {
+    pub fn join(&mut self, client: SocketAddr, isn: u32, now_ns: u64) -> Option<(u64, Finding)> {
         let h = self.by_client.get_mut(&client)?;
-        if now_ns.saturating_sub(h.last_ns) >= FORGET_AFTER_NS {
+        if !h.current(isn, now_ns) {
             return None;
         }
         h.last_ns = h.last_ns.max(now_ns);
         Some((h.id, h.verdict.clone()))
     }
 
-    fn new_handshake(&mut self, client: SocketAddr, found: Finding, now_ns: u64) -> (u64, Finding) {
+    fn new_handshake(
+        &mut self,
+        client: SocketAddr,
+        isn: u32,
+        found: Finding,
+        now_ns: u64,
+    ) -> (u64, Finding) {
         self.next_id += 1;
         let id = self.next_id;
         self.by_client.insert(
@@ -103,6 +130,7 @@ impl Verdicts {
                 id,
                 verdict: found.clone(),
                 last_ns: now_ns,
+                isn,
             },
         );
         (id, found)
@@ -126,12 +154,13 @@ mod tests {
     fn a_weaker_cause_carries_the_verdict_and_adds_what_it_saw() {
         let mut v = Verdicts::default();
         let client: SocketAddr = "10.244.1.5:43534".parse().unwrap();
-        let (id, f) = v.fold(client, finding("hairpin_no_reverse_nat", "hairpin"), 1);
+        let (id, f) = v.fold(client, 0, finding("hairpin_no_reverse_nat", "hairpin"), 1);
         assert_eq!((id, f.cause), (1, "hairpin_no_reverse_nat"));
         // The same handshake's SYN, counted unanswered three times later:
         // not a second, contradicting cause.
         let (id2, f) = v.fold(
             client,
+            0,
             finding("asymmetric_return_path", "asym"),
             3_000_000_000,
         );
@@ -143,15 +172,15 @@ mod tests {
         );
         // A stronger cause upgrades the verdict.
         let other: SocketAddr = "10.244.1.5:43600".parse().unwrap();
-        let (a, f) = v.fold(other, finding("unanswered", "u"), 1);
+        let (a, f) = v.fold(other, 0, finding("unanswered", "u"), 1);
         assert_eq!(f.cause, "unanswered");
-        let (b, f) = v.fold(other, finding("lb_loopback_without_snat", "lb"), 2);
+        let (b, f) = v.fold(other, 0, finding("lb_loopback_without_snat", "lb"), 2);
         assert_eq!((a, f.cause), (b, "lb_loopback_without_snat"));
         assert_ne!(a, id);
         // The same cause again keeps the record's own evidence.
         let mut again = finding("lb_loopback_without_snat", "lb");
         again.evidence = vec!["the kernel's own lookups".into()];
-        let (_, f) = v.fold(other, again, 3);
+        let (_, f) = v.fold(other, 0, again, 3);
         assert_eq!(f.evidence, ["the kernel's own lookups"]);
     }
 
@@ -159,20 +188,20 @@ mod tests {
     fn a_record_without_a_finding_joins_its_handshake() {
         let mut v = Verdicts::default();
         let client: SocketAddr = "10.245.2.5:46702".parse().unwrap();
-        assert_eq!(v.join(client, 1), None, "no handshake yet");
-        let (id, _) = v.fold(client, finding("lb_loopback_without_snat", "lb"), 1);
-        let (joined, f) = v.join(client, 2).unwrap();
+        assert_eq!(v.join(client, 0, 1), None, "no handshake yet");
+        let (id, _) = v.fold(client, 0, finding("lb_loopback_without_snat", "lb"), 1);
+        let (joined, f) = v.join(client, 0, 2).unwrap();
         assert_eq!((joined, f.cause), (id, "lb_loopback_without_snat"));
         // Not a forgotten one.
-        assert_eq!(v.join(client, 2 + FORGET_AFTER_NS), None);
+        assert_eq!(v.join(client, 0, 2 + FORGET_AFTER_NS), None);
     }
 
     #[test]
     fn a_later_attempt_from_the_same_port_is_a_new_handshake() {
         let mut v = Verdicts::default();
         let client: SocketAddr = "192.0.2.1:40000".parse().unwrap();
-        let (a, _) = v.fold(client, finding("rp_filter_strict", "s"), 1);
-        let (b, f) = v.fold(client, finding("no_socket", "n"), 1 + FORGET_AFTER_NS);
+        let (a, _) = v.fold(client, 0, finding("rp_filter_strict", "s"), 1);
+        let (b, f) = v.fold(client, 0, finding("no_socket", "n"), 1 + FORGET_AFTER_NS);
         assert_ne!(a, b);
         assert_eq!(f.cause, "no_socket");
     }
@@ -208,7 +237,7 @@ mod tests {
     fn an_equally_strong_or_same_worded_cause_keeps_the_verdict() {
         let mut v = Verdicts::default();
         let client: SocketAddr = "10.244.1.5:43534".parse().unwrap();
-        v.fold(client, finding("hairpin_no_reverse_nat", "hairpin"), 1);
+        v.fold(client, 0, finding("hairpin_no_reverse_nat", "hairpin"), 1);
         // Each record carries the verdict with its own line added (the
         // verdict itself does not grow).
         for (found, line) in [
@@ -221,7 +250,7 @@ mod tests {
                 "this packet of the same handshake, by itself: hairpin [unanswered]",
             ),
         ] {
-            let (_, f) = v.fold(client, found, 2);
+            let (_, f) = v.fold(client, 0, found, 2);
             assert_eq!(f.cause, "hairpin_no_reverse_nat");
             assert_eq!(f.evidence, ["own", line]);
         }
@@ -237,9 +266,9 @@ mod tests {
     #[test]
     fn below_the_limit_no_handshake_is_forgotten_for_another() {
         let mut v = Verdicts::default();
-        let (id, _) = v.fold(client(0), finding("no_socket", "n"), 1);
-        v.fold(client(1), finding("no_socket", "n"), 2 + FORGET_AFTER_NS);
-        assert_eq!(v.join(client(0), 2).map(|(i, _)| i), Some(id));
+        let (id, _) = v.fold(client(0), 0, finding("no_socket", "n"), 1);
+        v.fold(client(1), 0, finding("no_socket", "n"), 2 + FORGET_AFTER_NS);
+        assert_eq!(v.join(client(0), 0, 2).map(|(i, _)| i), Some(id));
     }
 
     /// A full table forgets the idle handshakes first, and everything when
@@ -248,27 +277,51 @@ mod tests {
     fn a_full_table_makes_room() {
         let mut v = Verdicts::default();
         for i in 0..MAX_HANDSHAKES - 1 {
-            v.fold(client(i), finding("no_socket", "n"), 1);
+            v.fold(client(i), 0, finding("no_socket", "n"), 1);
         }
         let recent = client(MAX_HANDSHAKES);
-        let (id, _) = v.fold(recent, finding("no_socket", "n"), FORGET_AFTER_NS + 5);
+        let (id, _) = v.fold(recent, 0, finding("no_socket", "n"), FORGET_AFTER_NS + 5);
         v.fold(
             client(MAX_HANDSHAKES + 1),
+            0,
             finding("no_socket", "n"),
             FORGET_AFTER_NS + 10,
         );
         assert_eq!(
-            v.join(recent, FORGET_AFTER_NS + 10).map(|(i, _)| i),
+            v.join(recent, 0, FORGET_AFTER_NS + 10).map(|(i, _)| i),
             Some(id)
         );
         assert_eq!(v.by_client.len(), 2);
 
         let mut v = Verdicts::default();
         for i in 0..MAX_HANDSHAKES {
-            v.fold(client(i), finding("no_socket", "n"), 1);
+            v.fold(client(i), 0, finding("no_socket", "n"), 1);
         }
-        v.fold(client(MAX_HANDSHAKES), finding("no_socket", "n"), 2);
-        assert_eq!(v.join(client(0), 2), None);
+        v.fold(client(MAX_HANDSHAKES), 0, finding("no_socket", "n"), 2);
+        assert_eq!(v.join(client(0), 0, 2), None);
         assert_eq!(v.by_client.len(), 1);
+    }
+
+    #[test]
+    fn a_reused_client_port_is_another_handshake() {
+        let mut v = Verdicts::default();
+        let client: SocketAddr = "10.0.0.2:40000".parse().unwrap();
+        // A connection to port 81 dropped by a rule...
+        let (a, _) = v.fold(client, 7, finding("netfilter", "port 81 rule"), 1);
+        // ...then the same client port, another ISN: its records neither
+        // join nor carry the port-81 verdict.
+        assert_eq!(v.join(client, 9, 2), None);
+        let (b, f) = v.fold(client, 9, finding("unanswered", "u"), 3);
+        assert_ne!(a, b);
+        assert_eq!(f.cause, "unanswered");
+        assert_eq!(f.evidence, ["own"], "nothing of the other connection");
+        // The port-81 handshake is gone (one per client end): a late record
+        // of it is a handshake of its own, not the port-80 one.
+        let (c, _) = v.fold(client, 7, finding("netfilter", "again"), 4);
+        assert!(c != a && c != b);
+        // Unknown ISNs (bundles from before) still fold by the client end.
+        assert_eq!(v.join(client, 0, 5).map(|(i, _)| i), Some(c));
+        let (d, f) = v.fold(client, 0, finding("unanswered", "u"), 6);
+        assert_eq!((d, f.cause), (c, "netfilter"));
     }
 }

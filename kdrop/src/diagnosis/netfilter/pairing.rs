@@ -90,6 +90,7 @@ mod tests {
             sport,
             dport: 80,
             tcp_flags: TCP_SYN,
+            isn: 0,
             fib: Vec::new(),
             ct: None,
             src_check: None,
