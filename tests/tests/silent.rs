@@ -75,9 +75,13 @@ fn given_up_on_a_full_listener(name: &str, net: u8, timeout: Duration, sport: u1
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
+    // Whichever came first: the client closing in SYN-SENT, or (racing a
+    // 3 s timeout) the SYN's second retransmission.
     let sent = ev[0];
     assert!(
-        sent.contains("then the client's connect() ended in SYN-SENT: the application closed it"),
+        sent.contains("then the client's connect() ended in SYN-SENT: the application closed it")
+            || (timeout >= Duration::from_secs(3)
+                && sent.contains(": 3 transmissions of the same SYN")),
         "{sent}"
     );
     let done = k.stop(libc::SIGINT);
@@ -92,4 +96,190 @@ fn a_client_giving_up_after_3s_on_a_full_accept_queue_gets_its_verdict() {
 #[test]
 fn a_client_giving_up_after_1s_on_a_full_accept_queue_gets_its_verdict() {
     given_up_on_a_full_listener("sd1", 212, Duration::from_millis(1000), 42012);
+}
+
+/// Client (10.<net>.0.1) — router — server (10.<net+1>.0.2): the router
+/// forwards, and drops what goes to port 81 in FORWARD.
+struct Routed {
+    client: Ns,
+    _router: Ns,
+    server: Ns,
+    net: u8,
+}
+
+fn routed(name: &str, net: u8) -> Routed {
+    let ns = |s: &str| Ns::new(&integration_tests::ns_name(&format!("{name}-{s}"))).unwrap();
+    let (client, router, server) = (ns("c"), ns("r"), ns("s"));
+    integration_tests::veth(
+        &client,
+        "c0",
+        "02:00:00:00:d1:01",
+        &router,
+        "r0",
+        "02:00:00:00:d1:02",
+    )
+    .unwrap();
+    integration_tests::veth(
+        &router,
+        "r1",
+        "02:00:00:00:d2:01",
+        &server,
+        "s0",
+        "02:00:00:00:d2:02",
+    )
+    .unwrap();
+    let far = net + 1;
+    for (n, dev, addr) in [
+        (&client, "c0", format!("10.{net}.0.1/24")),
+        (&router, "r0", format!("10.{net}.0.254/24")),
+        (&router, "r1", format!("10.{far}.0.254/24")),
+        (&server, "s0", format!("10.{far}.0.2/24")),
+    ] {
+        n.ip(&["addr", "add", &addr, "dev", dev]).unwrap();
+    }
+    client
+        .ip(&["route", "add", "default", "via", &format!("10.{net}.0.254")])
+        .unwrap();
+    server
+        .ip(&["route", "add", "default", "via", &format!("10.{far}.0.254")])
+        .unwrap();
+    for n in [&client, &router, &server] {
+        n.sysctl("net/ipv4/conf/all/rp_filter", "0").unwrap();
+        n.sysctl("net/ipv4/conf/default/rp_filter", "0").unwrap();
+    }
+    router.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    router
+        .exec(
+            "iptables",
+            &["-A", "FORWARD", "-p", "tcp", "--dport", "81", "-j", "DROP"],
+        )
+        .unwrap();
+    Routed {
+        client,
+        _router: router,
+        server,
+        net,
+    }
+}
+
+/// Connections from `ports` (round robin, each reused many times) to
+/// `dst` from the namespace at `netns`, each given `timeout` and closed
+/// with a RST (SO_LINGER 0: no TIME_WAIT keeps the port); `n` of them, or
+/// until `stop`. How many opened, and how many were tried.
+fn churn(
+    netns: &std::path::Path,
+    net: u8,
+    ports: std::ops::Range<u16>,
+    dst: SocketAddr,
+    n: u32,
+    timeout_ms: i32,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (u32, u32) {
+    use std::os::fd::AsRawFd as _;
+    let (mut ok, mut tried) = (0, 0);
+    while tried < n && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let port = ports.start + (tried % u32::from(ports.end - ports.start)) as u16;
+        tried += 1;
+        let src: SocketAddr = format!("10.{net}.0.1:{port}").parse().unwrap();
+        let fd = integration_tests::send_syn_at(netns, src, dst);
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, timeout_ms) } == 1 && pfd.revents & libc::POLLERR == 0 {
+            ok += 1;
+        }
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid linger for a socket we own.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                size_of::<libc::linger>() as u32,
+            )
+        };
+    }
+    (ok, tried)
+}
+
+/// A healthy port beside a dropped one, the client reusing its ports for
+/// both (as busy clients do), traced on the router by monitor mode with its
+/// per-second event cap (which leaves SYN-ACKs unseen): no finding for the
+/// healthy port, only the rule for the dropped one. Each reused port is a
+/// new connection (another ISN), never a retransmission of the last.
+#[test]
+fn control_healthy_churn_beside_drops_on_reused_ports_has_no_false_deaths() {
+    let r = routed("sdctl", 213);
+    let far = r.net + 1;
+    let web: SocketAddr = format!("10.{far}.0.2:80").parse().unwrap();
+    let dropped: SocketAddr = format!("10.{far}.0.2:81").parse().unwrap();
+    // Accepts and closes: a healthy server on 80.
+    let l = integration_tests::listen(&r.server, web);
+    l.set_nonblocking(false).unwrap();
+    let server = std::thread::spawn(move || {
+        for s in l.incoming() {
+            match s {
+                Ok(s) => drop(s),
+                Err(_) => return,
+            }
+        }
+    });
+    let k = Kdrop::start(&[
+        "monitor",
+        "--port",
+        "80",
+        "--port",
+        "81",
+        "--events-per-sec",
+        "20",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let ports = 43000..43256;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dropper = {
+        let (ports, stop, path, net) = (ports.clone(), stop.clone(), r.client.path(), r.net);
+        // Attempts at the dropped port from the same ports, each given up
+        // after 1.5 s (two transmissions), while the healthy churn runs.
+        std::thread::spawn(move || churn(&path, net, ports, dropped, u32::MAX, 1500, &stop))
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let healthy = churn(&r.client.path(), r.net, ports, web, 20_000, 1000, &never);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (opened, tried) = dropper.join().unwrap();
+    assert_eq!(opened, 0, "port 81 is dropped");
+    assert!(tried >= 2, "{tried} attempts at port 81");
+    assert_eq!(healthy, (20_000, 20_000), "every healthy connection opened");
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+    let events = done.events();
+    let to_81: Vec<_> = events.iter().filter(|e| e["dport"] == 81).collect();
+    assert!(!to_81.is_empty(), "the port-81 drops were reported");
+    for e in &to_81 {
+        assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e:#}");
+    }
+    let dropped_ids: Vec<&serde_json::Value> = to_81.iter().map(|e| &e["handshake"]).collect();
+    // The healthy port: no death counted from other connections' SYNs, no
+    // verdict of a port-81 connection that used the same client port.
+    // (Left, #24: this RST-closing churn also makes the kernel free a few
+    // port-80 SYNs as duplicates and refuse a few SYN-ACKs, which kdrop
+    // reports as weak duplicate_syn / syn_ack_reset records.)
+    for e in events.iter().filter(|e| e["dport"] == 80) {
+        let cause = e["finding"]["cause"].as_str().unwrap_or("none");
+        assert!(
+            !matches!(cause, "unanswered" | "listen_overflow")
+                && !cause.starts_with("netfilter")
+                && !dropped_ids.contains(&&e["handshake"]),
+            "a false death on the healthy port: {e:#}"
+        );
+    }
+    // The accept loop ends with the process; the namespaces go now.
+    drop(server);
 }
