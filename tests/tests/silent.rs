@@ -238,11 +238,11 @@ fn control_healthy_churn_beside_drops_on_reused_ports_has_no_false_deaths() {
         "--port",
         "81",
         "--events-per-sec",
-        "20",
+        "10",
         "--listen",
         "127.0.0.1:0",
     ]);
-    let ports = 43000..43256;
+    let ports = 43000..43064;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dropper = {
         let (ports, stop, path, net) = (ports.clone(), stop.clone(), r.client.path(), r.net);
@@ -251,12 +251,12 @@ fn control_healthy_churn_beside_drops_on_reused_ports_has_no_false_deaths() {
         std::thread::spawn(move || churn(&path, net, ports, dropped, u32::MAX, 1500, &stop))
     };
     let never = std::sync::atomic::AtomicBool::new(false);
-    let healthy = churn(&r.client.path(), r.net, ports, web, 20_000, 1000, &never);
+    let healthy = churn(&r.client.path(), r.net, ports, web, 30_000, 1000, &never);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (opened, tried) = dropper.join().unwrap();
     assert_eq!(opened, 0, "port 81 is dropped");
     assert!(tried >= 2, "{tried} attempts at port 81");
-    assert_eq!(healthy, (20_000, 20_000), "every healthy connection opened");
+    assert_eq!(healthy, (30_000, 30_000), "every healthy connection opened");
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
     let events = done.events();
