@@ -9,7 +9,7 @@ mod pods;
 use std::collections::{HashMap, VecDeque};
 
 use crate::{
-    context::{NetnsName, Node},
+    context::{conntrack_lookup::Side, NetnsName, Node},
     diagnosis::{
         handshake::{
             verdict::{self, Verdicts},
@@ -206,14 +206,17 @@ impl<N: Node> Enricher<N> {
     /// caller's: a replay passes the recorded one), every one with
     /// `u64::MAX` when tracing ends.
     pub fn due(&mut self, now: u64) -> Vec<DropRecord> {
+        // At the end nothing is overdue: a retransmission's time had not come.
+        let mut out = if now == u64::MAX {
+            Vec::new()
+        } else {
+            self.given_up(now)
+        };
         let resets = self.tracker.due_resets(now);
-        let mut out: Vec<DropRecord> = resets
-            .iter()
-            .map(|r| {
-                let rec = self.reset(r);
-                self.fold(rec, r.rst.ts_ns, r.rst.isn)
-            })
-            .collect();
+        for r in &resets {
+            let rec = self.reset(r);
+            out.push(self.fold(rec, r.rst.ts_ns, r.rst.isn));
+        }
         while self
             .held
             .front()
@@ -221,6 +224,46 @@ impl<N: Node> Enricher<N> {
         {
             let (ts, isn, r) = self.held.pop_front().expect("front exists");
             out.push(self.fold(r, ts, isn));
+        }
+        out
+    }
+
+    /// Handshakes followed through their conntrack entries whose clients
+    /// stopped retransmitting (a client elsewhere that gave up): "unanswered"
+    /// records, unless the entry, asked now, shows a reply kdrop missed.
+    fn given_up(&mut self, now: u64) -> Vec<DropRecord> {
+        let mut out = Vec::new();
+        for flow in self.tracker.overdue(now) {
+            let entry = self
+                .node
+                .conntrack_find(Side::Orig, &flow.orig, Some(flow.netns));
+            if entry
+                .as_ref()
+                .is_some_and(|e| e.ct.status & self.ct_bits.seen_reply != 0)
+            {
+                self.tracker.answered(&flow.orig);
+                continue;
+            }
+            self.tracker.reported(&flow.orig);
+            let mut flow = flow;
+            if let Some(e) = &entry {
+                flow.ct = Some(e.ct);
+            }
+            let mut r = self.unanswered(&flow, None);
+            if let (Some(f), Some(e)) = (r.finding.as_mut(), &entry) {
+                f.evidence.push(format!(
+                    "conntrack, asked now: the entry {} -> {} has still seen no reply{}",
+                    e.ct.orig.src,
+                    e.ct.orig.dst,
+                    e.tcp_state
+                        .map(|s| format!(
+                            " (state {})",
+                            crate::context::ctevents::parse::tcp_state_name(s)
+                        ))
+                        .unwrap_or_default()
+                ));
+            }
+            out.push(self.fold(r, flow.last_ns, flow.isn));
         }
         out
     }

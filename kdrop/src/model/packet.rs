@@ -36,7 +36,7 @@ pub struct Drop {
 }
 
 /// One direction of a conntrack entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Tuple {
     pub src: SocketAddr,
     pub dst: SocketAddr,

@@ -2,7 +2,7 @@
 //! return path, LB loopback, unanswered, SYN-ACK answered by a RST.
 use std::net::IpAddr;
 
-use super::tracker::{CtBits, Flow, Reset};
+use super::tracker::{CtBits, Flow, GaveUp, Reset};
 use crate::model::{
     finding::Finding,
     packet::{Ct, Tuple},
@@ -78,9 +78,18 @@ pub fn transmissions(flow: &Flow) -> String {
             flow.syns
         )
     };
-    if let Some(err) = flow.gave_up {
-        s.push_str("; then the client's connect() ended in SYN-SENT: ");
-        s.push_str(&gave_up_text(err));
+    match flow.gave_up {
+        Some(GaveUp::Socket(err)) => {
+            s.push_str("; then the client's connect() ended in SYN-SENT: ");
+            s.push_str(&gave_up_text(err));
+        }
+        Some(GaveUp::Silent { waited_ns }) => s.push_str(&format!(
+            "; no retransmission came in the {:.1}s after the last, though the next was due \
+             (Linux doubles the gap from 1 s): the client gave up, a connect timeout as short \
+             as that (or its retransmissions stopped reaching this host)",
+            waited_ns as f64 / 1e9
+        )),
+        None => {}
     }
     s
 }

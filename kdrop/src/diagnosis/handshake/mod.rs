@@ -11,7 +11,7 @@ pub use self::{
     findings::{reset, reset_seen, unanswered},
     loopback::{lb_loopback, looped_back},
     refused::{BridgeFacts, Refused, Translator},
-    tracker::{CtBits, Dead, Flow, Reset, Tracker, RESET_GRACE_NS, UNANSWERED_AFTER},
+    tracker::{CtBits, Dead, Flow, GaveUp, Reset, Tracker, RESET_GRACE_NS, UNANSWERED_AFTER},
 };
 
 #[cfg(test)]
@@ -1029,7 +1029,10 @@ pub(crate) mod tests {
         let Some(Dead::Unanswered(f)) = tr.on_abandon(&gave_up(S, 9, Some(0), 0), &BITS) else {
             panic!("given up is dead")
         };
-        assert_eq!((f.syns, f.gave_up, f.ifindex), (1, Some(0), 0));
+        assert_eq!(
+            (f.syns, f.gave_up, f.ifindex),
+            (1, Some(GaveUp::Socket(0)), 0)
+        );
         assert_eq!(
             findings::transmissions(&f),
             "1 transmission of the SYN, not answered; then the client's connect() ended in \
@@ -1042,7 +1045,10 @@ pub(crate) mod tests {
         else {
             panic!("given up is dead")
         };
-        assert_eq!((f.syns, f.gave_up, f.ifindex), (2, Some(110), 2));
+        assert_eq!(
+            (f.syns, f.gave_up, f.ifindex),
+            (2, Some(GaveUp::Socket(110)), 2)
+        );
         assert!(findings::transmissions(&f)
             .ends_with("the kernel gave up (ETIMEDOUT: net.ipv4.tcp_syn_retries spent)"));
         // Unknown retransmissions: at least the one.
@@ -1072,5 +1078,75 @@ pub(crate) mod tests {
         assert!(tr
             .on_abandon(&gave_up(9 * S, 10, Some(0), 0), &BITS)
             .is_some());
+    }
+
+    #[test]
+    fn a_tracked_handshake_whose_retransmissions_stop_is_overdue_once() {
+        const MS: u64 = 1_000_000;
+        let tracked = |ts| syn(ts, Some(dnat_ct(8)));
+        // One transmission, then nothing: due 1 s later, and some lateness.
+        let mut tr = Tracker::default();
+        assert_eq!(tr.on_egress(&tracked(0), &BITS), None);
+        assert!(tr.overdue(1_400 * MS).is_empty());
+        let [f] = &tr.overdue(1_500 * MS)[..] else {
+            panic!("overdue after 1.5 s")
+        };
+        assert_eq!(
+            (f.syns, f.gave_up),
+            (
+                1,
+                Some(GaveUp::Silent {
+                    waited_ns: 1_500 * MS
+                })
+            )
+        );
+        assert!(findings::transmissions(f).ends_with(
+            "no retransmission came in the 1.5s after the last, though the next was due (Linux \
+             doubles the gap from 1 s): the client gave up, a connect timeout as short as that \
+             (or its retransmissions stopped reaching this host)"
+        ));
+        assert!(tr.overdue(60_000 * MS).is_empty(), "once");
+        // A retransmission on time moves the deadline: the next gap is 2 s.
+        let mut tr = Tracker::default();
+        tr.on_egress(&tracked(0), &BITS);
+        tr.on_egress(&tracked(1_000 * MS), &BITS);
+        assert!(tr.overdue(3_400 * MS).is_empty());
+        let [f] = &tr.overdue(3_500 * MS)[..] else {
+            panic!("overdue 2.5 s after the second")
+        };
+        assert_eq!(f.syns, 2);
+        // The caller found a reply in the entry: answered, never reported.
+        let mut tr = Tracker::default();
+        tr.on_egress(&tracked(0), &BITS);
+        let [f] = &tr.overdue(2_000 * MS)[..] else {
+            panic!()
+        };
+        tr.answered(&f.orig);
+        tr.on_egress(&tracked(3_000 * MS), &BITS);
+        assert!(tr.overdue(60_000 * MS).is_empty());
+    }
+
+    #[test]
+    fn only_unanswered_tracked_handshakes_become_overdue() {
+        const S: u64 = 1_000_000_000;
+        // No conntrack entry to ask: a local client's socket says it.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, None), &BITS);
+        assert!(tr.overdue(100 * S).is_empty());
+        // Answered.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS);
+        tr.on_egress(&syn(1_000, Some(dnat_ct(8 | BITS.seen_reply))), &BITS);
+        assert!(tr.overdue(100 * S).is_empty());
+        // Reported at its third transmission.
+        let mut tr = Tracker::default();
+        for ts in [0, S, 3 * S] {
+            tr.on_egress(&syn(ts, Some(dnat_ct(8))), &BITS);
+        }
+        assert!(tr.overdue(100 * S).is_empty());
+        // Followed from its entry's creation (a client elsewhere).
+        let mut tr = Tracker::default();
+        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        assert_eq!(tr.overdue(2 * S).len(), 1);
     }
 }

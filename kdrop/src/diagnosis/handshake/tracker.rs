@@ -1,7 +1,10 @@
 //! Following each handshake by its conntrack original tuple: SYNs, SYN-ACKs
 //! and RSTs leaving devices in; handshakes that died silently, or were
 //! refused with a RST, out.
-use std::collections::HashMap;
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+};
 
 use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
@@ -18,6 +21,13 @@ pub const UNANSWERED_AFTER: u32 = 3;
 /// this long is one transmission; retransmissions are at least 200 ms
 /// apart (TCP_RTO_MIN), the first one 1 s.
 const SAME_TRANSMISSION_NS: u64 = 150_000_000;
+/// A SYN's first retransmission comes `TCP_TIMEOUT_INIT` (1 s) after it,
+/// each next one after twice the gap before (`tcp_retransmit_timer`'s
+/// backoff, include/net/tcp.h and net/ipv4/tcp_timer.c as of v6.18).
+const FIRST_RTO_NS: u64 = 1_000_000_000;
+/// How long past its due time a retransmission may be late (timer slack,
+/// a slow guest) before kdrop takes it that the client gave up.
+const LATE_NS: u64 = 500_000_000;
 /// Flows idle this long are forgotten.
 pub(super) const FORGET_AFTER_NS: u64 = 60_000_000_000;
 /// At most this many flows are remembered (oldest dropped first).
@@ -50,8 +60,8 @@ pub struct Flow {
     /// The client's ISN (0: unknown): another ISN on the same tuple is
     /// another connection.
     pub isn: u32,
-    /// The client's connect() ended in SYN-SENT: its `sk_err`.
-    pub gave_up: Option<i32>,
+    /// The client gave up: how kdrop knows.
+    pub gave_up: Option<GaveUp>,
     pub answered: bool,
     pub reported: bool,
     /// Where the (last) SYN left: namespace and device.
@@ -59,6 +69,30 @@ pub struct Flow {
     pub ifindex: u32,
     /// The SYN as it left (after any DNAT).
     pub wire: Tuple,
+}
+
+impl Flow {
+    /// When the next retransmission of its SYN is overdue: the gap after
+    /// `syns` transmissions, doubled each time, and some lateness.
+    pub fn retransmission_due(&self) -> u64 {
+        let gap = FIRST_RTO_NS << self.syns.saturating_sub(1).min(6);
+        self.last_ns.saturating_add(gap).saturating_add(LATE_NS)
+    }
+
+    /// Still waiting for an answer, and followed through its entry.
+    fn waiting(&self) -> bool {
+        !self.answered && !self.reported && self.gave_up.is_none() && self.ct.is_some()
+    }
+}
+
+/// How kdrop learned that a client gave up on its handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GaveUp {
+    /// Its socket left SYN-SENT for CLOSE with this `sk_err`.
+    Socket(i32),
+    /// No retransmission came this long after the last transmission,
+    /// though one was due (a client elsewhere: no socket here to ask).
+    Silent { waited_ns: u64 },
 }
 
 /// A SYN-ACK seen leaving a device (the first time its tuple did).
@@ -93,6 +127,9 @@ pub struct Tracker {
     syn_acks: HashMap<Tuple, SynAckSeen>,
     /// RSTs answering a SYN-ACK, held for `RESET_GRACE_NS`, by SYN-ACK.
     pending: HashMap<Tuple, Reset>,
+    /// When each unanswered tracked flow's next retransmission is overdue
+    /// (stale entries are skipped when popped).
+    deadlines: BinaryHeap<Reverse<(u64, Tuple)>>,
 }
 
 /// What a dead handshake turned out to be.
@@ -142,7 +179,7 @@ impl Tracker {
             f.first_unseen = true;
             f.syns = sent;
         }
-        f.gave_up = Some(a.err);
+        f.gave_up = Some(GaveUp::Socket(a.err));
         if f.answered || f.reported {
             return None;
         }
@@ -280,10 +317,68 @@ impl Tracker {
             f.reported = true;
             f.clone()
         });
+        let due = (dead.is_none() && f.ct.is_some()).then(|| f.retransmission_due());
         if let Some(ct) = p.ct.filter(|c| c.status & bits.dst_nat != 0) {
             self.dnat_replies.insert(ct.reply, key);
         }
+        if let Some(due) = due {
+            self.deadline(due, key);
+        }
         dead
+    }
+
+    fn deadline(&mut self, due: u64, key: Tuple) {
+        if self.deadlines.len() >= 4 * MAX_FLOWS {
+            // Mostly stale: rebuilt from the flows still waiting.
+            self.deadlines = self
+                .flows
+                .iter()
+                .filter(|(_, f)| f.waiting())
+                .map(|(k, f)| Reverse((f.retransmission_due(), *k)))
+                .collect();
+        }
+        self.deadlines.push(Reverse((due, key)));
+    }
+
+    /// Tracked flows (a conntrack entry says whether they were answered)
+    /// whose next retransmission is overdue at `now_ns`: their clients
+    /// gave up, unless the entry shows a reply kdrop did not see. Marked
+    /// given up; the caller asks conntrack, then reports or `answered`.
+    pub fn overdue(&mut self, now_ns: u64) -> Vec<Flow> {
+        let mut out = Vec::new();
+        while let Some(Reverse((due, key))) = self.deadlines.peek().copied() {
+            if due > now_ns {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(f) = self.flows.get_mut(&key) else {
+                continue;
+            };
+            // A later transmission moved its deadline: this one is stale.
+            if !f.waiting() || f.retransmission_due() != due {
+                continue;
+            }
+            f.gave_up = Some(GaveUp::Silent {
+                waited_ns: now_ns.saturating_sub(f.last_ns),
+            });
+            out.push(f.clone());
+        }
+        out
+    }
+
+    /// The caller found the flow's entry answered (SEEN_REPLY) after all.
+    pub fn answered(&mut self, key: &Tuple) {
+        if let Some(f) = self.flows.get_mut(key) {
+            f.answered = true;
+            f.gave_up = None;
+        }
+    }
+
+    /// The caller reported the flow.
+    pub fn reported(&mut self, key: &Tuple) {
+        if let Some(f) = self.flows.get_mut(key) {
+            f.reported = true;
+        }
     }
 
     /// A NAT'd conntrack entry was created (ctnetlink NEW event, `now_ns`
@@ -323,8 +418,12 @@ impl Tracker {
         if ct.status & bits.seen_reply != 0 {
             f.answered = true;
         }
+        let due = f.waiting().then(|| f.retransmission_due());
         if ct.status & bits.dst_nat != 0 {
             self.dnat_replies.insert(ct.reply, key);
+        }
+        if let Some(due) = due {
+            self.deadline(due, key);
         }
         let mut ends = vec![ct.orig.src];
         if ct.reply.dst != ct.orig.src {
