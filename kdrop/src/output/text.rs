@@ -37,6 +37,14 @@ pub fn text_line(r: &DropRecord) -> String {
     add(&mut peers, "client", &other(&p.client));
     add(&mut peers, "service", &p.service);
     add(&mut peers, "backend", &other(&p.backend));
+    // The listen watch's record: a listener, no client, no device.
+    if r.kind == "listen_overflow" {
+        return format!(
+            "{time} netns={netns} listener {} [SYN refused]{peers} {}",
+            r.dst(),
+            r.kind
+        );
+    }
     let what = match (r.kind, &r.reason) {
         ("drop", reason) => format!(
             "reason={} at={}",
