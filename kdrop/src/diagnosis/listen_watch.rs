@@ -97,8 +97,7 @@ pub fn watched(w: &Watched) -> Option<Finding> {
     let counters = counters_line_since(&f.counters, Some(w.base), since);
     if m.listen_overflows > 0 {
         let line = format!(
-            "TcpExt {} {}: SYNs to {} refused; the client is not on this node or not traced, \
-             so the counters (which name no address) are all there is",
+            "TcpExt {} {}: SYNs to {} refused (the counters name no client address)",
             moved_text(m),
             period(w),
             l.local
@@ -311,7 +310,7 @@ mod tests {
         assert!(
             fd.evidence[0].starts_with(
                 "TcpExt +2 ListenOverflows, +2 ListenDrops in the last 0.5 s: SYNs to \
-                 10.0.0.2:8080 refused; "
+                 10.0.0.2:8080 refused (the counters name no client address); "
             ),
             "{}",
             fd.evidence[0]

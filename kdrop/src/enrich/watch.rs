@@ -169,15 +169,10 @@ impl<N: Node> Enricher<N> {
                 w.pending.remove(&key);
                 continue;
             };
-            if !found.contains_key(&ns) {
-                let ls = self.node.listeners_of(ns, &w.ports);
-                found.insert(ns, ls);
-            }
-            let Some(mut f) = found[&ns]
-                .iter()
-                .find(|f| f.listener.local == local)
-                .cloned()
-            else {
+            let ls = found
+                .entry(ns)
+                .or_insert_with(|| self.node.listeners_of(ns, &w.ports));
+            let Some(mut f) = ls.iter().find(|f| f.listener.local == local).cloned() else {
                 // The listener is gone.
                 w.pending.remove(&key);
                 continue;
@@ -262,8 +257,6 @@ mod tests {
         enrich::Facts,
         model::listen::{ListenSysctls, Listener},
     };
-
-    const S: u64 = 1_000_000_000;
 
     fn enricher() -> Enricher<Replay> {
         Enricher::new(

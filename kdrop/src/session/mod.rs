@@ -198,6 +198,7 @@ impl Session {
             let header = s.header(r);
             s.tape = Some(TapeWriter::create(&r.path, r.max_bytes, &header)?);
         }
+        s.watch_baseline();
         Ok(s)
     }
 
