@@ -412,3 +412,70 @@ fn listen_overflow_in_monitor_metrics_and_events() {
     assert_eq!(e["dport"], 5013);
     assert_eq!(e["netns_name"], p.server.name.as_str());
 }
+
+/// A SYN queue full with SYN cookies off (clients that never send the final
+/// ACK), traced in the listener's namespace: `syn_queue_overflow`, with the
+/// request sockets `ss` counts and TCPReqQFullDrop as netstat shows it.
+#[test]
+fn syn_queue_overflow_from_the_counters() {
+    let p = Pair::new("lw4", 176);
+    p.server.sysctl("net/ipv4/tcp_syncookies", "0").unwrap();
+    let at = p.server_v4(5014);
+    let _l = listen_backlog(&p.server, at, 2);
+    in_ns(
+        &p.client,
+        &[
+            "iptables",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            "5014",
+            "--tcp-flags",
+            "SYN,ACK,RST,FIN",
+            "ACK",
+            "-j",
+            "DROP",
+        ],
+    );
+    let before = netstat(&p.server, "TCPReqQFullDrop");
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "--port", "5014"]);
+    let sent = Instant::now();
+    let clients: Vec<OwnedFd> = (0..6)
+        .map(|i| send_syn(&p.client, p.client_v4(43300 + i), at))
+        .collect();
+    let (_, e, after) = first_listen_overflow(&k, sent);
+    assert!(after < bound(Duration::from_millis(2500)), "{after:?}");
+    assert_eq!(e["finding"]["cause"], "syn_queue_overflow", "{e}");
+    assert_eq!(
+        (e["daddr"].as_str(), e["dport"].as_u64()),
+        (Some("10.176.0.2"), Some(5014))
+    );
+    let dropped = netstat(&p.server, "TCPReqQFullDrop") - before;
+    assert!(dropped >= 1, "netstat shows no TCPReqQFullDrop");
+    let (sq, b) = (
+        ss_syn_recv(&p.server, 5014),
+        ss_listen_queues(&p.server, at).1,
+    );
+    assert_eq!(b, 2);
+    let f = &e["finding"];
+    let summary = f["summary"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!(
+            "on {at} is full ({sq}/{b}) and SYN cookies are off: "
+        )),
+        "{summary} (ss: {sq} SYN-RECV, backlog {b})"
+    );
+    let ev0 = f["evidence"][0].as_str().unwrap();
+    assert!(ev0.contains(" TCPReqQFullDrop in the last "), "{ev0}");
+    assert_eq!(
+        f["evidence"][1],
+        format!(
+            "listener {at} in netns {}: SYN queue {sq} request sockets, backlog {b} (it bounds \
+             the SYN queue too: 6.18 refuses SYNs when more than {b} wait), accept queue 0 waiting",
+            p.server.name
+        )
+    );
+    drop(clients);
+}

@@ -123,8 +123,8 @@ pub fn watched(w: &Watched) -> Option<Finding> {
     let mut evidence = vec![
         format!("TcpExt {} {}", moved_text(m), period(w)),
         format!(
-            "listener {} in netns {}: SYN queue {sq} request sockets, backlog {b} (the SYN \
-             queue holds as many as the backlog), accept queue {q} waiting",
+            "listener {} in netns {}: SYN queue {sq} request sockets, backlog {b} (it bounds \
+             the SYN queue too: 6.18 refuses SYNs when more than {b} wait), accept queue {q} waiting",
             l.local, f.netns_name
         ),
         format!(

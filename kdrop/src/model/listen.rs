@@ -82,10 +82,11 @@ impl Listener {
         self.accept_queue > self.accept_backlog
     }
 
-    /// The SYN queue at its limit: as many request sockets as the backlog
-    /// (`inet_csk_reqsk_queue_is_full` compares them with
-    /// `sk_max_ack_backlog`; whether equal counts as full differs between
-    /// kernels, so equal is called full here, as evidence only).
+    /// The SYN queue at or past its limit: as many request sockets as the
+    /// backlog (`inet_csk_reqsk_queue_is_full` compares them with
+    /// `sk_max_ack_backlog`; 6.18 refuses only past it, holding backlog + 1
+    /// as `tests/tests/listeners.rs` shows; older kernels at it), so equal
+    /// is called full here, to blame a listener, never as a verdict.
     pub fn syn_queue_full(&self) -> bool {
         self.accept_backlog > 0 && self.syn_queue >= self.accept_backlog
     }

@@ -145,6 +145,17 @@ mod tests {
     use crate::{model::pod::PodId, output::tests::record};
 
     #[test]
+    fn a_listener_refusing_has_no_client_in_its_headline() {
+        let mut r = record();
+        r.kind = "listen_overflow";
+        r.ifname = String::new();
+        assert_eq!(
+            text_line(&r),
+            "06:03:07.123456 netns=node listener 10.0.2.20:8080 [SYN refused] listen_overflow"
+        );
+    }
+
+    #[test]
     fn text() {
         assert_eq!(
             text_line(&record()),
