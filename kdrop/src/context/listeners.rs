@@ -209,6 +209,27 @@ pub fn snapshot_in(netns: &Path) -> Result<ListenSnapshot> {
     in_netns(netns, snapshot)?
 }
 
+/// Is the listener on one of `ports` (any port when empty)?
+pub fn on_ports(l: &Listener, ports: &[u16]) -> bool {
+    ports.is_empty() || ports.contains(&l.local.port())
+}
+
+/// Does the namespace at `netns` have a TCP listener on one of `ports`
+/// (any when empty)? One sock_diag dump of listening sockets.
+pub fn listens_in(netns: &Path, ports: &[u16]) -> Result<bool> {
+    let ports = ports.to_vec();
+    in_netns(netns, move || -> Result<bool> {
+        Ok(assemble(&dump_sockets()?)
+            .iter()
+            .any(|l| on_ports(l, &ports)))
+    })?
+}
+
+/// The TcpExt counters of the namespace at `netns`: one file read.
+pub fn counters_in(netns: &Path) -> Result<ListenCounters> {
+    in_netns(netns, ListenCounters::read)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

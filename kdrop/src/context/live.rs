@@ -13,7 +13,7 @@ use anyhow::Result;
 use super::{
     conntrack_lookup::{lookup, Side},
     kube::KubeCache,
-    listeners::{listener_for, snapshot_in, ListenCounters},
+    listeners::{counters_in, listener_for, listens_in, on_ports, snapshot_in, ListenCounters},
     neighbours,
     netfilter::{conntrack::reply_holder, NetfilterContext},
     netns::{self, in_netns, IfNames, Netns, NetnsRegistry},
@@ -50,6 +50,9 @@ const HOLDER_FRESH: Duration = Duration::from_secs(1);
 const HOLDERS_KEPT: usize = 4096;
 /// Namespaces searched for an entry by tuple.
 const MAX_SEARCHED: usize = 64;
+/// Namespaces the listen watch looks at for listeners (one sock_diag dump
+/// each, every few seconds).
+const MAX_WATCHED: usize = 1024;
 
 pub struct Live {
     registry: NetnsRegistry,
@@ -371,6 +374,59 @@ impl Node for Live {
         }
         self.no_listener.insert(dst, Instant::now());
         None
+    }
+
+    fn listen_spaces(&mut self, ports: &[u16]) -> Vec<u32> {
+        let own = self.own_netns;
+        let mut out = vec![own];
+        for ns in self.registry.all().into_iter().take(MAX_WATCHED) {
+            if ns.inode == own {
+                continue;
+            }
+            match listens_in(&ns.path, ports) {
+                Ok(true) => out.push(ns.inode),
+                Ok(false) => {}
+                Err(e) => log::debug!("listeners of netns {}: {e:#}", ns.inode),
+            }
+        }
+        out
+    }
+
+    fn listen_counters(&mut self, netns: u32) -> Option<ListenCounters> {
+        let ns = self.registry.lookup(netns)?;
+        counters_in(&ns.path)
+            .map_err(|e| log::debug!("listen counters of netns {netns}: {e:#}"))
+            .ok()
+    }
+
+    fn listeners_of(&mut self, netns: u32, ports: &[u16]) -> Vec<ListenerFound> {
+        let Some(ns) = self.registry.lookup(netns) else {
+            return Vec::new();
+        };
+        let snap = match snapshot_in(&ns.path) {
+            Ok(s) => s,
+            Err(e) => {
+                log::debug!("listeners of netns {netns}: {e:#}");
+                return Vec::new();
+            }
+        };
+        snap.listeners
+            .iter()
+            .filter(|l| on_ports(l, ports))
+            .map(|l| {
+                let owners = self.holders.lookup(Held::Socket(l.inode));
+                ListenerFound {
+                    netns,
+                    netns_name: ns.name.clone().unwrap_or_else(|| netns.to_string()),
+                    exec: self.exec_in(&ns, owners.first().map(|p| p.pid)),
+                    listener: l.clone(),
+                    sysctls: snap.sysctls.clone(),
+                    counters: snap.counters.clone(),
+                    counters_before: None,
+                    owners,
+                }
+            })
+            .collect()
     }
 
     fn request_pending(

@@ -40,7 +40,7 @@ pub use self::{
 };
 use crate::diagnosis::kube::Services;
 use crate::model::{
-    listen::ListenerFound,
+    listen::{ListenCounters, ListenerFound},
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
     pod::Pod,
@@ -163,6 +163,16 @@ pub trait Node {
     /// every namespace of the node where `dst` is a local address; with its
     /// queues, sysctls, counters and owning processes.
     fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound>;
+    /// The namespaces whose listeners the listen watch reads: kdrop's own
+    /// and every one with a TCP listener on one of `ports` (any port when
+    /// empty).
+    fn listen_spaces(&mut self, ports: &[u16]) -> Vec<u32>;
+    /// The namespace's TcpExt listen counters now (one file read).
+    fn listen_counters(&mut self, netns: u32) -> Option<ListenCounters>;
+    /// The namespace's listeners on `ports` (every one when empty), each
+    /// with its queues, sysctls, counters and owning processes
+    /// (`counters_before` None).
+    fn listeners_of(&mut self, netns: u32, ports: &[u16]) -> Vec<ListenerFound>;
     /// Does a request socket `local` <- `remote` (SYN-RECV) wait in the
     /// namespace now? None when it cannot be read.
     fn request_pending(

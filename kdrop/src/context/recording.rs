@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::{conntrack_lookup::Side, tape::Line, NetnsName, Node};
 use crate::diagnosis::kube::Services;
 use crate::model::{
-    listen::ListenerFound,
+    listen::{ListenCounters, ListenerFound},
     neighbour::Neighbour,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
@@ -219,6 +219,24 @@ impl<N: Node> Node for Recorder<N> {
     fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
         let a = self.inner.listener(near, dst);
         self.keep(json!(["listener", near, dst]), &a);
+        a
+    }
+
+    fn listen_spaces(&mut self, ports: &[u16]) -> Vec<u32> {
+        let a = self.inner.listen_spaces(ports);
+        self.keep(json!(["listen_spaces", ports]), &a);
+        a
+    }
+
+    fn listen_counters(&mut self, netns: u32) -> Option<ListenCounters> {
+        let a = self.inner.listen_counters(netns);
+        self.keep(json!(["listen_counters", netns]), &a);
+        a
+    }
+
+    fn listeners_of(&mut self, netns: u32, ports: &[u16]) -> Vec<ListenerFound> {
+        let a = self.inner.listeners_of(netns, ports);
+        self.keep(json!(["listeners_of", netns, ports]), &a);
         a
     }
 

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::{conntrack_lookup::Side, tape::Line, NetnsName, Node};
 use crate::diagnosis::kube::Services;
 use crate::model::{
-    listen::ListenerFound,
+    listen::{ListenCounters, ListenerFound},
     neighbour::Neighbour,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
@@ -192,6 +192,21 @@ impl Node for Replay {
             .flatten()
     }
 
+    fn listen_spaces(&mut self, ports: &[u16]) -> Vec<u32> {
+        self.answer::<Vec<u32>>(json!(["listen_spaces", ports]))
+            .unwrap_or_default()
+    }
+
+    fn listen_counters(&mut self, netns: u32) -> Option<ListenCounters> {
+        self.answer::<Option<ListenCounters>>(json!(["listen_counters", netns]))
+            .flatten()
+    }
+
+    fn listeners_of(&mut self, netns: u32, ports: &[u16]) -> Vec<ListenerFound> {
+        self.answer::<Vec<ListenerFound>>(json!(["listeners_of", netns, ports]))
+            .unwrap_or_default()
+    }
+
     fn request_pending(
         &mut self,
         netns: u32,
@@ -313,6 +328,15 @@ mod tests {
         }
         fn request_pending(&mut self, _: u32, _: SocketAddr, _: SocketAddr) -> Option<bool> {
             None
+        }
+        fn listen_spaces(&mut self, _: &[u16]) -> Vec<u32> {
+            vec![7]
+        }
+        fn listen_counters(&mut self, _: u32) -> Option<ListenCounters> {
+            None
+        }
+        fn listeners_of(&mut self, _: u32, _: &[u16]) -> Vec<ListenerFound> {
+            Vec::new()
         }
         fn hook_programs(&mut self, _: u32, _: u32, _: &str) -> Option<HookProgs> {
             None

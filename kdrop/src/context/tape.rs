@@ -72,6 +72,13 @@ pub enum Line {
     /// Held records were looked at with this clock (None: all released,
     /// at exit).
     Due { now: Option<u64> },
+    /// The listen watch polled at `now`, watching `netns` (0: every
+    /// namespace with a listener on `ports`) and `ports` (empty: all).
+    Listen {
+        now: u64,
+        netns: u32,
+        ports: Vec<u16>,
+    },
     /// What the node answered to question `q` (a JSON array: the method
     /// and its arguments), from this line on, until another answer.
     Answer { q: String, a: serde_json::Value },

@@ -27,6 +27,9 @@ pub enum Seen {
     /// The final ACK was dropped (TCP_LISTEN_OVERFLOW); the line names the
     /// kernel's reason and location.
     FinalAck(String),
+    /// No packet seen: the namespace's counters moved (kdrop's listen
+    /// watch); the line says by how much, over how long.
+    Counters(String),
 }
 
 /// The processes as `comm (pid N)`, or what is known without them.
@@ -48,16 +51,25 @@ fn overflows_moved(f: &ListenerFound) -> bool {
         .is_some_and(|before| now > before)
 }
 
-fn counter_text(name: &str, now: Option<u64>, before: Option<u64>) -> Option<String> {
+fn counter_text(name: &str, now: Option<u64>, before: Option<u64>, since: &str) -> Option<String> {
     let now = now?;
     Some(match before {
-        Some(b) if now >= b => format!("{name} {now} (+{} since kdrop's previous read)", now - b),
+        Some(b) if now >= b => format!("{name} {now} (+{} {since})", now - b),
         _ => format!("{name} {now}"),
     })
 }
 
 /// The TcpExt counters of the listener's namespace, as evidence.
 pub fn counters_line(now: &ListenCounters, before: Option<&ListenCounters>) -> String {
+    counters_line_since(now, before, "since kdrop's previous read")
+}
+
+/// `counters_line` with the growth since `before` said as `since`.
+pub fn counters_line_since(
+    now: &ListenCounters,
+    before: Option<&ListenCounters>,
+    since: &str,
+) -> String {
     let parts: Vec<String> = [
         (
             "ListenOverflows",
@@ -75,13 +87,18 @@ pub fn counters_line(now: &ListenCounters, before: Option<&ListenCounters>) -> S
             before.and_then(|b| b.req_q_full_drop),
         ),
         (
+            "TCPReqQFullDoCookies",
+            now.req_q_full_do_cookies,
+            before.and_then(|b| b.req_q_full_do_cookies),
+        ),
+        (
             "SyncookiesSent",
             now.syncookies_sent,
             before.and_then(|b| b.syncookies_sent),
         ),
     ]
     .into_iter()
-    .filter_map(|(n, v, b)| counter_text(n, v, b))
+    .filter_map(|(n, v, b)| counter_text(n, v, b, since))
     .collect();
     if parts.is_empty() {
         return "TcpExt counters unreadable".into();
@@ -125,6 +142,10 @@ pub fn overflow(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Option<Finding> {
             "{line}: the final ACK of {} -> {} completed the handshake, but the accept queue \
              had no room for the new connection",
             t.src, t.dst
+        ),
+        Seen::Counters(line) => format!(
+            "{line}; a SYN refused by a full accept queue is freed without a drop reason \
+             (consume_skb in tcp_rcv_state_process): only the counters below show it"
         ),
     }];
     evidence.push(format!(

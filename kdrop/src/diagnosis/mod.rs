@@ -14,6 +14,7 @@ pub mod forwarding;
 pub mod handshake;
 pub mod kube;
 pub mod listen;
+pub mod listen_watch;
 pub mod names;
 pub mod netfilter;
 pub mod programs;

@@ -5,6 +5,9 @@ mod drop;
 mod handshake;
 mod listen;
 mod pods;
+mod watch;
+
+pub use self::watch::{ListenWatch, Refusals};
 
 use std::collections::{HashMap, VecDeque};
 
@@ -345,6 +348,8 @@ fn client_end(r: &DropRecord) -> Option<std::net::SocketAddr> {
         std::net::SocketAddr::new(r.daddr, r.dport),
     );
     match (r.kind, r.tcp_flags.as_str()) {
+        // A listener's refusals counted, no client known: no handshake.
+        ("listen_overflow", _) => None,
         ("drop", f) if f.contains("SYN") && f.contains("ACK") => Some(dst),
         // The client's final ACK, refused by a full accept queue.
         ("drop", _) if r.reason.as_deref() == Some("TCP_LISTEN_OVERFLOW") => Some(src),

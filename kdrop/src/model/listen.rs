@@ -82,6 +82,15 @@ impl Listener {
         self.accept_queue > self.accept_backlog
     }
 
+    /// The SYN queue at or past its limit: as many request sockets as the
+    /// backlog (`inet_csk_reqsk_queue_is_full` compares them with
+    /// `sk_max_ack_backlog`; 6.18 refuses only past it, holding backlog + 1
+    /// as `tests/tests/listeners.rs` shows; older kernels at it), so equal
+    /// is called full here, to blame a listener, never as a verdict.
+    pub fn syn_queue_full(&self) -> bool {
+        self.accept_backlog > 0 && self.syn_queue >= self.accept_backlog
+    }
+
     /// Does a SYN to `dst` reach this listener's address? (The wildcard
     /// address, or the same address; an IPv6 wildcard also takes IPv4 unless
     /// IPV6_V6ONLY, which diag does not report.)
@@ -108,5 +117,56 @@ fn canon(a: IpAddr) -> IpAddr {
     match a {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, IpAddr::V4),
         v4 => v4,
+    }
+}
+
+/// How much the namespace's TcpExt listen counters grew between two reads
+/// (a counter unreadable at either read, or one that went back because
+/// the namespace was made again, counts 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenMoved {
+    /// SYNs (and final ACKs) refused because the accept queue was full.
+    pub listen_overflows: u64,
+    /// Every SYN a listener dropped, overflows included.
+    pub listen_drops: u64,
+    /// SYNs dropped because the SYN queue was full and cookies were off.
+    pub req_q_full_drop: u64,
+    /// SYNs answered with a cookie because the SYN queue was full.
+    pub req_q_full_do_cookies: u64,
+    /// Cookies sent for any reason (tcp_syncookies=2 sends them always).
+    pub syncookies_sent: u64,
+}
+
+impl ListenMoved {
+    pub fn between(before: &ListenCounters, now: &ListenCounters) -> Self {
+        let d = |b: Option<u64>, n: Option<u64>| match (b, n) {
+            (Some(b), Some(n)) => n.saturating_sub(b),
+            _ => 0,
+        };
+        Self {
+            listen_overflows: d(before.listen_overflows, now.listen_overflows),
+            listen_drops: d(before.listen_drops, now.listen_drops),
+            req_q_full_drop: d(before.req_q_full_drop, now.req_q_full_drop),
+            req_q_full_do_cookies: d(before.req_q_full_do_cookies, now.req_q_full_do_cookies),
+            syncookies_sent: d(before.syncookies_sent, now.syncookies_sent),
+        }
+    }
+
+    /// Did a listener refuse (or cookie) anything? SyncookiesSent alone
+    /// does not count: with tcp_syncookies=2 it moves for every SYN.
+    pub fn any(&self) -> bool {
+        self.listen_overflows
+            + self.listen_drops
+            + self.req_q_full_drop
+            + self.req_q_full_do_cookies
+            > 0
+    }
+
+    pub fn add(&mut self, o: &ListenMoved) {
+        self.listen_overflows += o.listen_overflows;
+        self.listen_drops += o.listen_drops;
+        self.req_q_full_drop += o.req_q_full_drop;
+        self.req_q_full_do_cookies += o.req_q_full_do_cookies;
+        self.syncookies_sent += o.syncookies_sent;
     }
 }

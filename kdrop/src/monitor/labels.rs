@@ -8,7 +8,7 @@ use kdrop_common::AggKey;
 use crate::{
     context::{Live, Node},
     kernel::facts::Reasons,
-    output::metrics::{DropLabels, SeriesCap},
+    output::metrics::{DropLabels, ListenLabels, SeriesCap},
 };
 
 pub struct Labels {
@@ -54,5 +54,18 @@ impl Labels {
         let placed = self.cap.place(labels);
         self.keys.insert(*k, placed.clone());
         placed
+    }
+
+    /// The labels of a listener's refusals: its namespace, its pod, its
+    /// port (empty: not known which listener).
+    pub fn listener(&mut self, netns: u32, port: Option<u16>) -> ListenLabels {
+        ListenLabels {
+            netns: self
+                .node
+                .netns(netns)
+                .map_or_else(|| netns.to_string(), |n| n.display()),
+            pod: self.node.pod(netns).map(|p| p.label()).unwrap_or_default(),
+            port: port.map(|p| p.to_string()).unwrap_or_default(),
+        }
     }
 }

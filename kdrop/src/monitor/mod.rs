@@ -19,11 +19,15 @@ use tokio::{net::TcpListener, sync::mpsc};
 use self::labels::Labels;
 use crate::{
     cli::MonitorArgs,
+    enrich::Refusals,
     filter,
     model::record::DropRecord,
     output::{
         self,
-        metrics::{self, EgressCounts, EventCounts, FollowCounts, ProbeState, Snapshot},
+        metrics::{
+            self, EgressCounts, EventCounts, FollowCounts, ListenCounts, ListenLabels, ProbeState,
+            Snapshot,
+        },
     },
     probes::{self, Outcome, Probes},
     session::{Control, Options, Scrape, Session, Sink},
@@ -33,6 +37,9 @@ use crate::{
 /// Causes kept as their own `kdrop_findings_total` series; the set is small
 /// and fixed in code, this only bounds a surprise.
 const MAX_CAUSES: usize = 64;
+/// Listeners kept as their own `kdrop_listen_*_total` series; later ones
+/// count into one whose labels are all `overflow`.
+const MAX_LISTENERS: usize = 1024;
 
 /// JSON lines out (while the output stays open), findings counted, scrapes
 /// answered from the kernel's maps.
@@ -40,6 +47,8 @@ struct Monitor {
     out: Box<dyn Write>,
     writing: bool,
     findings: BTreeMap<String, u64>,
+    /// The listen watch's refusals, by listener.
+    listen: BTreeMap<ListenLabels, ListenCounts>,
     labels: Labels,
 }
 
@@ -88,6 +97,7 @@ impl Monitor {
         Ok(Snapshot {
             drops,
             findings: self.findings.clone(),
+            listen: self.listen.clone(),
             events: EventCounts {
                 matched: c.matched,
                 emitted: c.emitted,
@@ -109,6 +119,22 @@ impl Monitor {
 }
 
 impl Sink for Monitor {
+    fn refused(&mut self, r: &Refusals) {
+        let mut labels = self.labels.listener(r.netns, r.port);
+        if !self.listen.contains_key(&labels) && self.listen.len() + 1 >= MAX_LISTENERS {
+            let o = || metrics::OVERFLOW.to_string();
+            labels = ListenLabels {
+                netns: o(),
+                pod: o(),
+                port: o(),
+            };
+        }
+        let c = self.listen.entry(labels).or_default();
+        c.accept += r.moved.listen_overflows;
+        c.syn += r.moved.req_q_full_drop;
+        c.cookies += r.moved.req_q_full_do_cookies;
+    }
+
     fn record(&mut self, r: DropRecord) -> Control {
         self.count_finding(&r);
         if self.writing && output::write_record(&mut self.out, &r, true).is_err() {
@@ -172,6 +198,7 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
         out,
         writing: true,
         findings: BTreeMap::new(),
+        listen: BTreeMap::new(),
         labels: Labels::new(
             args.max_series as usize,
             session.enricher.facts.reasons.clone(),

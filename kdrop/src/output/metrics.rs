@@ -66,6 +66,25 @@ impl SeriesCap {
     }
 }
 
+/// Labels of `kdrop_listen_overflows_total` and
+/// `kdrop_listen_syncookies_total`: the listener's namespace, its pod, and
+/// its port (empty when kdrop could not tell which listener refused).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListenLabels {
+    pub netns: String,
+    pub pod: String,
+    pub port: String,
+}
+
+/// SYNs a listener refused (its accept queue or SYN queue full) and SYNs
+/// answered with cookies, from its namespace's TcpExt counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenCounts {
+    pub accept: u64,
+    pub syn: u64,
+    pub cookies: u64,
+}
+
 /// Counters of the drop path, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventCounts {
@@ -104,6 +123,7 @@ pub struct FollowCounts {
 pub struct Snapshot {
     pub drops: BTreeMap<DropLabels, u64>,
     pub findings: BTreeMap<String, u64>,
+    pub listen: BTreeMap<ListenLabels, ListenCounts>,
     pub events: EventCounts,
     pub egress: EgressCounts,
     /// SYN and SYN-ACK retransmissions of local sockets.
@@ -180,6 +200,44 @@ pub fn render(s: &Snapshot) -> String {
     );
     for (cause, v) in &s.findings {
         sample(&mut out, "kdrop_findings_total", &[("cause", cause)], *v);
+    }
+    header(
+        &mut out,
+        "kdrop_listen_overflows_total",
+        "counter",
+        "SYNs a listener refused because its accept queue (queue=accept, TcpExt ListenOverflows) \
+         or its SYN queue (queue=syn, TCPReqQFullDrop) was full, by network namespace, pod and \
+         listening port; from the namespace's counters, no packet seen.",
+    );
+    for (l, c) in &s.listen {
+        for (queue, v) in [("accept", c.accept), ("syn", c.syn)] {
+            sample(
+                &mut out,
+                "kdrop_listen_overflows_total",
+                &[
+                    ("netns", &l.netns),
+                    ("pod", &l.pod),
+                    ("port", &l.port),
+                    ("queue", queue),
+                ],
+                v,
+            );
+        }
+    }
+    header(
+        &mut out,
+        "kdrop_listen_syncookies_total",
+        "counter",
+        "SYNs a listener answered with SYN cookies because its SYN queue was full \
+         (TcpExt TCPReqQFullDoCookies), by network namespace, pod and listening port.",
+    );
+    for (l, c) in &s.listen {
+        sample(
+            &mut out,
+            "kdrop_listen_syncookies_total",
+            &[("netns", &l.netns), ("pod", &l.pod), ("port", &l.port)],
+            c.cookies,
+        );
     }
     header(
         &mut out,

@@ -37,6 +37,14 @@ pub fn text_line(r: &DropRecord) -> String {
     add(&mut peers, "client", &other(&p.client));
     add(&mut peers, "service", &p.service);
     add(&mut peers, "backend", &other(&p.backend));
+    // The listen watch's record: a listener, no client, no device.
+    if r.kind == "listen_overflow" {
+        return format!(
+            "{time} netns={netns} listener {} [SYN refused]{peers} {}",
+            r.dst(),
+            r.kind
+        );
+    }
     let what = match (r.kind, &r.reason) {
         ("drop", reason) => format!(
             "reason={} at={}",
@@ -135,6 +143,17 @@ pub fn finding_lines(f: &Finding) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::{model::pod::PodId, output::tests::record};
+
+    #[test]
+    fn a_listener_refusing_has_no_client_in_its_headline() {
+        let mut r = record();
+        r.kind = "listen_overflow";
+        r.ifname = String::new();
+        assert_eq!(
+            text_line(&r),
+            "06:03:07.123456 netns=node listener 10.0.2.20:8080 [SYN refused] listen_overflow"
+        );
+    }
 
     #[test]
     fn text() {

@@ -8,6 +8,7 @@ mod recording;
 pub use self::recording::Recording;
 pub mod replay;
 mod ring;
+mod watch;
 
 use std::{
     collections::HashMap,
@@ -36,7 +37,7 @@ use crate::{
         tape::TapeWriter,
         Live, NetnsRegistry,
     },
-    enrich::{monotonic_ns, realtime_offset_ns, Enricher, Facts},
+    enrich::{monotonic_ns, realtime_offset_ns, Enricher, Facts, ListenWatch, Refusals},
     kernel::facts::Reasons,
     model::{
         packet::{CtEvent, CtSeen, Event},
@@ -78,6 +79,8 @@ pub trait Sink {
     fn flush(&mut self) -> Control {
         Control::Continue
     }
+    /// SYNs the listen watch counted refused (monitor mode's metrics).
+    fn refused(&mut self, _r: &Refusals) {}
     /// A metrics scrape (monitor mode): the exposition text.
     fn scrape(&mut self, _probes: &Probes) -> String {
         String::new()
@@ -110,6 +113,8 @@ pub struct Session {
     tape: Option<TapeWriter>,
     /// The pcapng being written, if asked for.
     capture: Option<capture::Capture>,
+    /// Listeners refusing SYNs, from their namespaces' counters.
+    watch: ListenWatch,
     pub started: Instant,
     // Installed before the readiness line: a signal right after it must
     // still take the orderly way out (summary, detach).
@@ -180,6 +185,7 @@ impl Session {
             enricher,
             tape: None,
             capture: None,
+            watch: ListenWatch::new(o.filter.netns, &o.filter.ports[..o.filter.n_ports as usize]),
             started: Instant::now(),
             sigint,
             sigterm,
@@ -192,6 +198,7 @@ impl Session {
             let header = s.header(r);
             s.tape = Some(TapeWriter::create(&r.path, r.max_bytes, &header)?);
         }
+        s.watch_baseline();
         Ok(s)
     }
 
@@ -252,7 +259,9 @@ impl Session {
                     self.probes.follow_sweep(monotonic_ns())?;
                     // What is on the ring first: a held RST's SYN-ACK drop may be.
                     let batch = self.ring.drain();
-                    if self.deliver(batch, sink) == Control::Stop {
+                    if self.deliver(batch, sink) == Control::Stop
+                        || self.watch_listeners(sink) == Control::Stop
+                    {
                         break Ended::Sink;
                     }
                 }

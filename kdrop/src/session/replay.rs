@@ -11,7 +11,7 @@ use crate::{
         replay::Replay,
         tape::{Line, StatsLine, Tape},
     },
-    enrich::{Enricher, Facts},
+    enrich::{Enricher, Facts, ListenWatch},
     event,
     model::{
         packet::{CtSeen, Event},
@@ -89,6 +89,7 @@ fn steps(
     out: &mut Replayed,
 ) -> Result<()> {
     let mut enricher = Enricher::new(Replay::default(), facts(tape));
+    let mut watch: Option<ListenWatch> = None;
     for line in &tape.lines {
         let records = match line {
             Line::Answer { .. } | Line::Blob { .. } => {
@@ -119,6 +120,10 @@ fn steps(
                 enricher.on_destroyed(destroyed).into_iter().collect()
             }
             Line::Due { now } => enricher.due(now.unwrap_or(u64::MAX)),
+            Line::Listen { now, netns, ports } => {
+                let w = watch.get_or_insert_with(|| ListenWatch::new(*netns, ports));
+                enricher.watch_listeners(w, *now).0
+            }
             Line::Stats(s) => {
                 out.stats = Some(s.clone());
                 continue;
