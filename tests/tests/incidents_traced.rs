@@ -8,7 +8,7 @@
 use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
-    answered_three_times, connect_from,
+    answered_three_times, connect_from, connect_within,
     handshake::{of, one_verdict, records},
     listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
 };
@@ -80,7 +80,7 @@ fn pods_routed(node: &Ns, net: &str, pods: &[(&Ns, u8)]) {
 fn fix_then_connect(
     f: &Value,
     client_ns: &Ns,
-    syn: std::os::fd::OwnedFd,
+    syn: Option<std::os::fd::OwnedFd>,
     src: SocketAddr,
     dst: SocketAddr,
 ) {
@@ -157,7 +157,7 @@ fn incident2(test: &str, args: &[&str], sport: u16) {
         )),
         "{f}"
     );
-    fix_then_connect(&f, &a, syn, src, dst);
+    fix_then_connect(&f, &a, Some(syn), src, dst);
 }
 
 #[test]
@@ -245,7 +245,7 @@ fn incident4(test: &str, args: &[&str], sport: u16) {
             .any(|n| n.starts_with("externalTrafficPolicy: Cluster does not repair this")),
         "{f}"
     );
-    fix_then_connect(&f, &a, syn, src, dst);
+    fix_then_connect(&f, &a, Some(syn), src, dst);
     let again: SocketAddr = format!("10.245.2.5:{}", sport + 50).parse().unwrap();
     quiet_after_the_fix(args, &a, &b, again, dst);
 }
@@ -260,10 +260,21 @@ fn incident4_traced_unfiltered() {
     incident4("tr4a", &["--json"], 46702);
 }
 
+/// How the client of a silent death behaves.
+#[derive(Clone, Copy)]
+enum Client {
+    /// Its socket stays open: the kernel retransmits the SYN at 1 s and 3 s.
+    KeepsTrying,
+    /// A connect timeout: it closes the socket after this long.
+    GivesUp(std::time::Duration),
+}
+
 /// Incident 5: an office client -> a router -> node B, which DNATs the
 /// VIP:80 to a backend:8080 on the router's other port; the backend
-/// answers through the router, bypassing node B.
-fn incident5(test: &str, args: &[&str], sport: u16) {
+/// answers through the router, bypassing node B. `node_only`: kdrop traces
+/// node B's namespace alone (`--netns`), as on a real node B, where the
+/// client is another host.
+fn incident5(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
     let client = ns(test, "cl");
     let router = ns(test, "rt");
     let node = ns(test, "nb");
@@ -332,10 +343,21 @@ fn incident5(test: &str, args: &[&str], sport: u16) {
     pod.ip(&["route", "add", "default", "via", "10.1.0.1"])
         .unwrap();
     let _l = listen(&pod, format!("10.1.0.13:{BACKEND_PORT}").parse().unwrap());
+    let mut args: Vec<&str> = args.to_vec();
+    if node_only {
+        args.extend(["--netns", &node.name]);
+    }
+    let args = &args[..];
     let k = Kdrop::start(args);
     let src: SocketAddr = format!("172.17.0.50:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("10.1.58.158:{SERVICE}").parse().unwrap();
-    let syn = send_syn(&client, src, dst);
+    let syn = match client_does {
+        Client::KeepsTrying => Some(send_syn(&client, src, dst)),
+        Client::GivesUp(t) => {
+            connect_within(&client, src, dst, t).expect_err("the backend's reply is lost");
+            None
+        }
+    };
     let recs = records(k, src);
     let f = one_verdict(&recs, "asymmetric_return_path");
     assert_eq!(
@@ -365,10 +387,55 @@ fn incident5(test: &str, args: &[&str], sport: u16) {
 
 #[test]
 fn incident5_traced_by_the_service_port() {
-    incident5("tr5p", &["--json", "--port", "80"], 45701);
+    incident5(
+        "tr5p",
+        &["--json", "--port", "80"],
+        45701,
+        Client::KeepsTrying,
+        false,
+    );
 }
 
 #[test]
 fn incident5_traced_unfiltered() {
-    incident5("tr5a", &["--json"], 45702);
+    incident5("tr5a", &["--json"], 45702, Client::KeepsTrying, false);
+}
+
+/// The client gives up after 3 s: two transmissions, maybe three.
+#[test]
+fn incident5_client_giving_up_after_3s() {
+    let t = std::time::Duration::from_secs(3);
+    incident5(
+        "tr5g",
+        &["--json", "--port", "80"],
+        45703,
+        Client::GivesUp(t),
+        false,
+    );
+}
+
+/// Node B alone: the client is another host that gives up after 3 s.
+#[test]
+fn incident5_node_alone_client_giving_up_after_3s() {
+    let t = std::time::Duration::from_secs(3);
+    incident5(
+        "tr5n",
+        &["--json", "--port", "80"],
+        45704,
+        Client::GivesUp(t),
+        true,
+    );
+}
+
+/// Node B alone, a client that gives up after 1 s: one transmission.
+#[test]
+fn incident5_node_alone_client_giving_up_after_1s() {
+    let t = std::time::Duration::from_secs(1);
+    incident5(
+        "tr5o",
+        &["--json", "--port", "80"],
+        45705,
+        Client::GivesUp(t),
+        true,
+    );
 }
