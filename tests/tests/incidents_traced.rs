@@ -121,7 +121,7 @@ const BACKEND_PORT: u16 = 8080;
 
 /// Incident 2: pod A -> ClusterIP:80, DNAT'd to pod B:8080 on the same
 /// bridge, bridged replies skip netfilter.
-fn incident2(test: &str, args: &[&str], sport: u16) {
+fn incident2(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
     let node = ns(test, "node");
     let a = ns(test, "a");
     let b = ns(test, "b");
@@ -136,10 +136,9 @@ fn incident2(test: &str, args: &[&str], sport: u16) {
             .unwrap();
     }
     let _l = listen(&b, format!("10.245.1.9:{BACKEND_PORT}").parse().unwrap());
-    let k = Kdrop::start(args);
     let src: SocketAddr = format!("10.245.1.5:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("100.67.31.133:{SERVICE}").parse().unwrap();
-    let syn = send_syn(&a, src, dst);
+    let (k, syn, _) = attempt(args, &node, node_only, &a, (src, dst), client_does);
     let recs = records(k, src);
     let f = one_verdict(&recs, "hairpin_no_reverse_nat");
     assert_eq!(
@@ -157,23 +156,55 @@ fn incident2(test: &str, args: &[&str], sport: u16) {
         )),
         "{f}"
     );
-    fix_then_connect(&f, &a, Some(syn), src, dst);
+    fix_then_connect(&f, &a, syn, src, dst);
 }
 
 #[test]
 fn incident2_traced_by_the_service_port() {
-    incident2("tr2p", &["--json", "--port", "80"], 43701);
+    incident2(
+        "tr2p",
+        &["--json", "--port", "80"],
+        43701,
+        Client::KeepsTrying,
+        false,
+    );
 }
 
 #[test]
 fn incident2_traced_unfiltered() {
-    incident2("tr2a", &["--json"], 43702);
+    incident2("tr2a", &["--json"], 43702, Client::KeepsTrying, false);
+}
+
+#[test]
+fn incident2_client_giving_up_after_3s() {
+    let t = std::time::Duration::from_secs(3);
+    incident2(
+        "tr2g",
+        &["--json", "--port", "80"],
+        43703,
+        Client::GivesUp(t),
+        false,
+    );
+}
+
+/// The node's namespace alone: the pods' namespaces (the client's socket,
+/// its RST) out of sight.
+#[test]
+fn incident2_node_alone_client_giving_up_after_3s() {
+    let t = std::time::Duration::from_secs(3);
+    incident2(
+        "tr2n",
+        &["--json", "--port", "80"],
+        43704,
+        Client::GivesUp(t),
+        true,
+    );
 }
 
 /// Incident 4: pod A -> the LB's VIP:80; the LB DNATs it to the node's
 /// NodePort 30080 keeping the client's address; the node DNATs it to pod B
 /// (routed pods, no bridge) without SNAT.
-fn incident4(test: &str, args: &[&str], sport: u16) {
+fn incident4(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
     let node = ns(test, "node");
     let lb = ns(test, "lb");
     let a = ns(test, "a");
@@ -209,10 +240,10 @@ fn incident4(test: &str, args: &[&str], sport: u16) {
         "-t nat -A PREROUTING -d 203.0.113.81 -p tcp --dport 80 -j DNAT --to-destination 10.71.0.10:30080",
     );
     let _l = listen(&b, format!("10.245.2.9:{BACKEND_PORT}").parse().unwrap());
-    let k = Kdrop::start(args);
     let src: SocketAddr = format!("10.245.2.5:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("203.0.113.81:{SERVICE}").parse().unwrap();
-    let syn = send_syn(&a, src, dst);
+    let (k, syn, args) = attempt(args, &node, node_only, &a, (src, dst), client_does);
+    let args = &args.iter().map(String::as_str).collect::<Vec<_>>()[..];
     let recs = records(k, src);
     let f = one_verdict(&recs, "lb_loopback_without_snat");
     assert_eq!(
@@ -245,19 +276,37 @@ fn incident4(test: &str, args: &[&str], sport: u16) {
             .any(|n| n.starts_with("externalTrafficPolicy: Cluster does not repair this")),
         "{f}"
     );
-    fix_then_connect(&f, &a, Some(syn), src, dst);
+    fix_then_connect(&f, &a, syn, src, dst);
     let again: SocketAddr = format!("10.245.2.5:{}", sport + 50).parse().unwrap();
     quiet_after_the_fix(args, &a, &b, again, dst);
 }
 
 #[test]
 fn incident4_traced_by_the_service_port() {
-    incident4("tr4p", &["--json", "--port", "80"], 46701);
+    incident4(
+        "tr4p",
+        &["--json", "--port", "80"],
+        46701,
+        Client::KeepsTrying,
+        false,
+    );
 }
 
 #[test]
 fn incident4_traced_unfiltered() {
-    incident4("tr4a", &["--json"], 46702);
+    incident4("tr4a", &["--json"], 46702, Client::KeepsTrying, false);
+}
+
+#[test]
+fn incident4_client_giving_up_after_3s() {
+    let t = std::time::Duration::from_secs(3);
+    incident4(
+        "tr4g",
+        &["--json", "--port", "80"],
+        46703,
+        Client::GivesUp(t),
+        false,
+    );
 }
 
 /// How the client of a silent death behaves.
@@ -267,6 +316,33 @@ enum Client {
     KeepsTrying,
     /// A connect timeout: it closes the socket after this long.
     GivesUp(std::time::Duration),
+}
+
+/// kdrop started with `args` (and `--netns <node>` when `node_only`: the
+/// node's namespace alone, where the client is out of sight), then the
+/// client's SYN `src -> dst` from `client` as `client_does` sends it: the
+/// running kdrop, the socket when it stays open, the arguments used.
+fn attempt(
+    args: &[&str],
+    node: &Ns,
+    node_only: bool,
+    client: &Ns,
+    (src, dst): (SocketAddr, SocketAddr),
+    client_does: Client,
+) -> (Kdrop, Option<std::os::fd::OwnedFd>, Vec<String>) {
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    if node_only {
+        args.extend(["--netns".to_string(), node.name.clone()]);
+    }
+    let k = Kdrop::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let syn = match client_does {
+        Client::KeepsTrying => Some(send_syn(client, src, dst)),
+        Client::GivesUp(t) => {
+            connect_within(client, src, dst, t).expect_err("the handshake dies");
+            None
+        }
+    };
+    (k, syn, args)
 }
 
 /// Incident 5: an office client -> a router -> node B, which DNATs the
@@ -343,21 +419,10 @@ fn incident5(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
     pod.ip(&["route", "add", "default", "via", "10.1.0.1"])
         .unwrap();
     let _l = listen(&pod, format!("10.1.0.13:{BACKEND_PORT}").parse().unwrap());
-    let mut args: Vec<&str> = args.to_vec();
-    if node_only {
-        args.extend(["--netns", &node.name]);
-    }
-    let args = &args[..];
-    let k = Kdrop::start(args);
     let src: SocketAddr = format!("172.17.0.50:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("10.1.58.158:{SERVICE}").parse().unwrap();
-    let syn = match client_does {
-        Client::KeepsTrying => Some(send_syn(&client, src, dst)),
-        Client::GivesUp(t) => {
-            connect_within(&client, src, dst, t).expect_err("the backend's reply is lost");
-            None
-        }
-    };
+    let (k, syn, args) = attempt(args, &node, node_only, &client, (src, dst), client_does);
+    let args = &args.iter().map(String::as_str).collect::<Vec<_>>()[..];
     let recs = records(k, src);
     let f = one_verdict(&recs, "asymmetric_return_path");
     assert_eq!(

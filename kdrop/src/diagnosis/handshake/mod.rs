@@ -1149,4 +1149,30 @@ pub(crate) mod tests {
         tr.on_new(&dnat_ct(8), 7, 0, &BITS);
         assert_eq!(tr.overdue(2 * S).len(), 1);
     }
+
+    #[test]
+    fn a_rst_seen_after_this_host_dnatted_it_still_refuses_the_syn_ack() {
+        let mut tr = Tracker::default();
+        // The SYN-ACK left towards the client un-DNAT'd: VIP -> client.
+        let ct = dnat_ct(8 | BITS.seen_reply);
+        let syn_ack = Packet {
+            tuple: ct.orig.reversed(),
+            tcp_flags: TCP_SYN | TCP_ACK,
+            ct: Some(ct),
+            ..syn(0, None)
+        };
+        tr.on_egress(&syn_ack, &BITS);
+        // The client's RST to the VIP, DNAT'd here on its way to the backend.
+        let rst = Packet {
+            tuple: ct.reply.reversed(),
+            tcp_flags: TCP_RST,
+            ct: Some(ct),
+            ..syn(1_000, None)
+        };
+        tr.on_egress(&rst, &BITS);
+        let [r] = &tr.due_resets(u64::MAX)[..] else {
+            panic!("the RST refuses the SYN-ACK")
+        };
+        assert_eq!(r.syn_ack, ct.orig.reversed());
+    }
 }

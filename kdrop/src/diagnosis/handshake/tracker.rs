@@ -460,7 +460,17 @@ impl Tracker {
         if p.tcp_flags & TCP_ACK != 0 {
             return;
         }
-        let syn_ack = p.tuple.reversed();
+        // As the SYN-ACK left (reversed), or, for a RST seen after this
+        // host translated it (DNAT'd on its way to the backend), as the
+        // client addressed it: the entry's original direction.
+        let Some(syn_ack) = [Some(p.tuple), p.ct.map(|c| c.orig)]
+            .into_iter()
+            .flatten()
+            .map(|t| t.reversed())
+            .find(|t| self.syn_acks.contains_key(t))
+        else {
+            return;
+        };
         let Some(seen) = self.syn_acks.get_mut(&syn_ack) else {
             return;
         };
