@@ -283,3 +283,40 @@ fn control_healthy_churn_beside_drops_on_reused_ports_has_no_false_deaths() {
     // The accept loop ends with the process; the namespaces go now.
     drop(server);
 }
+
+/// A SYN that nothing on the traced side explains: the server's namespace
+/// drops it in INPUT, out of sight of `--netns <client>`. The client gives
+/// up before its first retransmission (0.8 s: a 1 s timeout races it):
+/// one transmission, an `unanswered` record when it gives up.
+#[test]
+fn a_client_giving_up_after_one_transmission_on_a_silent_server_is_unanswered() {
+    let p = Pair::new("sdu", 215);
+    p.server
+        .exec(
+            "iptables",
+            &["-A", "INPUT", "-p", "tcp", "--dport", "7001", "-j", "DROP"],
+        )
+        .unwrap();
+    let server = p.server_v4(7001);
+    let client = p.client_v4(42021);
+    let k = Kdrop::start(&["--netns", &p.client.name, "--port", "7001", "--json"]);
+    let err = connect_within(&p.client, client, server, Duration::from_millis(800)).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    let e = k.expect_event_within("the unanswered SYN", Duration::from_secs(2), |e| {
+        e["sport"] == 42021
+    });
+    assert_eq!(e["kind"], "unanswered", "{e:#}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "unanswered", "{e:#}");
+    assert_eq!(
+        f["summary"],
+        format!("SYN {client} -> {server} sent once out of c0 without an answer")
+    );
+    assert_eq!(
+        f["evidence"][0],
+        "1 transmission of the SYN, not answered; then the client's connect() ended in \
+         SYN-SENT: the application closed it (a connect timeout, or it gave up)"
+    );
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+}

@@ -237,23 +237,25 @@ impl<N: Node> Enricher<N> {
     fn given_up(&mut self, now: u64) -> Vec<DropRecord> {
         let mut out = Vec::new();
         for flow in self.tracker.overdue(now) {
+            // Only an entry that is there and unreplied says so: a deleted
+            // one says nothing (its destroy event reports it if unreplied).
             let entry = self
                 .node
                 .conntrack_find(Side::Orig, &flow.orig, Some(flow.netns));
-            if entry
-                .as_ref()
-                .is_some_and(|e| e.ct.status & self.ct_bits.seen_reply != 0)
-            {
-                self.tracker.answered(&flow.orig);
-                continue;
-            }
+            let entry = match entry {
+                None => continue,
+                Some(e) if e.ct.status & self.ct_bits.seen_reply != 0 => {
+                    self.tracker.answered(&flow.orig);
+                    continue;
+                }
+                Some(e) => e,
+            };
             self.tracker.reported(&flow.orig);
             let mut flow = flow;
-            if let Some(e) = &entry {
-                flow.ct = Some(e.ct);
-            }
+            flow.ct = Some(entry.ct);
             let mut r = self.unanswered(&flow, None);
-            if let (Some(f), Some(e)) = (r.finding.as_mut(), &entry) {
+            if let Some(f) = r.finding.as_mut() {
+                let e = &entry;
                 f.evidence.push(format!(
                     "conntrack, asked now: the entry {} -> {} has still seen no reply{}",
                     e.ct.orig.src,
