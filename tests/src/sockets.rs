@@ -249,3 +249,27 @@ pub fn listen_backlog(ns: &Ns, addr: SocketAddr, backlog: i32) -> OwnedFd {
     })
     .unwrap()
 }
+
+/// Output of a command run inside `ns` (`ip netns exec`), failing the test
+/// if it fails.
+pub fn in_ns(ns: &Ns, cmd: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .args(cmd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{cmd:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `ss -ltn`'s Recv-Q and Send-Q (waiting, backlog) for the listener on
+/// `local` (as ss writes it: `*:PORT` for a dual-stack wildcard).
+pub fn ss_listen_queues(ns: &Ns, local: impl ToString) -> (u32, u32) {
+    let (text, local) = (in_ns(ns, &["ss", "-ltnH"]), local.to_string());
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(3) == Some(local.as_str()))
+        .unwrap_or_else(|| panic!("ss shows no listener on {local}:\n{text}"));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[1].parse().unwrap(), f[2].parse().unwrap())
+}

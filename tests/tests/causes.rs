@@ -13,8 +13,8 @@ use std::{
 };
 
 use integration_tests::{
-    bound, connect_from, expected_reason, kernel_has_drop_reasons, listen, run_fix, send_syn, strs,
-    Kdrop, Ns, Pair,
+    bound, connect_from, expected_reason, in_ns, kernel_has_drop_reasons, listen, run_fix,
+    send_syn, strs, Kdrop, Ns, Pair,
 };
 use kdrop::context::in_netns;
 
@@ -38,17 +38,6 @@ fn accept_one(l: &OwnedFd) {
     assert!(fd >= 0, "accept: {}", std::io::Error::last_os_error());
     // SAFETY: a new descriptor we own.
     drop(unsafe { OwnedFd::from_raw_fd(fd) });
-}
-
-/// Output of a command run inside `ns`.
-fn in_ns(ns: &Ns, cmd: &[&str]) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .args(cmd)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{cmd:?}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// `ss -ltnH`'s Recv-Q of the listener on `local`.

@@ -9,34 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{bound, listen_backlog, send_syn, Kdrop, Ns, Pair};
+use integration_tests::{
+    bound, in_ns, listen_backlog, send_syn, ss_listen_queues, Kdrop, Ns, Pair,
+};
 use kdrop::context::{
     listeners::{listener_for, snapshot_in},
     procs::{Held, Holders},
 };
-
-/// Output of a command run inside `ns`.
-fn in_ns(ns: &Ns, cmd: &[&str]) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .args(cmd)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{cmd:?}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// `ss -ltn`'s Recv-Q and Send-Q for the listener on `local` (as ss
-/// writes it: `*:PORT` for a dual-stack wildcard).
-fn ss_listen_queues(ns: &Ns, local: impl ToString) -> (u32, u32) {
-    let (text, local) = (in_ns(ns, &["ss", "-ltnH"]), local.to_string());
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(3) == Some(local.as_str()))
-        .unwrap_or_else(|| panic!("ss shows no listener on {local}:\n{text}"));
-    let f: Vec<&str> = line.split_whitespace().collect();
-    (f[1].parse().unwrap(), f[2].parse().unwrap())
-}
 
 /// `ss`'s count of SYN-RECV sockets on local port `port`.
 fn ss_syn_recv(ns: &Ns, port: u16) -> u32 {

@@ -4,25 +4,9 @@
 //! come then, not after a third transmission that never happens.
 //! Oracles: `ss` and /proc/net/netstat in the listener's namespace, the
 //! client's own connect() result.
-use std::{net::SocketAddr, process::Command, time::Duration, time::Instant};
+use std::{net::SocketAddr, time::Duration, time::Instant};
 
-use integration_tests::{connect_within, listen_backlog, Kdrop, Ns, Pair};
-
-/// `ss -ltn`'s Recv-Q and Send-Q (waiting, backlog) for the listener on
-/// `local`, inside `ns`.
-fn ss_listen_queues(ns: &Ns, local: SocketAddr) -> (u64, u64) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name, "ss", "-ltnH"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(3) == Some(local.to_string().as_str()))
-        .unwrap_or_else(|| panic!("ss shows no listener on {local}:\n{text}"));
-    let f: Vec<&str> = line.split_whitespace().collect();
-    (f[1].parse().unwrap(), f[2].parse().unwrap())
-}
+use integration_tests::{connect_within, listen_backlog, ss_listen_queues, Kdrop, Ns, Pair};
 
 /// A listener of backlog 1 on `server` that never accepts, its accept queue
 /// filled by two completed connections from the client (ports 42001-2).
