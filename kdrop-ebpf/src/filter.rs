@@ -69,7 +69,7 @@ pub fn identity(a: &Admitted, mark: u32, out: &mut PacketId) {
     out.netns = a.netns;
     out.ifindex = a.ifindex;
     out.mark = mark;
-    out.isn = a.tcp.isn;
+    out.isn = a.tcp.isn();
     out.saddr = a.tcp.saddr;
     out.daddr = a.tcp.daddr;
     out.sport = a.tcp.sport;

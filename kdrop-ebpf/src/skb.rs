@@ -73,8 +73,10 @@ pub struct Tcp {
     pub tcp_flags: u8,
     pub sport: u16,
     pub dport: u16,
-    /// kdrop_common::handshake_isn of the header.
-    pub isn: u32,
+    /// Where the TCP header is: its sequence numbers are read only for
+    /// packets the filter admits (see `isn`); reading them here cost
+    /// parse_tcp 80 bytes of stack, past 5.10's combined limit.
+    pub th: u64,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
 }
@@ -87,7 +89,7 @@ impl Tcp {
             tcp_flags: 0,
             sport: 0,
             dport: 0,
-            isn: 0,
+            th: 0,
             saddr: [0; 16],
             daddr: [0; 16],
         }
@@ -127,7 +129,7 @@ fn parse_tcp_into<L: Load>(skb: u64, o: &Offsets, out: &mut Tcp) -> Option<()> {
     let h: [u8; HDRS] = read(nh, 0).ok()?;
     match h[0] >> 4 {
         4 if proto != ETH_P_IPV6 => parse_v4(nh, &h, out),
-        6 if proto != ETH_P_IP => parse_v6(&h, out),
+        6 if proto != ETH_P_IP => parse_v6(nh, &h, out),
         _ => None,
     }
 }
@@ -178,6 +180,7 @@ fn parse_v4(nh: u64, h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     t.daddr = [0; 16];
     t.saddr[..4].copy_from_slice(&h[12..16]);
     t.daddr[..4].copy_from_slice(&h[16..20]);
+    t.th = nh + ihl as u64;
     if ihl == 20 {
         set_ports(&h[20..34], t);
     } else {
@@ -189,7 +192,7 @@ fn parse_v4(nh: u64, h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
 }
 
 #[inline(always)]
-fn parse_v6(h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
+fn parse_v6(nh: u64, h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     // Extension headers are not walked: handshake packets carry none.
     if h[6] != IPPROTO_TCP {
         return None;
@@ -197,20 +200,33 @@ fn parse_v6(h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     t.family = AF_INET6;
     t.saddr.copy_from_slice(&h[8..24]);
     t.daddr.copy_from_slice(&h[24..40]);
+    t.th = nh + 40;
     set_ports(&h[40..54], t);
     Some(())
 }
 
-/// Ports, flags and the handshake's ISN from the TCP header's first 14
-/// bytes (sequence and acknowledgement numbers at 4 and 8).
+/// Ports and flags from the TCP header's first 14 bytes.
 #[inline(always)]
 fn set_ports(th: &[u8], t: &mut Tcp) {
     t.sport = u16::from_be_bytes([th[0], th[1]]);
     t.dport = u16::from_be_bytes([th[2], th[3]]);
     t.tcp_flags = th[13];
-    let seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
-    let ack = u32::from_be_bytes([th[8], th[9], th[10], th[11]]);
-    t.isn = handshake_isn(t.tcp_flags, seq, ack);
+}
+
+impl Tcp {
+    /// kdrop_common::handshake_isn of the header: one more read, for an
+    /// admitted packet (0 if it fails).
+    #[inline(always)]
+    pub fn isn(&self) -> u32 {
+        let Ok([s0, s1, s2, s3, a0, a1, a2, a3]) = read::<[u8; 8]>(self.th, 4) else {
+            return 0;
+        };
+        handshake_isn(
+            self.tcp_flags,
+            u32::from_be_bytes([s0, s1, s2, s3]),
+            u32::from_be_bytes([a0, a1, a2, a3]),
+        )
+    }
 }
 
 /// The netns inode and the interface of `skb`: the device's namespace, or the
