@@ -53,17 +53,23 @@ impl Handshake {
 
 /// Handshakes by their client's end (address and port as the client sent
 /// them, before any NAT on the way) and its ISN, which NAT leaves alone.
+/// A client end (one port) carries this many handshakes at once at most:
+/// connections to several servers from one port (SO_REUSEADDR), or one
+/// after another; the least recent goes first.
+const PER_CLIENT: usize = 4;
+
 #[derive(Debug, Default)]
 pub struct Verdicts {
-    by_client: HashMap<SocketAddr, Handshake>,
+    by_client: HashMap<SocketAddr, Vec<Handshake>>,
     next_id: u64,
 }
 
 impl Verdicts {
     /// Files `found` (the cause a record found by itself) under the
-    /// handshake of `client` at `now_ns`; returns the handshake's id and the
-    /// finding the record carries: `found` when it is the strongest yet, else
-    /// the handshake's verdict with `found`'s summary added as evidence.
+    /// handshake of `client` with ISN `isn` (0: unknown) at `now_ns`;
+    /// returns the handshake's id and the finding the record carries:
+    /// `found` when it is the strongest yet, else the handshake's verdict
+    /// with `found`'s summary added as evidence.
     pub fn fold(
         &mut self,
         client: SocketAddr,
@@ -73,46 +79,52 @@ impl Verdicts {
     ) -> (u64, Finding) {
         if self.by_client.len() >= MAX_HANDSHAKES && !self.by_client.contains_key(&client) {
             let cutoff = now_ns.saturating_sub(FORGET_AFTER_NS);
-            self.by_client.retain(|_, h| h.last_ns >= cutoff);
+            self.by_client
+                .retain(|_, hs| hs.iter().any(|h| h.last_ns >= cutoff));
             if self.by_client.len() >= MAX_HANDSHAKES {
                 self.by_client.clear();
             }
         }
-        if let Some(h) = self.by_client.get_mut(&client) {
-            if h.current(isn, now_ns) {
-                h.last_ns = now_ns;
-                if h.isn == 0 {
-                    h.isn = isn;
-                }
-                // The same cause again (a retransmission): the record keeps
-                // its own evidence (the kernel's lookups for that packet),
-                // and it is the newest word on the handshake.
-                if found.cause == h.verdict.cause || rank(found.cause) > rank(h.verdict.cause) {
-                    h.verdict = found.clone();
-                    return (h.id, found);
-                }
-                // A weaker, different cause: the verdict stands, and says
-                // what this packet showed by itself.
-                let mut verdict = h.verdict.clone();
-                verdict.evidence.push(format!(
-                    "this packet of the same handshake, by itself: {} [{}]",
-                    found.summary, found.cause
-                ));
-                return (h.id, verdict);
-            }
+        let Some(h) = self.current(client, isn, now_ns) else {
+            return self.new_handshake(client, isn, found, now_ns);
+        };
+        h.last_ns = now_ns;
+        if h.isn == 0 {
+            h.isn = isn;
         }
-        self.new_handshake(client, isn, found, now_ns)
+        // The same cause again (a retransmission): the record keeps its own
+        // evidence (the kernel's lookups for that packet), and it is the
+        // newest word on the handshake.
+        if found.cause == h.verdict.cause || rank(found.cause) > rank(h.verdict.cause) {
+            h.verdict = found.clone();
+            return (h.id, found);
+        }
+        // A weaker, different cause: the verdict stands, and says what this
+        // packet showed by itself.
+        let mut verdict = h.verdict.clone();
+        verdict.evidence.push(format!(
+            "this packet of the same handshake, by itself: {} [{}]",
+            found.summary, found.cause
+        ));
+        (h.id, verdict)
     }
 
-    /// The id and verdict of `client`'s handshake, if it has one that is
-    /// still current: for a record that found nothing by itself.
+    /// The id and verdict of `client`'s handshake with ISN `isn`, if it has
+    /// one that is still current: for a record that found nothing by itself.
     pub fn join(&mut self, client: SocketAddr, isn: u32, now_ns: u64) -> Option<(u64, Finding)> {
-        let h = self.by_client.get_mut(&client)?;
-        if !h.current(isn, now_ns) {
-            return None;
-        }
+        let h = self.current(client, isn, now_ns)?;
         h.last_ns = h.last_ns.max(now_ns);
         Some((h.id, h.verdict.clone()))
+    }
+
+    /// `client`'s current handshake that `isn` belongs to, the most recent
+    /// when either ISN is unknown.
+    fn current(&mut self, client: SocketAddr, isn: u32, now_ns: u64) -> Option<&mut Handshake> {
+        self.by_client
+            .get_mut(&client)?
+            .iter_mut()
+            .filter(|h| h.current(isn, now_ns))
+            .max_by_key(|h| (isn != 0 && h.isn == isn, h.last_ns))
     }
 
     fn new_handshake(
@@ -124,15 +136,19 @@ impl Verdicts {
     ) -> (u64, Finding) {
         self.next_id += 1;
         let id = self.next_id;
-        self.by_client.insert(
-            client,
-            Handshake {
-                id,
-                verdict: found.clone(),
-                last_ns: now_ns,
-                isn,
-            },
-        );
+        let hs = self.by_client.entry(client).or_default();
+        hs.retain(|h| now_ns.saturating_sub(h.last_ns) < FORGET_AFTER_NS);
+        if hs.len() >= PER_CLIENT {
+            if let Some(oldest) = (0..hs.len()).min_by_key(|&i| hs[i].last_ns) {
+                hs.swap_remove(oldest);
+            }
+        }
+        hs.push(Handshake {
+            id,
+            verdict: found.clone(),
+            last_ns: now_ns,
+            isn,
+        });
         (id, found)
     }
 }
@@ -315,13 +331,17 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(f.cause, "unanswered");
         assert_eq!(f.evidence, ["own"], "nothing of the other connection");
-        // The port-81 handshake is gone (one per client end): a late record
-        // of it is a handshake of its own, not the port-80 one.
-        let (c, _) = v.fold(client, 7, finding("netfilter", "again"), 4);
-        assert!(c != a && c != b);
-        // Unknown ISNs (bundles from before) still fold by the client end.
-        assert_eq!(v.join(client, 0, 5).map(|(i, _)| i), Some(c));
-        let (d, f) = v.fold(client, 0, finding("unanswered", "u"), 6);
-        assert_eq!((d, f.cause), (c, "netfilter"));
+        // Both at once (one port, two servers): a late record of the first
+        // is still the first's, with its verdict.
+        let (c, f) = v.fold(client, 7, finding("unanswered", "gave up"), 4);
+        assert_eq!((c, f.cause), (a, "netfilter"));
+        // Unknown ISNs (bundles from before) fold into the most recent.
+        assert_eq!(v.join(client, 0, 5).map(|(i, _)| i), Some(a));
+        // A client end keeps PER_CLIENT handshakes, the least recent goes.
+        for isn in 10..10 + PER_CLIENT as u32 {
+            v.fold(client, isn, finding("no_socket", "n"), 10 + u64::from(isn));
+        }
+        assert_eq!(v.join(client, 9, 100), None, "the least recent went");
+        assert!(v.join(client, 10, 100).is_some());
     }
 }
