@@ -257,7 +257,16 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
     // (Left, #24: this RST-closing churn now and then makes the kernel free
     // a port-80 SYN at tcp_v4_rcv and a client refuse a SYN-ACK, which kdrop
     // reports as weak duplicate_syn / syn_ack_reset records.)
-    let healthy_records = events.iter().filter(|e| e["dport"] == 80);
+    let healthy_records: Vec<_> = events.iter().filter(|e| e["dport"] == 80).collect();
+    eprintln!(
+        "{n} healthy handshakes, {} records on port 81, {} on port 80: {:?}",
+        to_81.len(),
+        healthy_records.len(),
+        healthy_records
+            .iter()
+            .map(|e| e["finding"]["cause"].as_str().unwrap_or("none"))
+            .collect::<Vec<_>>()
+    );
     for e in healthy_records {
         let cause = e["finding"]["cause"].as_str().unwrap_or("none");
         assert!(
