@@ -262,6 +262,7 @@ fn flow_of(seen: &crate::model::packet::CtSeen) -> Flow {
         last_ns: 0,
         syns: 0,
         first_unseen: false,
+        from_entry: false,
         isn: 0,
         gave_up: None,
         answered: false,

@@ -97,6 +97,9 @@ pub struct Enricher<N: Node> {
 /// handshake's verdict: the SYN-ACK the client refuses comes within tens of
 /// milliseconds of the server's answer.
 const HOLD_NS: u64 = 250_000_000;
+/// At most this many overdue handshakes are checked against conntrack per
+/// call of `due` (every 100 ms at least): 640 queries a second at most.
+const OVERDUE_PER_CALL: usize = 64;
 /// At most this many held at once: beyond it, unexplained drops go out at
 /// once rather than wait in an unbounded queue.
 const HELD_MAX: usize = 4096;
@@ -236,7 +239,7 @@ impl<N: Node> Enricher<N> {
     /// records, unless the entry, asked now, shows a reply kdrop missed.
     fn given_up(&mut self, now: u64) -> Vec<DropRecord> {
         let mut out = Vec::new();
-        for flow in self.tracker.overdue(now) {
+        for flow in self.tracker.overdue(now, OVERDUE_PER_CALL) {
             // Only an entry that is there and unreplied says so: a deleted
             // one says nothing (its destroy event reports it if unreplied).
             let entry = self

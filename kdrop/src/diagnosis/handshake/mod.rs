@@ -514,6 +514,7 @@ pub(crate) mod tests {
             last_ns,
             syns,
             first_unseen: false,
+            from_entry: false,
             isn: 0,
             gave_up: None,
             answered: false,
@@ -1084,11 +1085,12 @@ pub(crate) mod tests {
     fn a_tracked_handshake_whose_retransmissions_stop_is_overdue_once() {
         const MS: u64 = 1_000_000;
         let tracked = |ts| syn(ts, Some(dnat_ct(8)));
-        // One transmission, then nothing: due 1 s later, and some lateness.
+        // Followed from its entry's creation (its first transmission),
+        // then nothing: due 1 s later, and some lateness.
         let mut tr = Tracker::default();
-        assert_eq!(tr.on_egress(&tracked(0), &BITS), None);
-        assert!(tr.overdue(1_400 * MS).is_empty());
-        let [f] = &tr.overdue(1_500 * MS)[..] else {
+        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        assert!(tr.overdue(1_400 * MS, usize::MAX).is_empty());
+        let [f] = &tr.overdue(1_500 * MS, usize::MAX)[..] else {
             panic!("overdue after 1.5 s")
         };
         assert_eq!(
@@ -1105,25 +1107,25 @@ pub(crate) mod tests {
              doubles the gap from 1 s): the client gave up, a connect timeout as short as that \
              (or its retransmissions stopped reaching this host)"
         ));
-        assert!(tr.overdue(60_000 * MS).is_empty(), "once");
+        assert!(tr.overdue(60_000 * MS, usize::MAX).is_empty(), "once");
         // A retransmission on time moves the deadline: the next gap is 2 s.
         let mut tr = Tracker::default();
-        tr.on_egress(&tracked(0), &BITS);
+        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
         tr.on_egress(&tracked(1_000 * MS), &BITS);
-        assert!(tr.overdue(3_400 * MS).is_empty());
-        let [f] = &tr.overdue(3_500 * MS)[..] else {
+        assert!(tr.overdue(3_400 * MS, usize::MAX).is_empty());
+        let [f] = &tr.overdue(3_500 * MS, usize::MAX)[..] else {
             panic!("overdue 2.5 s after the second")
         };
         assert_eq!(f.syns, 2);
         // The caller found a reply in the entry: answered, never reported.
         let mut tr = Tracker::default();
-        tr.on_egress(&tracked(0), &BITS);
-        let [f] = &tr.overdue(2_000 * MS)[..] else {
+        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        let [f] = &tr.overdue(2_000 * MS, usize::MAX)[..] else {
             panic!()
         };
         tr.answered(&f.orig);
         tr.on_egress(&tracked(3_000 * MS), &BITS);
-        assert!(tr.overdue(60_000 * MS).is_empty());
+        assert!(tr.overdue(60_000 * MS, usize::MAX).is_empty());
     }
 
     #[test]
@@ -1132,22 +1134,29 @@ pub(crate) mod tests {
         // No conntrack entry to ask: a local client's socket says it.
         let mut tr = Tracker::default();
         tr.on_egress(&syn(0, None), &BITS);
-        assert!(tr.overdue(100 * S).is_empty());
+        assert!(tr.overdue(100 * S, usize::MAX).is_empty());
         // Answered.
         let mut tr = Tracker::default();
         tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS);
         tr.on_egress(&syn(1_000, Some(dnat_ct(8 | BITS.seen_reply))), &BITS);
-        assert!(tr.overdue(100 * S).is_empty());
+        assert!(tr.overdue(100 * S, usize::MAX).is_empty());
         // Reported at its third transmission.
         let mut tr = Tracker::default();
-        for ts in [0, S, 3 * S] {
+        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        for ts in [S, 3 * S] {
             tr.on_egress(&syn(ts, Some(dnat_ct(8))), &BITS);
         }
-        assert!(tr.overdue(100 * S).is_empty());
+        assert!(tr.overdue(100 * S, usize::MAX).is_empty());
+        // First seen leaving a device, with its entry: it may be several
+        // retransmissions in (the device probe armed late), so when the
+        // next is due is not known.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn(S, Some(dnat_ct(8))), &BITS);
+        assert!(tr.overdue(100 * S, usize::MAX).is_empty());
         // Followed from its entry's creation (a client elsewhere).
         let mut tr = Tracker::default();
         tr.on_new(&dnat_ct(8), 7, 0, &BITS);
-        assert_eq!(tr.overdue(2 * S).len(), 1);
+        assert_eq!(tr.overdue(2 * S, usize::MAX).len(), 1);
     }
 
     #[test]
@@ -1174,5 +1183,20 @@ pub(crate) mod tests {
             panic!("the RST refuses the SYN-ACK")
         };
         assert_eq!(r.syn_ack, ct.orig.reversed());
+    }
+
+    #[test]
+    fn overdue_handshakes_come_a_bounded_number_at_a_time() {
+        const S: u64 = 1_000_000_000;
+        let mut tr = Tracker::default();
+        for port in 0..5u16 {
+            let mut ct = dnat_ct(8);
+            ct.orig.src.set_port(50_000 + port);
+            tr.on_new(&ct, 7, 0, &BITS);
+        }
+        assert_eq!(tr.overdue(2 * S, 2).len(), 2);
+        assert_eq!(tr.overdue(2 * S, 2).len(), 2);
+        assert_eq!(tr.overdue(2 * S, 2).len(), 1, "the rest, later");
+        assert!(tr.overdue(2 * S, 2).is_empty());
     }
 }

@@ -336,6 +336,7 @@ mod tests {
             last_ns: 0,
             syns: 1,
             first_unseen: false,
+            from_entry: false,
             isn: 0,
             gave_up: None,
             answered: false,

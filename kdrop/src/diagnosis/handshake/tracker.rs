@@ -57,6 +57,11 @@ pub struct Flow {
     /// The first transmission was not seen: counted from a retransmission or
     /// from the socket's own count.
     pub first_unseen: bool,
+    /// Followed from its conntrack entry's creation (ctnetlink NEW): its
+    /// count starts at its first transmission, so when the next is due is
+    /// known. A flow first seen leaving a device may be several
+    /// retransmissions in (the device probe is armed on demand).
+    pub from_entry: bool,
     /// The client's ISN (0: unknown): another ISN on the same tuple is
     /// another connection.
     pub isn: u32,
@@ -79,9 +84,9 @@ impl Flow {
         self.last_ns.saturating_add(gap).saturating_add(LATE_NS)
     }
 
-    /// Still waiting for an answer, and followed through its entry.
+    /// Still waiting for an answer, followed from its entry's creation.
     fn waiting(&self) -> bool {
-        !self.answered && !self.reported && self.gave_up.is_none() && self.ct.is_some()
+        !self.answered && !self.reported && self.gave_up.is_none() && self.from_entry
     }
 }
 
@@ -201,6 +206,7 @@ impl Tracker {
             last_ns: now_ns,
             syns: 0,
             first_unseen: false,
+            from_entry: false,
             isn: p.isn,
             gave_up: None,
             answered: false,
@@ -317,7 +323,7 @@ impl Tracker {
             f.reported = true;
             f.clone()
         });
-        let due = (dead.is_none() && f.ct.is_some()).then(|| f.retransmission_due());
+        let due = (dead.is_none() && f.waiting()).then(|| f.retransmission_due());
         if let Some(ct) = p.ct.filter(|c| c.status & bits.dst_nat != 0) {
             self.dnat_replies.insert(ct.reply, key);
         }
@@ -341,13 +347,15 @@ impl Tracker {
     }
 
     /// Tracked flows (a conntrack entry says whether they were answered)
-    /// whose next retransmission is overdue at `now_ns`: their clients
+    /// whose next retransmission is overdue at `now_ns`, at most `max` (the
+    /// rest wait for the next call: each costs the caller a conntrack
+    /// query, and a SYN flood through NAT makes thousands): their clients
     /// gave up, unless the entry shows a reply kdrop did not see. Marked
     /// given up; the caller asks conntrack, then reports or `answered`.
-    pub fn overdue(&mut self, now_ns: u64) -> Vec<Flow> {
+    pub fn overdue(&mut self, now_ns: u64, max: usize) -> Vec<Flow> {
         let mut out = Vec::new();
         while let Some(Reverse((due, key))) = self.deadlines.peek().copied() {
-            if due > now_ns {
+            if due > now_ns || out.len() >= max {
                 break;
             }
             self.deadlines.pop();
@@ -406,6 +414,7 @@ impl Tracker {
             last_ns: now_ns,
             syns: 1,
             first_unseen: false,
+            from_entry: false,
             isn: 0,
             gave_up: None,
             answered: false,
@@ -415,6 +424,7 @@ impl Tracker {
             wire,
         });
         f.ct = Some(*ct);
+        f.from_entry = true;
         if ct.status & bits.seen_reply != 0 {
             f.answered = true;
         }
