@@ -224,8 +224,10 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
             }
         }
     });
+    // --host: the other control runs beside this one with the same ports.
+    let client_host = format!("10.{}.0.1", r.net);
     let mut args = args.to_vec();
-    args.extend(["--port", "80", "--port", "81"]);
+    args.extend(["--port", "80", "--port", "81", "--host", &client_host]);
     let k = Kdrop::start(&args);
     let ports = 43000..43064;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
