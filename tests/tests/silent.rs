@@ -6,7 +6,7 @@
 //! client's own connect() result.
 use std::{net::SocketAddr, time::Duration, time::Instant};
 
-use integration_tests::{connect_within, listen_backlog, ss_listen_queues, Kdrop, Ns, Pair};
+use integration_tests::{connect_within, listen_backlog, ss_listen_queues, strs, Kdrop, Ns, Pair};
 
 /// A listener of backlog 1 on `server` that never accepts, its accept queue
 /// filled by two completed connections from the client (ports 42001-2).
@@ -53,15 +53,9 @@ fn given_up_on_a_full_listener(name: &str, net: u8, timeout: Duration, sport: u1
         summary.contains(&format!("is full: {waiting}/{backlog} waiting")),
         "{summary}"
     );
-    let ev: Vec<&str> = f["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
     // Whichever came first: the client closing in SYN-SENT, or (racing a
     // 3 s timeout) the SYN's second retransmission.
-    let sent = ev[0];
+    let sent = &strs(&f["evidence"])[0];
     assert!(
         sent.contains("then the client's connect() ended in SYN-SENT: the application closed it")
             || (timeout >= Duration::from_secs(3)
