@@ -239,26 +239,23 @@ impl<N: Node> Enricher<N> {
     /// records, unless the entry, asked now, shows a reply kdrop missed.
     fn given_up(&mut self, now: u64) -> Vec<DropRecord> {
         let mut out = Vec::new();
-        for flow in self.tracker.overdue(now, OVERDUE_PER_CALL) {
+        for mut flow in self.tracker.overdue(now, OVERDUE_PER_CALL) {
             // Only an entry that is there and unreplied says so: a deleted
             // one says nothing (its destroy event reports it if unreplied).
-            let entry = self
+            let Some(e) = self
                 .node
-                .conntrack_find(Side::Orig, &flow.orig, Some(flow.netns));
-            let entry = match entry {
-                None => continue,
-                Some(e) if e.ct.status & self.ct_bits.seen_reply != 0 => {
-                    self.tracker.answered(&flow.orig);
-                    continue;
-                }
-                Some(e) => e,
+                .conntrack_find(Side::Orig, &flow.orig, Some(flow.netns))
+            else {
+                continue;
             };
+            if e.ct.status & self.ct_bits.seen_reply != 0 {
+                self.tracker.answered(&flow.orig);
+                continue;
+            }
             self.tracker.reported(&flow.orig);
-            let mut flow = flow;
-            flow.ct = Some(entry.ct);
+            flow.ct = Some(e.ct);
             let mut r = self.unanswered(&flow, None);
             if let Some(f) = r.finding.as_mut() {
-                let e = &entry;
                 f.evidence.push(format!(
                     "conntrack, asked now: the entry {} -> {} has still seen no reply{}",
                     e.ct.orig.src,

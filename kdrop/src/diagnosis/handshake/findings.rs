@@ -2,7 +2,7 @@
 //! return path, LB loopback, unanswered, SYN-ACK answered by a RST.
 use std::net::IpAddr;
 
-use super::tracker::{CtBits, Flow, GaveUp, Reset};
+use super::tracker::{errno, CtBits, Flow, GaveUp, Reset};
 use crate::model::{
     finding::Finding,
     packet::{Ct, Tuple},
@@ -94,14 +94,13 @@ pub fn transmissions(flow: &Flow) -> String {
     s
 }
 
-/// How a connect() ended in SYN-SENT, from the socket's `sk_err` (errno
-/// values of include/uapi/asm-generic/errno.h, as on x86_64 and arm64).
+/// How a connect() ended in SYN-SENT, from the socket's `sk_err`.
 fn gave_up_text(err: i32) -> String {
     match err {
         0 => "the application closed it (a connect timeout, or it gave up)".into(),
-        110 => "the kernel gave up (ETIMEDOUT: net.ipv4.tcp_syn_retries spent)".into(),
-        113 => "an ICMP host unreachable answered it (EHOSTUNREACH)".into(),
-        101 => "an ICMP network unreachable answered it (ENETUNREACH)".into(),
+        errno::ETIMEDOUT => "the kernel gave up (ETIMEDOUT: net.ipv4.tcp_syn_retries spent)".into(),
+        errno::EHOSTUNREACH => "an ICMP host unreachable answered it (EHOSTUNREACH)".into(),
+        errno::ENETUNREACH => "an ICMP network unreachable answered it (ENETUNREACH)".into(),
         e => format!("error {e} (sk_err)"),
     }
 }

@@ -10,9 +10,16 @@ use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
 use crate::model::packet::{Abandon, Ct, Packet, Tuple};
 
-/// `ECONNREFUSED` (include/uapi/asm-generic/errno.h, the same on x86_64 and
-/// arm64): a RST answered the SYN, which the drop or the RST explains.
-const ECONNREFUSED: i32 = 111;
+/// The `sk_err` values a connect() ending in SYN-SENT carries
+/// (include/uapi/asm-generic/errno.h, the same on x86_64 and arm64).
+pub mod errno {
+    /// A RST answered the SYN, which the drop or the RST explains.
+    pub const ECONNREFUSED: i32 = 111;
+    /// The kernel gave up (tcp_syn_retries).
+    pub const ETIMEDOUT: i32 = 110;
+    pub const EHOSTUNREACH: i32 = 113;
+    pub const ENETUNREACH: i32 = 101;
+}
 
 /// A SYN sent this many times without an answer is a dead handshake: the
 /// first and two retransmissions (1 s and 3 s after it, Linux defaults).
@@ -172,7 +179,7 @@ impl Tracker {
     /// now, however few transmissions it had, unless something answered it
     /// (a SYN-ACK seen, a RST refusing it) or it was reported already.
     pub fn on_abandon(&mut self, a: &Abandon, bits: &CtBits) -> Option<Dead> {
-        if a.err == ECONNREFUSED {
+        if a.err == errno::ECONNREFUSED {
             return None;
         }
         let p = &a.packet;
