@@ -17,15 +17,26 @@ pub fn of(e: &Value, client: SocketAddr) -> bool {
 /// record (the SYN's third transmission, 3 s after the first), then what
 /// kdrop drained at exit.
 pub fn records(k: Kdrop, client: SocketAddr) -> Vec<Value> {
+    records_until(k, client, "unanswered", |e| e["kind"] == "unanswered")
+}
+
+/// Every record of `client`'s handshake up to the first that is `last`
+/// (within 10 s), then what kdrop drained at exit.
+pub fn records_until(
+    k: Kdrop,
+    client: SocketAddr,
+    what: &str,
+    last: impl Fn(&Value) -> bool,
+) -> Vec<Value> {
     let seen = std::cell::RefCell::new(Vec::new());
     k.expect_event_within(
-        "the handshake's unanswered record",
+        &format!("the handshake's {what} record"),
         Duration::from_secs(10),
         |e| {
             if of(e, client) {
                 seen.borrow_mut().push(e.clone());
             }
-            of(e, client) && e["kind"] == "unanswered"
+            of(e, client) && last(e)
         },
     );
     let mut out = seen.into_inner();

@@ -6,7 +6,9 @@
 //! client's own connect() result.
 use std::{net::SocketAddr, time::Duration, time::Instant};
 
-use integration_tests::{connect_within, listen_backlog, ss_listen_queues, strs, Kdrop, Ns, Pair};
+use integration_tests::{
+    connect_within, handshake, in_ns, listen_backlog, ss_listen_queues, strs, Kdrop, Ns, Pair,
+};
 
 /// A listener of backlog 1 on `server` that never accepts, its accept queue
 /// filled by two completed connections from the client (ports 42001-2).
@@ -80,7 +82,7 @@ fn a_client_giving_up_after_1s_on_a_full_accept_queue_gets_its_verdict() {
 /// forwards, and drops what goes to port 81 in FORWARD.
 struct Routed {
     client: Ns,
-    _router: Ns,
+    router: Ns,
     server: Ns,
     net: u8,
 }
@@ -134,7 +136,7 @@ fn routed(name: &str, net: u8) -> Routed {
         .unwrap();
     Routed {
         client,
-        _router: router,
+        router,
         server,
         net,
     }
@@ -334,4 +336,169 @@ fn a_client_giving_up_after_one_transmission_on_a_silent_server_is_unanswered() 
     );
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
+}
+
+/// The rule that loses the server's SYN-ACKs on the router, past the
+/// server's namespace.
+const SYN_ACK_DROP: [&str; 13] = [
+    "FORWARD",
+    "-p",
+    "tcp",
+    "--sport",
+    "7002",
+    "--tcp-flags",
+    "SYN,ACK",
+    "SYN,ACK",
+    "-j",
+    "DROP",
+    "-m",
+    "comment",
+    "--comment",
+];
+
+/// Client — router — server, the router dropping what the server's
+/// listener on :7002 answers (its SYN-ACKs): a listener, and the two ends.
+fn syn_acks_lost(
+    name: &str,
+    net: u8,
+    sport: u16,
+) -> (Routed, std::os::fd::OwnedFd, SocketAddr, SocketAddr) {
+    let r = routed(name, net);
+    let mut rule = vec!["-A"];
+    rule.extend(SYN_ACK_DROP);
+    rule.push("the SYN-ACKs lost");
+    r.router.exec("iptables", &rule).unwrap();
+    let server: SocketAddr = format!("10.{}.0.2:7002", net + 1).parse().unwrap();
+    let client: SocketAddr = format!("10.{net}.0.1:{sport}").parse().unwrap();
+    let l = listen_backlog(&r.server, server, 16);
+    (r, l, server, client)
+}
+
+/// TcpExt.TCPSynRetrans of the namespace (SYN and SYN-ACK retransmissions),
+/// as /proc/net/netstat says.
+fn syn_retrans(ns: &Ns) -> u64 {
+    let text = in_ns(ns, &["cat", "/proc/net/netstat"]);
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "TCPSynRetrans")
+        .expect("TCPSynRetrans");
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+/// The server's SYN-ACKs lost past its node, the client elsewhere giving up
+/// after one SYN: nothing is dropped on the server's side and no SYN
+/// repeats; its SYN-ACK retransmissions name the dead handshake (the second,
+/// 3 s after the first SYN-ACK).
+#[test]
+fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_1s() {
+    let (r, _l, server, client) = syn_acks_lost("sdsa", 218, 42031);
+    let k = Kdrop::start(&["--netns", &r.server.name, "--port", "7002", "--json"]);
+    let t0 = Instant::now();
+    let err = connect_within(&r.client, client, server, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    let e = k.expect_event_within("the handshake's verdict", Duration::from_secs(6), |e| {
+        handshake::of(e, client)
+    });
+    let after = t0.elapsed();
+    // The oracle: the kernel's own count and the request socket, read now.
+    assert!(syn_retrans(&r.server) >= 2, "TCPSynRetrans");
+    let syn_recv = in_ns(&r.server, &["ss", "-tnH", "state", "syn-recv"]);
+    assert!(syn_recv.contains(&client.to_string()), "{syn_recv}");
+    assert!(
+        after >= Duration::from_secs(2),
+        "{after:?}: before the second retransmission"
+    );
+    assert_eq!(e["kind"], "unanswered", "{e:#}");
+    assert_eq!(e["tcp_flags"], "SYN|ACK", "{e:#}");
+    assert_eq!(
+        (e["saddr"].as_str(), e["sport"].as_u64()),
+        (Some("10.218.0.1"), Some(42031))
+    );
+    assert_eq!(
+        (e["daddr"].as_str(), e["dport"].as_u64()),
+        (Some("10.219.0.2"), Some(7002))
+    );
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "syn_ack_unanswered", "{e:#}");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "SYN-ACK {server} -> {client} sent 3 times out of s0 without the client's final \
+             ACK: the SYN-ACK or the ACK is lost between this node and 10.218.0.1, or the \
+             client gave up"
+        )
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev[0].starts_with(&format!(
+            "tcp:tcp_retransmit_synack: the request socket {server} <- {client} retransmitted its \
+         SYN-ACK 2 times over "
+        )),
+        "{ev:?}"
+    );
+    assert_eq!(
+        ev[1],
+        format!("sock_diag: the request socket {server} <- {client} still waits in SYN-RECV")
+    );
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+}
+
+/// The same, the client trying for 3 s: its repeated SYN reaches the server
+/// at 1 s while the request socket waits (kernel drop NOT_SPECIFIED in
+/// tcp_v4_rcv): `duplicate_syn` is the handshake's verdict, and the SYN-ACK
+/// retransmissions that follow carry it, one cause.
+#[test]
+fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_3s() {
+    let (r, _l, server, client) = syn_acks_lost("sdsb", 220, 42032);
+    let k = Kdrop::start(&["--netns", &r.server.name, "--port", "7002", "--json"]);
+    let err = connect_within(&r.client, client, server, Duration::from_secs(3)).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    let recs = handshake::records_until(k, client, "SYN-ACK's unanswered", |e| {
+        e["kind"] == "unanswered"
+    });
+    let f = handshake::one_verdict(&recs, "duplicate_syn");
+    assert_eq!(recs[0]["kind"], "drop", "{recs:#?}");
+    assert_eq!(recs[0]["reason"], "NOT_SPECIFIED", "{recs:#?}");
+    assert_eq!(recs[0]["tcp_flags"], "SYN", "{recs:#?}");
+    assert_eq!(
+        f["summary"],
+        format!(
+            "SYN {client} -> {server} repeated while the server's SYN-ACK for it was \
+             outstanding: the server resent its SYN-ACK, so the SYN-ACK or the client's final \
+             ACK is being lost on the way"
+        )
+    );
+    let last = recs.iter().find(|e| e["kind"] == "unanswered").unwrap();
+    assert!(
+        strs(&last["finding"]["evidence"]).iter().any(|l| l
+            .starts_with("this packet of the same handshake, by itself: SYN-ACK ")
+            && l.ends_with("[syn_ack_unanswered]")),
+        "{last:#}"
+    );
+}
+
+/// The same lost SYN-ACK traced as a user would on a node that holds the
+/// router too (every namespace): the router's rule dropping it is the
+/// verdict.
+#[test]
+fn a_lost_syn_ack_traced_everywhere_client_giving_up_after_3s() {
+    let (r, _l, server, client) = syn_acks_lost("sdsc", 222, 42033);
+    let k = Kdrop::start(&["--port", "7002", "--json"]);
+    let err = connect_within(&r.client, client, server, Duration::from_secs(3)).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    let recs = handshake::records_until(k, client, "first verdict", |e| !e["finding"].is_null());
+    let f = handshake::one_verdict(&recs, "netfilter_rule");
+    let nf = &recs[0]["netfilter"];
+    assert_eq!(nf["chain"], "FORWARD", "{nf:#}");
+    assert!(
+        nf["rule"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the SYN-ACKs lost"),
+        "{nf:#}"
+    );
+    assert!(!strs(&f["fix"]).is_empty(), "{f:#}");
 }

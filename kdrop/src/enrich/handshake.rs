@@ -4,10 +4,16 @@
 //! return), which both of those and a SYN-ACK's drop can lead to.
 use std::sync::Arc;
 
+use kdrop_common::{TCP_ACK, TCP_SYN};
+
 use super::Enricher;
 use crate::{
     context::{conntrack_lookup::Side, Node},
-    diagnosis::handshake::{self, refused, BridgeFacts, Flow, Refused, Reset, Translator},
+    diagnosis::handshake::{
+        self, refused,
+        syn_ack::{self, SynAckRetransmitted},
+        BridgeFacts, Flow, Refused, Reset, Translator,
+    },
     model::{finding::Finding, packet::Tuple, record::DropRecord, routing::NetnsContext},
 };
 
@@ -85,6 +91,56 @@ impl<N: Node> Enricher<N> {
         };
         let ct = back.and_then(|b| b.ct.as_ref()).or(flow.ct.as_ref());
         self.name_pods(&mut r, &flow.orig, false, ct);
+        r
+    }
+
+    /// A local server's SYN-ACK retransmitted without the final ACK, as an
+    /// event of kind "unanswered" about the client's SYN.
+    pub(super) fn syn_ack_unanswered(&mut self, s: &SynAckRetransmitted) -> DropRecord {
+        let (server, client) = (s.syn_ack.src, s.syn_ack.dst);
+        let ifindex = self.node.route_out(s.netns, client.ip()).unwrap_or(0);
+        let ifname = if ifindex == 0 {
+            String::new()
+        } else {
+            self.node.ifname(s.netns, ifindex)
+        };
+        let ns = self.netns_name(s.netns);
+        let pending = self.node.request_pending(s.netns, server, client);
+        let exec = ns.exec();
+        let finding = syn_ack::unanswered(
+            s,
+            &syn_ack::Around {
+                dev: &ifname,
+                pending,
+                ns: &exec,
+            },
+        );
+        let syn = s.syn_ack.reversed();
+        let mut r = DropRecord {
+            packet: None,
+            ts: self.ts(s.last_ns),
+            kind: "unanswered",
+            netns: s.netns,
+            netns_name: ns.name,
+            pods: Default::default(),
+            ifname,
+            ifindex,
+            family: if client.is_ipv4() { "ipv4" } else { "ipv6" },
+            saddr: client.ip(),
+            sport: client.port(),
+            daddr: server.ip(),
+            dport: server.port(),
+            tcp_flags: crate::model::packet::tcp_flags(TCP_SYN | TCP_ACK),
+            reason: None,
+            location: String::new(),
+            mark: 0,
+            route_lookups: Vec::new(),
+            ct: None,
+            netfilter: None,
+            handshake: None,
+            finding: Some(finding),
+        };
+        self.name_pods(&mut r, &syn, false, None);
         r
     }
 

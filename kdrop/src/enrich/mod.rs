@@ -15,6 +15,7 @@ use crate::{
     context::{conntrack_lookup::Side, NetnsName, Node},
     diagnosis::{
         handshake::{
+            syn_ack::{self, SynAckRetransmits},
             verdict::{self, Verdicts},
             CtBits, Dead, Tracker,
         },
@@ -88,6 +89,8 @@ pub struct Enricher<N: Node> {
     verdicts: VerdictLog,
     /// One verdict per handshake.
     handshakes: Verdicts,
+    /// Local servers' SYN-ACKs retransmitted, by request socket.
+    syn_acks: SynAckRetransmits,
     /// Drops with no finding of their own, held `HOLD_NS` for their
     /// handshake's verdict (kernel time of the drop, its ISN, record).
     held: VecDeque<(u64, u32, DropRecord)>,
@@ -120,6 +123,7 @@ impl<N: Node> Enricher<N> {
             findings: HashMap::new(),
             verdicts: VerdictLog::default(),
             handshakes: Verdicts::default(),
+            syn_acks: SynAckRetransmits::default(),
             held: VecDeque::new(),
         }
     }
@@ -148,10 +152,19 @@ impl<N: Node> Enricher<N> {
                 let dead = self.tracker.on_egress(p, &self.ct_bits)?;
                 (self.dead(&dead), p.ts_ns, p.isn)
             }
-            // A retransmission is one more transmission of its handshake.
+            // A retransmission is one more transmission of its handshake;
+            // a SYN-ACK's also says the final ACK has not come.
             Event::Retrans(p) => {
-                let dead = self.tracker.on_retrans(p, &self.ct_bits)?;
-                (self.dead(&dead), p.ts_ns, p.isn)
+                let dead = self.tracker.on_retrans(p, &self.ct_bits);
+                let r = match dead {
+                    Some(dead) => self.dead(&dead),
+                    None if syn_ack::is_syn_ack(p) => {
+                        let s = self.syn_acks.on_retrans(p)?;
+                        self.syn_ack_unanswered(&s)
+                    }
+                    None => return None,
+                };
+                (r, p.ts_ns, p.isn)
             }
             // The client gave up: its handshake's verdict is due now.
             Event::Abandon(a) => {

@@ -4,6 +4,7 @@
 pub mod findings;
 pub mod loopback;
 pub mod refused;
+pub mod syn_ack;
 pub mod tracker;
 pub mod verdict;
 

@@ -23,9 +23,9 @@ const MAX_HANDSHAKES: usize = 2_048;
 /// from what did not happen (no reply), which outranks saying nothing.
 pub fn rank(cause: &str) -> u8 {
     match cause {
-        // A repeated SYN only says an answer is being lost: it waits for
-        // the handshake's verdict.
-        "unanswered" | "no_reason" | "duplicate_syn" => 0,
+        // A repeated SYN or SYN-ACK only says an answer is being lost: it
+        // waits for the handshake's verdict.
+        "unanswered" | "no_reason" | "duplicate_syn" | "syn_ack_unanswered" => 0,
         "no_socket" | "syn_ack_reset" | "netfilter" | "otherhost" => 1,
         "asymmetric_return_path" => 2,
         _ => 3,
@@ -235,6 +235,7 @@ mod tests {
             ("unanswered", 0),
             ("no_reason", 0),
             ("duplicate_syn", 0),
+            ("syn_ack_unanswered", 0),
             ("no_socket", 1),
             ("syn_ack_reset", 1),
             ("netfilter", 1),
