@@ -249,31 +249,21 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
     for e in &to_81 {
         assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e:#}");
     }
-    let dropped_ids: Vec<&serde_json::Value> = to_81.iter().map(|e| &e["handshake"]).collect();
-    // The healthy port: no death counted from other connections' SYNs, no
-    // verdict of a port-81 connection that used the same client port.
-    // (Left, #24: this RST-closing churn now and then makes the kernel free
-    // a port-80 SYN at tcp_v4_rcv and a client refuse a SYN-ACK, which kdrop
-    // reports as weak duplicate_syn / syn_ack_reset records.)
+    // The healthy port: nothing at all. No death counted from other
+    // connections' SYNs, no verdict of a port-81 connection that used the
+    // same client port, and no RST taken for a refused SYN-ACK: the
+    // client's bare RST answering the server's FIN after its SO_LINGER 0
+    // abort carries the same sequence number as one refusing the SYN-ACK.
     let healthy_records: Vec<_> = events.iter().filter(|e| e["dport"] == 80).collect();
     eprintln!(
-        "{n} healthy handshakes, {} records on port 81, {} on port 80: {:?}",
+        "{n} healthy handshakes, {} records on port 81, {} on port 80",
         to_81.len(),
-        healthy_records.len(),
-        healthy_records
-            .iter()
-            .map(|e| e["finding"]["cause"].as_str().unwrap_or("none"))
-            .collect::<Vec<_>>()
+        healthy_records.len()
     );
-    for e in healthy_records {
-        let cause = e["finding"]["cause"].as_str().unwrap_or("none");
-        assert!(
-            !matches!(cause, "unanswered" | "listen_overflow")
-                && !cause.starts_with("netfilter")
-                && !dropped_ids.contains(&&e["handshake"]),
-            "a false death on the healthy port: {e:#}"
-        );
-    }
+    assert!(
+        healthy_records.is_empty(),
+        "records on the healthy port: {healthy_records:#?}"
+    );
     // The accept loop ends with the process; the namespaces go now.
     drop(server);
 }

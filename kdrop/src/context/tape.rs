@@ -140,6 +140,8 @@ pub struct StatsLine {
     pub undecodable: u64,
     pub ct_received: u64,
     pub ct_overruns: u64,
+    #[serde(default)]
+    pub answered_by_tcp: u64,
     pub elapsed_ns: u64,
 }
 
@@ -161,6 +163,7 @@ impl From<&Stats> for StatsLine {
             undecodable: s.undecodable,
             ct_received: s.ct_received,
             ct_overruns: s.ct_overruns,
+            answered_by_tcp: s.answered_by_tcp,
             elapsed_ns: s.elapsed.as_nanos() as u64,
         }
     }
@@ -186,6 +189,7 @@ impl From<&StatsLine> for Stats {
             undecodable: s.undecodable,
             ct_received: s.ct_received,
             ct_overruns: s.ct_overruns,
+            answered_by_tcp: s.answered_by_tcp,
             elapsed: Duration::from_nanos(s.elapsed_ns),
         }
     }

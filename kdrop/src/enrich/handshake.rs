@@ -144,6 +144,24 @@ impl<N: Node> Enricher<N> {
         r
     }
 
+    /// Was the RST `r` sent by the namespace it was seen leaving (its source
+    /// one of that namespace's addresses), where kdrop traces? Then it did
+    /// not refuse the SYN-ACK: a namespace that refuses one sends the RST,
+    /// then frees the SYN-ACK (tcp_v4_rcv's no_tcp_socket path, kfree_skb
+    /// with NO_SOCKET; a plain kfree_skb there on v5.10,
+    /// https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_ipv4.c and
+    /// v5.10's), a drop kdrop sees there and reports instead of the RST
+    /// (`Tracker::syn_ack_dropped`). A RST still held answered a later
+    /// segment with the same sequence number: the server's FIN reaching a
+    /// client that aborted the open connection (SO_LINGER 0, as health
+    /// checkers do) and has no socket left.
+    pub(super) fn sent_where_traced(&mut self, r: &Reset) -> bool {
+        let src = r.rst.tuple.src.ip();
+        self.node
+            .routing(r.rst.netns)
+            .is_some_and(|c| c.tables.addrs.iter().any(|a| a.addr == src))
+    }
+
     /// A SYN-ACK answered by a RST, as an event of kind "reset".
     pub(super) fn reset(&mut self, r: &Reset) -> DropRecord {
         let ns = self.netns_name(r.rst.netns);

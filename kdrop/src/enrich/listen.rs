@@ -51,8 +51,10 @@ impl<N: Node> Enricher<N> {
                 listen::overflow(&found, &t, &Seen::FinalAck(line))
             }
             Some("NOT_SPECIFIED") if syn && tcp_rcv => {
+                // Without a request socket it repeated nothing: a TIME_WAIT
+                // socket of the same tuple answered it (see `tcp_freed`).
                 let pending = self.node.request_pending(d.netns, t.dst, t.src);
-                Some(listen::duplicate_syn(&t, &r.location, pending))
+                (pending != Some(false)).then(|| listen::duplicate_syn(&t, &r.location, pending))
             }
             _ => None,
         }

@@ -91,6 +91,9 @@ pub struct Enricher<N: Node> {
     handshakes: Verdicts,
     /// Local servers' SYN-ACKs retransmitted, by request socket.
     syn_acks: SynAckRetransmits,
+    /// SYNs TCP freed after answering them otherwise, outside any failed
+    /// handshake: not reported, counted (see `tcp_freed`).
+    pub answered_by_tcp: u64,
     /// Drops with no finding of their own, held `HOLD_NS` for their
     /// handshake's verdict (kernel time of the drop, its ISN, record).
     held: VecDeque<(u64, u32, DropRecord)>,
@@ -124,6 +127,7 @@ impl<N: Node> Enricher<N> {
             verdicts: VerdictLog::default(),
             handshakes: Verdicts::default(),
             syn_acks: SynAckRetransmits::default(),
+            answered_by_tcp: 0,
             held: VecDeque::new(),
         }
     }
@@ -135,6 +139,13 @@ impl<N: Node> Enricher<N> {
         let (r, ts, isn) = match e {
             Event::Drop(d) => {
                 let r = self.drop_record(d);
+                let in_failed = |me: &mut Self| {
+                    client_end(&r).is_some_and(|c| me.handshakes.join(c, d.isn, d.ts_ns).is_some())
+                };
+                if tcp_freed(&r) && !in_failed(self) {
+                    self.answered_by_tcp += 1;
+                    return None;
+                }
                 // A drop that explains nothing by itself may belong to a
                 // handshake whose verdict is a moment away (the SYN-ACK the
                 // client refuses): held briefly, then filed under it.
@@ -233,6 +244,9 @@ impl<N: Node> Enricher<N> {
         };
         let resets = self.tracker.due_resets(now);
         for r in &resets {
+            if self.sent_where_traced(r) {
+                continue;
+            }
             let rec = self.reset(r);
             out.push(self.fold(rec, r.rst.ts_ns, r.rst.isn));
         }
@@ -352,6 +366,30 @@ impl<N: Node> Enricher<N> {
 /// sent it: the conntrack entry's original source when the packet carried
 /// one; else the SYN's source, the SYN-ACK's destination; the record's own
 /// source for handshakes kdrop followed (unanswered, reset).
+/// A SYN TCP's receive path freed without a reason (NOT_SPECIFIED at
+/// tcp_v4_rcv / tcp_v6_rcv) and without a request socket it repeats (no
+/// `duplicate_syn`): a TIME_WAIT socket of the same 4-tuple took it (the
+/// client reused its port), answered it with an ACK and freed it
+/// (tcp_timewait_state_process's TCP_TW_ACK, then discard_it, v6.18
+/// https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_ipv4.c; seen as
+/// `rx_sk` in TIME_WAIT). The client answers that ACK with a RST, which
+/// ends the TIME_WAIT socket, and sends its SYN again at once
+/// (tcp_rcv_synsent_state_process rearms its timer at TCP_TIMEOUT_MIN):
+/// nothing failed. A handshake that does fail is reported by its own
+/// records.
+fn tcp_freed(r: &DropRecord) -> bool {
+    let tcp_rcv = ["tcp_v4_rcv+", "tcp_v6_rcv+"]
+        .iter()
+        .any(|f| r.location.starts_with(f));
+    r.kind == "drop"
+        && tcp_rcv
+        && r.reason.as_deref() == Some("NOT_SPECIFIED")
+        && r.tcp_flags == "SYN"
+        && r.finding
+            .as_ref()
+            .is_none_or(|f| f.cause != "duplicate_syn")
+}
+
 fn client_end(r: &DropRecord) -> Option<std::net::SocketAddr> {
     if let Some(ct) = &r.ct {
         if let Ok(src) = ct.orig.src.parse() {
@@ -373,3 +411,6 @@ fn client_end(r: &DropRecord) -> Option<std::net::SocketAddr> {
         _ => Some(src),
     }
 }
+
+#[cfg(test)]
+mod tests;

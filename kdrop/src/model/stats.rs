@@ -23,5 +23,8 @@ pub struct Stats {
     /// ctnetlink destroy events read, and socket overruns (events lost).
     pub ct_received: u64,
     pub ct_overruns: u64,
+    /// SYN drops not reported: TCP freed them after answering them another
+    /// way, outside any failed handshake (enrich's `tcp_freed`).
+    pub answered_by_tcp: u64,
     pub elapsed: Duration,
 }

@@ -54,6 +54,13 @@ impl Summary {
         for ((svc, cause), n) in &self.by_service {
             s.push_str(&format!("kdrop: service {svc}: {cause} {n}\n"));
         }
+        if stats.answered_by_tcp > 0 {
+            s.push_str(&format!(
+                "kdrop: {} SYN drops not reported: TCP freed them after answering them (a \
+                 TIME_WAIT socket of the same tuple), in no failed handshake\n",
+                stats.answered_by_tcp
+            ));
+        }
         if self.undecodable > 0 {
             s.push_str(&format!(
                 "kdrop: {} undecodable records\n",

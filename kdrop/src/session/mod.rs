@@ -474,6 +474,7 @@ impl Session {
             undecodable: self.ring.undecodable,
             ct_received: self.ct_events.received_destroyed,
             ct_overruns: self.ct_events.overruns,
+            answered_by_tcp: self.enricher.answered_by_tcp,
             elapsed: self.started.elapsed(),
         })
     }

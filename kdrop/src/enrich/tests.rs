@@ -1,0 +1,140 @@
+//! The enricher on recorded answers (context::replay): which events make
+//! records, and which are counted instead.
+use std::collections::HashMap;
+
+use kdrop_common::{TCP_ACK, TCP_SYN};
+use serde_json::json;
+
+use super::{Enricher, Facts};
+use crate::{
+    context::{replay::Replay, tape::Line},
+    kernel::facts::Reasons,
+    model::packet::{Drop, Event, Packet, Tuple},
+};
+
+const NS: u32 = 9;
+const TCP_V4_RCV: u64 = 0xffff_0091;
+
+fn enricher() -> Enricher<Replay> {
+    let mut e = Enricher::new(
+        Replay::default(),
+        Facts {
+            reasons: Reasons::from_pairs([("NOT_SPECIFIED", 2)]),
+            ct_names: Default::default(),
+            nf_rungs: HashMap::new(),
+            realtime_offset_ns: 0,
+        },
+    );
+    answer(
+        &mut e,
+        json!(["symbol", TCP_V4_RCV]),
+        json!("tcp_v4_rcv+0x91"),
+    );
+    answer(
+        &mut e,
+        json!(["netns", NS]),
+        json!({"inode": NS, "name": "srv"}),
+    );
+    e
+}
+
+fn answer(e: &mut Enricher<Replay>, q: serde_json::Value, a: serde_json::Value) {
+    e.node.apply(&Line::Answer {
+        q: q.to_string(),
+        a,
+    });
+}
+
+/// A SYN client -> server freed by TCP's receive path without a reason.
+fn syn_freed() -> Event {
+    Event::Drop(Drop {
+        ts_ns: 1_000_000_000,
+        cpu: 0,
+        location: TCP_V4_RCV,
+        reason: 2,
+        netns: NS,
+        ifindex: 2,
+        mark: 0,
+        saddr: "10.0.1.1".parse().unwrap(),
+        daddr: "10.0.2.2".parse().unwrap(),
+        sport: 43006,
+        dport: 80,
+        tcp_flags: TCP_SYN,
+        isn: 7,
+        fib: Vec::new(),
+        ct: None,
+        src_check: None,
+    })
+}
+
+fn pending(e: &mut Enricher<Replay>, yes: bool) {
+    answer(
+        e,
+        json!(["request_pending", NS, "10.0.2.2:80", "10.0.1.1:43006"]),
+        json!(yes),
+    );
+}
+
+/// The held weak records, all of them.
+fn drained(e: &mut Enricher<Replay>) -> Vec<crate::model::record::DropRecord> {
+    e.due(u64::MAX)
+}
+
+#[test]
+fn a_syn_tcp_freed_without_a_request_socket_is_counted_not_reported() {
+    let mut e = enricher();
+    pending(&mut e, false);
+    assert!(e.on_event(&syn_freed()).is_none());
+    assert!(drained(&mut e).is_empty());
+    assert_eq!(e.answered_by_tcp, 1);
+}
+
+#[test]
+fn a_syn_repeating_a_pending_request_is_a_duplicate() {
+    let mut e = enricher();
+    pending(&mut e, true);
+    assert!(e.on_event(&syn_freed()).is_none(), "held for its verdict");
+    let r = drained(&mut e);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].finding.as_ref().unwrap().cause, "duplicate_syn");
+    assert_eq!(e.answered_by_tcp, 0);
+}
+
+#[test]
+fn a_syn_tcp_freed_in_a_failed_handshake_carries_its_verdict() {
+    let mut e = enricher();
+    pending(&mut e, false);
+    // The server's SYN-ACK for that client, retransmitted twice, 2 s apart.
+    let rtx = |ts_ns| {
+        Event::Retrans(Packet {
+            ts_ns,
+            netns: NS,
+            ifindex: 0,
+            mark: 0,
+            tuple: Tuple {
+                src: "10.0.2.2:80".parse().unwrap(),
+                dst: "10.0.1.1:43006".parse().unwrap(),
+            },
+            tcp_flags: TCP_SYN | TCP_ACK,
+            isn: 7,
+            ct: None,
+        })
+    };
+    assert!(e.on_event(&rtx(500_000_000)).is_none());
+    let r = e.on_event(&rtx(2_500_000_000)).expect("dead");
+    assert_eq!(r.kind, "unanswered");
+    assert_eq!(r.tcp_flags, "SYN|ACK");
+    assert_eq!((r.sport, r.dport), (43006, 80));
+    let f = r.finding.as_ref().unwrap();
+    assert_eq!(f.cause, "syn_ack_unanswered");
+    // A later free of the same client's SYN joins that handshake.
+    let Event::Drop(mut d) = syn_freed() else {
+        unreachable!()
+    };
+    d.ts_ns = 3_000_000_000;
+    assert!(e.on_event(&Event::Drop(d)).is_none(), "held");
+    let r = drained(&mut e);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].finding.as_ref().unwrap().cause, "syn_ack_unanswered");
+    assert_eq!(e.answered_by_tcp, 0);
+}
