@@ -19,6 +19,12 @@ pub const ALLOWED: &[(&str, &str, &str)] = &[
         "no per-module BTF before 5.11: nft_do_chain's struct nft_pktinfo is unknown",
     ),
     (
+        "5.10",
+        "no-drop-reasons",
+        "no enum skb_drop_reason before 5.17: causes told from the reason (TC_INGRESS, \
+         BPF_CGROUP_EGRESS, NOT_SPECIFIED, TCP_LISTEN_OVERFLOW ...) cannot be",
+    ),
+    (
         "6.12",
         "nft-frees-inside",
         "Debian's 6.12 frees a dropped packet inside nft_do_chain and returns NF_STOLEN: \

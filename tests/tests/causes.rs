@@ -14,7 +14,7 @@ use std::{
 
 use integration_tests::{
     bound, connect_from, expected_reason, in_ns, kernel_has_drop_reasons, listen, run_fix,
-    send_syn, strs, Kdrop, Ns, Pair,
+    send_syn, skip, strs, Kdrop, Ns, Pair,
 };
 use kdrop::context::in_netns;
 
@@ -193,6 +193,11 @@ fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
 #[test]
 fn a_final_ack_refused_by_a_full_queue_is_a_handshake_packet() {
     if !kernel_has_drop_reasons() {
+        skip(
+            "a_final_ack_refused_by_a_full_queue_is_a_handshake_packet",
+            "no-drop-reasons",
+            "the cause is told from the kernel's drop reason",
+        );
         return;
     }
     let p = Pair::new("lack", 194);
@@ -302,6 +307,11 @@ const DROP_SYN: &str = "12,40 0 0 12,21 0 8 2048,48 0 0 23,21 0 6 6,40 0 0 20,69
 #[test]
 fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
     if !kernel_has_drop_reasons() {
+        skip(
+            "a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted",
+            "no-drop-reasons",
+            "the cause is told from the kernel's drop reason",
+        );
         return;
     }
     let p = Pair::new("tcin", 193);
@@ -372,6 +382,11 @@ fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
 #[test]
 fn a_duplicate_syn_joins_the_verdict_of_the_lost_syn_ack() {
     if !kernel_has_drop_reasons() {
+        skip(
+            "a_duplicate_syn_joins_the_verdict_of_the_lost_syn_ack",
+            "no-drop-reasons",
+            "the cause is told from the kernel's drop reason",
+        );
         return;
     }
     let p = Pair::new("dsyn", 197);
@@ -472,6 +487,11 @@ impl Drop for Bpffs {
 #[test]
 fn an_xdp_program_dropping_the_syn_is_named_and_detached() {
     if !kernel_has_drop_reasons() {
+        skip(
+            "an_xdp_program_dropping_the_syn_is_named_and_detached",
+            "no-drop-reasons",
+            "the cause is told from the kernel's drop reason",
+        );
         return;
     }
     let p = Pair::new("xdpd", 198);
@@ -612,6 +632,11 @@ fn in_cgroup(cg: &Cgroup, ns: &Ns, code: &str) -> std::process::Child {
 #[test]
 fn a_cgroup_egress_program_is_named_and_detached() {
     if !kernel_has_drop_reasons() {
+        skip(
+            "a_cgroup_egress_program_is_named_and_detached",
+            "no-drop-reasons",
+            "the cause is told from the kernel's drop reason",
+        );
         return;
     }
     let p = Pair::new("cgde", 199);
