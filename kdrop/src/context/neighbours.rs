@@ -12,19 +12,13 @@ use super::{
 };
 
 pub use crate::model::neighbour::*;
+use crate::model::packet::mac_text;
 
 const RTM_GETNEIGH: u16 = 30;
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
 const NDA_PROBES: u16 = 4;
 const NTF_ROUTER: u8 = 0x80;
-
-fn mac_text(v: &[u8]) -> String {
-    v.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 /// Parses one RTM_NEWNEIGH payload; `dev` is left empty (the caller names it
 /// inside the namespace).
