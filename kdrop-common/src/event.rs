@@ -189,6 +189,12 @@ pub struct DropEvent {
     /// entry's slot.
     pub fib_next: u32,
     pub ct: CtInfo,
+    /// The Ethernet source address the packet arrived with: the neighbour
+    /// that sent it (the client, or the router it is behind). Valid when
+    /// `src_mac_seen` is 1 (a received packet with an Ethernet header).
+    pub src_mac: [u8; 6],
+    pub src_mac_seen: u8,
+    pub _pad: u8,
 }
 
 /// A drop whose reason route lookups can explain (`Evidence::route_reasons`),

@@ -48,7 +48,8 @@ pub struct Offsets {
     pub nhc_gw_family: u32,
     /// `fib_nh_common.nhc_scope` (`unsigned char`).
     pub nhc_scope: u32,
-    pub _pad: u32,
+    /// `sk_buff.mac_header` (`__u16`, relative to `head`; `~0` when unset).
+    pub skb_mac_header: u32,
     /// `sk_buff._nfct` (`unsigned long`: `struct nf_conn *` | ctinfo).
     pub skb_nfct: u32,
     /// `nf_conn.tuplehash[0].tuple`; the reply tuple follows at
@@ -120,7 +121,7 @@ impl Offsets {
             nhc_gw: ABSENT,
             nhc_gw_family: ABSENT,
             nhc_scope: ABSENT,
-            _pad: 0,
+            skb_mac_header: ABSENT,
             skb_nfct: ABSENT,
             ct_tuple: ABSENT,
             ct_tuplehash_size: ABSENT,

@@ -13,7 +13,7 @@ use crate::{
     ct, fib,
     filter::{admit, identity, Admitted},
     head, monitor,
-    skb::Load,
+    skb::{self, Load},
     srccheck,
 };
 
@@ -152,6 +152,10 @@ fn fill<L: Load>(e: &mut DropEvent, a: &Admitted, at: &At) {
     e.src_check_ret = check.unwrap_or(0);
     e.src_check_seen = u32::from(check.is_some());
     ct::read_ct::<L>(at.skb, o, &mut e.ct);
+    // Zeroed first: a reservation holds an older record's bytes.
+    e.src_mac = [0; 6];
+    e.src_mac_seen = u8::from(skb::source_mac::<L>(at.skb, o, &mut e.src_mac));
+    e._pad = 0;
 }
 
 /// Least time between two records of one CPU that may wake the reader.

@@ -1,6 +1,6 @@
 //! Reading a TCP packet's addresses, ports and flags out of a `struct sk_buff`
 //! with member offsets from BTF.
-use aya_ebpf::helpers::bpf_probe_read_kernel;
+use aya_ebpf::helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf};
 use kdrop_common::{handshake_isn, Offsets, ABSENT, AF_INET, AF_INET6};
 
 const ETH_P_IP: u16 = 0x0800;
@@ -227,6 +227,38 @@ impl Tcp {
             u32::from_be_bytes([a0, a1, a2, a3]),
         )
     }
+}
+
+/// An Ethernet header's length: destination, source, EtherType.
+const ETH_HLEN: u16 = 14;
+/// `skb->mac_header` when no link-layer header was set
+/// (`skb_mac_header_was_set`, https://github.com/torvalds/linux/blob/v6.18/include/linux/skbuff.h).
+const UNSET: u16 = u16::MAX;
+
+/// The Ethernet source address `skb` arrived with, into `out`: the
+/// neighbour that sent it. False when the packet has none: sent by this
+/// host, or from a device without an Ethernet header (a tunnel's
+/// `mac_header` equals its `network_header`). The 6 bytes go straight into
+/// `out` (the ring record), not through the stack.
+// A BPF subprogram: the drop path's frames stay as they were.
+#[inline(never)]
+pub fn source_mac<L: Load>(skb: u64, o: &Offsets, out: &mut [u8; 6]) -> bool {
+    let Some(head) = L::load::<u64>(skb, o.skb_head) else {
+        return false;
+    };
+    let (Some(mac), Some(nh)) = (
+        L::load::<u16>(skb, o.skb_mac_header),
+        L::load::<u16>(skb, o.skb_network_header),
+    ) else {
+        return false;
+    };
+    if head == 0 || mac == UNSET || nh == UNSET || nh < mac.saturating_add(ETH_HLEN) {
+        return false;
+    }
+    // h_source follows the 6-byte h_dest (include/uapi/linux/if_ether.h).
+    let src = head + u64::from(mac) + 6;
+    // SAFETY: bpf_probe_read_kernel tolerates any address and fails cleanly.
+    unsafe { bpf_probe_read_kernel_buf(src as *const u8, out) }.is_ok()
 }
 
 /// The netns inode and the interface of `skb`: the device's namespace, or the

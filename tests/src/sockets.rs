@@ -60,6 +60,13 @@ pub fn connect_within(
     timeout: Duration,
 ) -> std::io::Result<()> {
     let fd = send_syn(ns, src, dst);
+    wait_connected(&fd, timeout)
+}
+
+/// Waits up to `timeout` for a socket `send_syn` returned to finish its
+/// handshake (a retransmission of its SYN answered): the same tuple tried
+/// again, as the client's kernel does.
+pub fn wait_connected(fd: &OwnedFd, timeout: Duration) -> std::io::Result<()> {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLOUT,

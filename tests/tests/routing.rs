@@ -8,8 +8,8 @@ use std::{
 };
 
 use integration_tests::{
-    connect_from, expected_reason, kernel_reason, listen, ns_name, run_fix, send_syn, strs, veth,
-    Kdrop, Ns,
+    connect_from, connect_within, expected_reason, expected_rp_filter_cause, kernel_reason, listen,
+    ns_name, run_fix, send_syn, strs, veth, wait_connected, Kdrop, Ns,
 };
 use kdrop::{
     context::netns::in_netns,
@@ -461,4 +461,139 @@ fn localnet_martian_and_its_fix() {
     // answers out of s0 (route_localnet allows that source there too).
     connect_from(&c, "10.58.0.1:42101".parse().unwrap(), dst).expect("a handshake after the fix");
     k.stop(libc::SIGINT);
+}
+
+/// A client that is a routed host: 10.232.0.2 sits behind a router
+/// (10.231.2.1) on the node's secondary link eth1; the node's other link,
+/// eth0, leads elsewhere and the node has no default route. Strict
+/// rp_filter finds no way back at all. The router resolves the node's
+/// address itself (no static entries), which leaves its neighbour entry on
+/// the node, as on a real link. The topology is the oracle: the repair
+/// must route through the router, never on-link to the client.
+struct Routed {
+    client: Ns,
+    _router: Ns,
+    node: Ns,
+    _gw: Ns,
+}
+
+const ROUTED_CLIENT: &str = "10.232.0.2";
+const ROUTED_ROUTER: &str = "10.231.2.1";
+const ROUTED_NODE: &str = "10.231.2.2";
+const ROUTED_PORT: u16 = 7231;
+
+fn routed(test: &str) -> Routed {
+    let client = Ns::new(&ns_name(&format!("{test}-c"))).unwrap();
+    let router = Ns::new(&ns_name(&format!("{test}-r"))).unwrap();
+    let node = Ns::new(&ns_name(&format!("{test}-n"))).unwrap();
+    let gw = Ns::new(&ns_name(&format!("{test}-g"))).unwrap();
+    let link =
+        |a: &Ns, a_if, a_mac, b: &Ns, b_if, b_mac| veth(a, a_if, a_mac, b, b_if, b_mac).unwrap();
+    link(
+        &client,
+        "c0",
+        "02:00:00:00:e7:01",
+        &router,
+        "r9",
+        "02:00:00:00:e7:02",
+    );
+    link(
+        &router,
+        "r1",
+        "02:00:00:00:e7:03",
+        &node,
+        "eth1",
+        "02:00:00:00:e7:04",
+    );
+    link(
+        &gw,
+        "g0",
+        "02:00:00:00:e7:05",
+        &node,
+        "eth0",
+        "02:00:00:00:e7:06",
+    );
+    let addr = |ns: &Ns, a: &str, dev: &str| ns.ip(&["addr", "add", a, "dev", dev]).unwrap();
+    addr(&client, "10.232.0.2/24", "c0");
+    client
+        .ip(&["route", "add", "default", "via", "10.232.0.1"])
+        .unwrap();
+    addr(&router, "10.232.0.1/24", "r9");
+    addr(&router, "10.231.2.1/24", "r1");
+    router.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    addr(&node, "10.231.2.2/24", "eth1");
+    addr(&node, "10.231.1.2/24", "eth0");
+    addr(&gw, "10.231.1.1/24", "g0");
+    for k in ["all", "eth1"] {
+        node.sysctl(&format!("net/ipv4/conf/{k}/rp_filter"), "1")
+            .unwrap();
+    }
+    Routed {
+        client,
+        _router: router,
+        node,
+        _gw: gw,
+    }
+}
+
+/// kdrop's fix for the routed client, from its JSON as a user runs it
+/// (`--port`), applied: a new connection succeeds and the first SYN's own
+/// socket connects on a retransmission. The on-link route the fix used to
+/// be is tried first and must fail, which shows the test can.
+#[test]
+fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
+    let l = routed("rpfvia");
+    let dst: SocketAddr = format!("{ROUTED_NODE}:{ROUTED_PORT}").parse().unwrap();
+    let _srv = listen(&l.node, dst);
+    let k = Kdrop::start(&["--json", "--port", &ROUTED_PORT.to_string()]);
+    let src: SocketAddr = format!("{ROUTED_CLIENT}:40231").parse().unwrap();
+    let syn = send_syn(&l.client, src, dst);
+    let e = k.expect_event("the routed client's SYN drop", |e| {
+        e["kind"] == "drop" && e["saddr"] == ROUTED_CLIENT && e["sport"] == 40231
+    });
+    k.stop(libc::SIGINT);
+    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
+    assert_eq!(e["ifname"], "eth1", "{e}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], expected_rp_filter_cause(), "{e}");
+    if f["cause"] != "rp_filter_strict" {
+        return;
+    }
+    assert_eq!(
+        f["summary"],
+        format!("reverse-path filter on eth1: there is no route back to {ROUTED_CLIENT} at all")
+    );
+    let ns = format!("ip netns exec {} ", l.node.name);
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [format!(
+            "{ns}ip route add {ROUTED_CLIENT}/32 via {ROUTED_ROUTER} dev eth1"
+        )]
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.iter().any(|l| l.starts_with(&format!(
+            "the packet came from 02:00:00:00:e7:03 = {ROUTED_ROUTER} on eth1 ("
+        )) && l.ends_with("), a router: the client is not on eth1's link")),
+        "{ev:#?}"
+    );
+
+    // The on-link route: the node asks for the client's address on eth1,
+    // where nobody has it.
+    let on_link = format!("{ns}ip route add {ROUTED_CLIENT}/32 dev eth1");
+    run_fix(&on_link);
+    let again: SocketAddr = format!("{ROUTED_CLIENT}:40232").parse().unwrap();
+    connect_within(&l.client, again, dst, Duration::from_secs(2))
+        .expect_err("an on-link route to a routed client must not connect");
+    run_fix(&format!("{ns}ip route del {ROUTED_CLIENT}/32 dev eth1"));
+
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    let new: SocketAddr = format!("{ROUTED_CLIENT}:40233").parse().unwrap();
+    connect_from(&l.client, new, dst).expect("a new connection after kdrop's fix");
+    // The first SYN's socket, still retransmitting (1, 3, 7 s): the same
+    // tuple gets through too.
+    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
 }

@@ -8,7 +8,10 @@
 //! printed, lets a new connection through. The topology is the oracle.
 use std::{net::SocketAddr, time::Duration};
 
-use integration_tests::{connect_from, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns};
+use integration_tests::{
+    connect_from, connect_within, listen, ns_name, run_fix, send_syn, strs, veth, wait_connected,
+    Kdrop, Ns,
+};
 use serde_json::Value;
 
 const PORT: u16 = 8443;
@@ -21,10 +24,34 @@ fn ip6(ns: &Ns, args: &str) {
     ns.ip(&a).unwrap_or_else(|e| panic!("ip {args}: {e:#}"));
 }
 
+/// `dev`'s link-local address in `ns`, as the kernel gave it: the address
+/// a router's neighbour solicitations come from (`ndisc_send_ns` takes the
+/// link-local one when the packet waiting is not its own,
+/// net/ipv6/ndisc.c v6.18), so the one the node's entry for it has.
+fn link_local(ns: &Ns, dev: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args([
+            "-n", &ns.name, "-6", "-o", "addr", "show", "dev", dev, "scope", "link",
+        ])
+        .output()
+        .expect("running ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `4: r1    inet6 fe80::ff:fe00:e803/64 scope link ...`
+    let addr = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no link-local address on {dev}: {text}"));
+    addr.split('/').next().unwrap().to_string()
+}
+
 /// The client on the node's eth1, a gateway on its eth0 (the default
 /// route). The client's neighbour entry for the node is static: its
 /// neighbour solicitations come from fd00:61:9::1 and the check would drop
-/// them too, so the SYN would never leave.
+/// them too, so the SYN would never leave. So is the node's entry for the
+/// client, which a client on the link leaves there when it resolves the
+/// node: it tells kdrop that the SYN's sender is the client itself, on
+/// eth1's link (the repair route is on-link).
 struct Lab {
     client: Ns,
     node: Ns,
@@ -60,6 +87,10 @@ fn lab(test: &str) -> Lab {
         &format!("neigh replace {SERVER} lladdr 02:00:00:00:81:02 dev c0 nud permanent"),
     );
     ip6(&node, &format!("addr add {SERVER}/64 dev eth1 nodad"));
+    ip6(
+        &node,
+        &format!("neigh replace {CLIENT} lladdr 02:00:00:00:81:01 dev eth1 nud permanent"),
+    );
     ip6(&node, "addr add fd00:61:2::2/64 dev eth0 nodad");
     ip6(&node, "route add default via fd00:61:2::1 dev eth0");
     ip6(&gw, "addr add fd00:61:2::1/64 dev g0 nodad");
@@ -100,6 +131,13 @@ fn check_way_back(e: &Value, l: &Lab, asked: &str) {
     );
     assert!(
         ev.contains(&"policy rule that decided: 32766: from all lookup main".to_string()),
+        "{ev:#?}"
+    );
+    assert!(
+        ev.contains(&format!(
+            "the packet came from 02:00:00:00:81:01 = {CLIENT} on eth1: the client itself, on \
+             eth1's link"
+        )),
         "{ev:#?}"
     );
     // The node has no IPv6 rule of its own: table 100 is free.
@@ -199,7 +237,7 @@ fn nft_fib_saddr_iif() {
 /// router), but a mark rule ahead of it (AWS CNI's `fwmark 0x80/0x80
 /// lookup main`) catches the check's lookup, which carries the packet's
 /// mark (`--validmark`), and main's way back is eth0. The repair route
-/// goes through the router, as table 2 does.
+/// goes through the router the SYN came from, as table 2 does.
 #[test]
 fn ip6tables_rpfilter_validmark_behind_a_router() {
     let test = "rpf6m";
@@ -289,10 +327,13 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
         )),
         "{ev:#?}"
     );
+    // Through the router the SYN came from (its MAC is the node's entry
+    // for the router's link-local address), as table 2 goes.
+    let router_ll = link_local(&router, "r1");
     assert_eq!(
         strs(&f["fix"]),
         [
-            format!("{ns}ip -6 route add {client_addr}/128 via fd00:62:1::1 dev eth1 table 100"),
+            format!("{ns}ip -6 route add {client_addr}/128 via {router_ll} dev eth1 table 100"),
             format!(
                 "{ns}ip -6 rule add from {server} to {client_addr}/128 lookup 100 priority 1023"
             ),
@@ -308,4 +349,133 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
         dst,
     )
     .expect("a new connection after the fix");
+}
+
+/// The issue's node: two links, the client (fd00:232::2) a routed host
+/// behind the router on the secondary link eth1 (fd00:231:2::1), the
+/// default route out of eth0, and firewalld's strict ip6tables rpfilter.
+/// Nothing is static: the router solicits the node's address, which
+/// leaves its entry (with the MAC the SYN comes from) on the node. The
+/// repair must route through the router, by the address it solicited the
+/// node from (its link-local one); the on-link route the fix used to be is tried first and must
+/// fail (the node solicits the client's address on eth1 and nobody
+/// answers), which shows the test can.
+#[test]
+fn a_routed_client_is_repaired_through_its_router() {
+    let test = "rpf6via";
+    let (client_addr, router_global, server) = ("fd00:232::2", "fd00:231:2::1", "fd00:231:2::2");
+    let port = 7232;
+    let client = Ns::new(&ns_name(&format!("{test}-c"))).unwrap();
+    let router = Ns::new(&ns_name(&format!("{test}-r"))).unwrap();
+    let node = Ns::new(&ns_name(&format!("{test}-n"))).unwrap();
+    let gw = Ns::new(&ns_name(&format!("{test}-g"))).unwrap();
+    let link = |a: &Ns, a_if, a_mac, b: &Ns, b_if, b_mac| {
+        veth(a, a_if, a_mac, b, b_if, b_mac).unwrap();
+    };
+    link(
+        &client,
+        "c0",
+        "02:00:00:00:e8:01",
+        &router,
+        "r9",
+        "02:00:00:00:e8:02",
+    );
+    link(
+        &router,
+        "r1",
+        "02:00:00:00:e8:03",
+        &node,
+        "eth1",
+        "02:00:00:00:e8:04",
+    );
+    link(
+        &gw,
+        "g0",
+        "02:00:00:00:e8:05",
+        &node,
+        "eth0",
+        "02:00:00:00:e8:06",
+    );
+    ip6(&client, &format!("addr add {client_addr}/64 dev c0 nodad"));
+    ip6(&client, "route add default via fd00:232::1");
+    ip6(&router, "addr add fd00:232::1/64 dev r9 nodad");
+    ip6(
+        &router,
+        &format!("addr add {router_global}/64 dev r1 nodad"),
+    );
+    router.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
+    ip6(&node, &format!("addr add {server}/64 dev eth1 nodad"));
+    ip6(&node, "addr add fd00:231:1::2/64 dev eth0 nodad");
+    ip6(&node, "route add default via fd00:231:1::1 dev eth0");
+    ip6(&gw, "addr add fd00:231:1::1/64 dev g0 nodad");
+    node.exec(
+        "ip6tables",
+        &[
+            "-t",
+            "raw",
+            "-A",
+            "PREROUTING",
+            "-m",
+            "rpfilter",
+            "--invert",
+            "-j",
+            "DROP",
+        ],
+    )
+    .unwrap();
+    let dst: SocketAddr = format!("[{server}]:{port}").parse().unwrap();
+    let _srv = listen(&node, dst);
+    let k = Kdrop::start(&["--json", "--port", &port.to_string()]);
+    let src: SocketAddr = format!("[{client_addr}]:48401").parse().unwrap();
+    let syn = send_syn(&client, src, dst);
+    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e["kind"] == "drop" && e["saddr"] == client_addr && e["sport"] == 48401
+    });
+    k.stop(libc::SIGINT);
+    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
+    assert_eq!(e["ifname"], "eth1", "{e}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], "rpfilter6", "{e}");
+    let ns = format!("ip netns exec {} ", node.name);
+    // The router's address as the node's neighbour table has it: the
+    // link-local one its solicitations came from.
+    let router_addr = link_local(&router, "r1");
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [
+            format!("{ns}ip -6 route add {client_addr}/128 via {router_addr} dev eth1 table 100"),
+            format!(
+                "{ns}ip -6 rule add from {server} to {client_addr}/128 lookup 100 priority 32765"
+            ),
+        ]
+    );
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.iter().any(|l| l.starts_with(&format!(
+            "the packet came from 02:00:00:00:e8:03 = {router_addr} on eth1 ("
+        )) && l.ends_with("), a router: the client is not on eth1's link")),
+        "{ev:#?}"
+    );
+
+    // The on-link route with the same rule: the SYN passes the check now,
+    // but the SYN-ACK waits for a neighbour that never answers.
+    let on_link = format!("{ns}ip -6 route add {client_addr}/128 dev eth1 table 100");
+    run_fix(&on_link);
+    run_fix(&fix[1]);
+    let again: SocketAddr = format!("[{client_addr}]:48402").parse().unwrap();
+    connect_within(&client, again, dst, Duration::from_secs(2))
+        .expect_err("an on-link route to a routed client must not connect");
+    run_fix(&format!(
+        "{ns}ip -6 route del {client_addr}/128 dev eth1 table 100"
+    ));
+    run_fix(&fix[1].replacen(" rule add ", " rule del ", 1));
+
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    let new: SocketAddr = format!("[{client_addr}]:48403").parse().unwrap();
+    connect_from(&client, new, dst).expect("a new connection after kdrop's fix");
+    // The first SYN's socket, still retransmitting: the same tuple too.
+    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
 }

@@ -237,6 +237,19 @@ impl Node for Live {
             .flatten()
     }
 
+    fn neighbours_with(
+        &mut self,
+        netns: u32,
+        ifindex: u32,
+        lladdr: [u8; 6],
+    ) -> Option<Vec<crate::model::neighbour::Neighbour>> {
+        let ns = self.registry.lookup(netns)?;
+        neighbours::dump_in(&ns.path)
+            .map(|all| neighbours::with_lladdr(all, ifindex, &lladdr))
+            .map_err(|e| log::debug!("neighbours of if{ifindex} in netns {netns}: {e:#}"))
+            .ok()
+    }
+
     fn route_out(&mut self, netns: u32, dst: std::net::IpAddr) -> Option<u32> {
         let ns = self.registry.lookup(netns)?;
         let answer = in_netns(&ns.path, move || query(&RouteQuery::get(dst)))

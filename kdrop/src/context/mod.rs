@@ -114,6 +114,15 @@ pub trait Node {
         ifindex: u32,
         addr: std::net::IpAddr,
     ) -> Option<crate::model::neighbour::Neighbour>;
+    /// The neighbour entries on device `ifindex` of the namespace whose
+    /// link-layer address is `lladdr` (one host's IPv4, IPv6 link-local and
+    /// global addresses share it); None when they cannot be read.
+    fn neighbours_with(
+        &mut self,
+        netns: u32,
+        ifindex: u32,
+        lladdr: [u8; 6],
+    ) -> Option<Vec<crate::model::neighbour::Neighbour>>;
     /// The device the namespace routes `dst` out of now (`ip route get`).
     fn route_out(&mut self, netns: u32, dst: std::net::IpAddr) -> Option<u32>;
     /// The conntrack entry whose `side` tuple is `t`, in namespace `netns`,

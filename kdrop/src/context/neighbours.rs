@@ -12,19 +12,13 @@ use super::{
 };
 
 pub use crate::model::neighbour::*;
+use crate::model::packet::mac_text;
 
 const RTM_GETNEIGH: u16 = 30;
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
 const NDA_PROBES: u16 = 4;
 const NTF_ROUTER: u8 = 0x80;
-
-fn mac_text(v: &[u8]) -> String {
-    v.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 /// Parses one RTM_NEWNEIGH payload; `dev` is left empty (the caller names it
 /// inside the namespace).
@@ -84,6 +78,15 @@ pub fn lookup(neighbours: &[Neighbour], ifindex: u32, addr: IpAddr) -> Option<&N
         .find(|n| n.ifindex == ifindex && n.dst == addr)
 }
 
+/// The entries on device `ifindex` whose link-layer address is `lladdr`.
+pub fn with_lladdr(neighbours: Vec<Neighbour>, ifindex: u32, lladdr: &[u8]) -> Vec<Neighbour> {
+    let mac = mac_text(lladdr);
+    neighbours
+        .into_iter()
+        .filter(|n| n.ifindex == ifindex && n.lladdr.as_deref() == Some(mac.as_str()))
+        .collect()
+}
+
 /// The entry for (`ifindex`, `addr`) in the namespace at `netns`, if any.
 pub fn lookup_in(netns: &Path, ifindex: u32, addr: IpAddr) -> Result<Option<Neighbour>> {
     Ok(lookup(&dump_in(netns)?, ifindex, addr).cloned())
@@ -137,6 +140,11 @@ mod tests {
         );
         assert_eq!(lookup(&n, 3, "10.0.1.3".parse().unwrap()), Some(&n[0]));
         assert_eq!(lookup(&n, 2, "10.0.1.3".parse().unwrap()), None);
+        assert_eq!(
+            with_lladdr(n.clone(), 2, &[2, 0, 0, 0, 0, 0x1f]),
+            [n[1].clone()]
+        );
+        assert_eq!(with_lladdr(n.clone(), 3, &[2, 0, 0, 0, 0, 0x1f]), []);
     }
 
     #[test]

@@ -168,6 +168,17 @@ impl<N: Node> Node for Recorder<N> {
         a
     }
 
+    fn neighbours_with(
+        &mut self,
+        netns: u32,
+        ifindex: u32,
+        lladdr: [u8; 6],
+    ) -> Option<Vec<Neighbour>> {
+        let a = self.inner.neighbours_with(netns, ifindex, lladdr);
+        self.keep(json!(["neighbours_with", netns, ifindex, lladdr]), &a);
+        a
+    }
+
     fn route_out(&mut self, netns: u32, dst: IpAddr) -> Option<u32> {
         let a = self.inner.route_out(netns, dst);
         self.keep(json!(["route_out", netns, dst]), &a);

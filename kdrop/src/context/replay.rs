@@ -154,6 +154,16 @@ impl Node for Replay {
             .flatten()
     }
 
+    fn neighbours_with(
+        &mut self,
+        netns: u32,
+        ifindex: u32,
+        lladdr: [u8; 6],
+    ) -> Option<Vec<Neighbour>> {
+        self.answer::<Option<Vec<Neighbour>>>(json!(["neighbours_with", netns, ifindex, lladdr]))
+            .flatten()
+    }
+
     fn route_out(&mut self, netns: u32, dst: IpAddr) -> Option<u32> {
         self.answer::<Option<u32>>(json!(["route_out", netns, dst]))
             .flatten()
@@ -299,6 +309,22 @@ mod tests {
         fn neighbour(&mut self, _: u32, _: u32, _: IpAddr) -> Option<Neighbour> {
             None
         }
+        fn neighbours_with(
+            &mut self,
+            _: u32,
+            ifindex: u32,
+            lladdr: [u8; 6],
+        ) -> Option<Vec<Neighbour>> {
+            Some(vec![Neighbour {
+                dst: "10.231.2.1".parse().unwrap(),
+                ifindex,
+                dev: format!("eth{ifindex}"),
+                state: crate::model::neighbour::NUD_STALE,
+                lladdr: Some(crate::model::packet::mac_text(&lladdr)),
+                router: false,
+                probes: None,
+            }])
+        }
         fn route_out(&mut self, _: u32, _: IpAddr) -> Option<u32> {
             Some(3)
         }
@@ -357,6 +383,8 @@ mod tests {
         rec.netfilter_around(7, 200);
         assert!(rec.br_netfilter_loaded());
         rec.symbol(0x10);
+        let mac = [2, 0, 0, 0, 0xe7, 3];
+        let asked = rec.neighbours_with(7, 2, mac);
         let lines = rec.take_lines();
         // Same answer twice: one line. One blob per distinct snapshot.
         let answers = lines
@@ -367,7 +395,7 @@ mod tests {
             .iter()
             .filter(|l| matches!(l, Line::Blob { .. }))
             .count();
-        assert_eq!((answers, blobs), (6, 3));
+        assert_eq!((answers, blobs), (7, 3));
         let mut replay = Replay::default();
         for l in &lines {
             replay.apply(l);
@@ -381,6 +409,8 @@ mod tests {
         assert_eq!(after.started_ns, 200);
         assert!(replay.br_netfilter_loaded());
         assert_eq!(replay.symbol(0x10).as_deref(), Some("f+0x10"));
-        assert_eq!(replay.unanswered, 2);
+        assert_eq!(replay.neighbours_with(7, 2, mac), asked);
+        assert_eq!(replay.neighbours_with(7, 3, mac), None, "never asked");
+        assert_eq!(replay.unanswered, 3);
     }
 }

@@ -14,16 +14,14 @@
 //!   there is no route back at all.
 use std::net::{IpAddr, Ipv4Addr};
 
-use super::routes::RT_TABLE_LOCAL;
+pub use super::reverse_path::{RouteDrop, LOOPBACK_IFINDEX};
 pub use super::routes::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
+use super::{reverse_path::reverse_evidence, routes::RT_TABLE_LOCAL, way_back};
 
 use crate::model::{
     finding::Finding,
-    packet::Lookup,
-    routing::{Confs, RouteLookup, RouteQuery, RouteType, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
+    routing::{Confs, RouteLookup, RouteType, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
 };
-
-pub const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Drop reasons this module explains.
 pub const REASONS: [&str; 4] = [
@@ -32,25 +30,6 @@ pub const REASONS: [&str; 4] = [
     "IP_INVALID_SOURCE",
     "IP_LOCALNET",
 ];
-
-/// A dropped IPv4 packet with what the kernel said about it.
-#[derive(Clone, Debug)]
-pub struct RouteDrop<'a> {
-    pub reason: Option<&'a str>,
-    pub location: &'a str,
-    pub iif: u32,
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
-    pub mark: u32,
-    pub fib: &'a [Lookup],
-    /// `ip netns exec NAME ` prefix for commands, or empty.
-    pub netns_exec: &'a str,
-    /// What `fib_validate_source` returned for the packet (fexit/kretprobe).
-    pub src_check: Option<i32>,
-    /// The same reverse lookup asked of the kernel afterwards (netlink), for
-    /// a drop that came before the route-lookup probe was armed.
-    pub asked: Option<&'a (RouteQuery, RouteLookup)>,
-}
 
 const EXDEV: i32 = 18;
 const EINVAL: i32 = 22;
@@ -160,32 +139,6 @@ fn is_local(t: &Tables, a: Ipv4Addr) -> bool {
         || lookup(&t.routes, RT_TABLE_LOCAL, a).is_some_and(|r| r.kind == RTN_LOCAL)
 }
 
-/// The reverse-path lookups in the kernel's evidence: addresses swapped,
-/// from loopback for a packet to this host, from the forward route's output
-/// device for a forwarded one (`__mkroute_input` passes `FIB_RES_OIF`, and
-/// `__fib_validate_source` sets `flowi4_iif = oif ? : LOOPBACK_IFINDEX`:
-/// net/ipv4/route.c and fib_frontend.c, v6.18).
-fn reverse_lookups<'a>(d: &'a RouteDrop) -> impl Iterator<Item = &'a Lookup> + 'a {
-    // A local delivery's source check passes oif 0, whatever device its
-    // local route names.
-    let forward_oif = d
-        .fib
-        .iter()
-        .find(|l| {
-            l.src == d.src
-                && l.dst == d.dst
-                && l.err == 0
-                && l.res_ifindex != 0
-                && l.table != RT_TABLE_LOCAL
-        })
-        .map(|l| l.res_ifindex);
-    d.fib.iter().filter(move |l| {
-        l.dst == d.src
-            && l.src == d.dst
-            && (l.iif == LOOPBACK_IFINDEX || Some(l.iif) == forward_oif)
-    })
-}
-
 /// The policy rules the reverse lookup walked, in priority order, up to the
 /// one whose table answered.
 fn deciding_rule<'a>(t: &'a Tables, flow: &Flow, table: u32) -> Option<&'a Rule> {
@@ -195,112 +148,6 @@ fn deciding_rule<'a>(t: &'a Tables, flow: &Flow, table: u32) -> Option<&'a Rule>
         .into_iter()
         .filter(|r| r.action == FR_ACT_TO_TBL && rule_matches(r, flow))
         .find(|r| r.table == table)
-}
-
-fn errno_text(err: i32) -> String {
-    match -err {
-        11 => "no match".into(),
-        101 => "network unreachable".into(),
-        113 => "no route to host".into(),
-        e => format!("error {e}"),
-    }
-}
-
-struct Evidence {
-    lines: Vec<String>,
-    /// The reverse lookup that answered: (table, result ifindex, gateway).
-    answer: Option<(u32, u32, Option<Ipv4Addr>)>,
-    /// Local address: (table it was found in, its device).
-    local: Option<u32>,
-}
-
-/// The reverse lookup asked of the kernel now (netlink), when no lookup
-/// from the drop itself is at hand: its evidence line and what it found.
-fn asked_evidence(d: &RouteDrop, t: &Tables, ev: &mut Evidence) {
-    let Some((q, answer)) = d.asked else {
-        return;
-    };
-    let mark = match q.mark {
-        Some(m) if m != 0 => format!(", mark {m:#x}"),
-        _ => String::new(),
-    };
-    let from = q.src.map(|s| format!(" from {s}")).unwrap_or_default();
-    let found = match answer {
-        RouteLookup::Found(a) => {
-            let dev = a.oif.map_or_else(|| "?".into(), |i| t.link_name(i));
-            let via = match a.gateway {
-                Some(g) => format!(" via {g}"),
-                None => String::new(),
-            };
-            let gw = match a.gateway {
-                Some(IpAddr::V4(g)) => Some(g),
-                _ => None,
-            };
-            let devices = a.devices();
-            let all = if devices.len() > 1 {
-                let names: Vec<String> = devices.iter().map(|&i| t.link_name(i)).collect();
-                format!(" (next hops on {})", names.join(", "))
-            } else {
-                String::new()
-            };
-            if let Some(oif) = a.oif {
-                ev.answer = Some((a.table, oif, gw));
-                if a.kind == RouteType::Local {
-                    ev.local = Some(oif);
-                }
-            }
-            format!("table {} → dev {dev}{via}{all}", table_name(a.table))
-        }
-        RouteLookup::Failed { name, .. } => format!("no route ({name})"),
-    };
-    ev.lines.push(format!(
-        "kernel, asked now through netlink as fib_validate_source asks (this drop came before \
-         kdrop armed its route-lookup probe; the retransmission carries the kernel's own): \
-         reverse lookup of {}{from}{mark}: {found}",
-        d.src
-    ));
-}
-
-/// Kernel evidence lines for the reverse lookup, and what it found.
-fn reverse_evidence(d: &RouteDrop, t: &Tables) -> Evidence {
-    let mut ev = Evidence {
-        lines: Vec::new(),
-        answer: None,
-        local: None,
-    };
-    let mark = match d.fib.iter().find(|l| l.dst == d.src) {
-        Some(l) if l.mark != 0 => format!(", mark {:#x}", l.mark),
-        _ => String::new(),
-    };
-    let mut steps = Vec::new();
-    for l in reverse_lookups(d) {
-        if l.err == 0 {
-            let dev = t.link_name(l.res_ifindex);
-            let via = l.gw.map(|g| format!(" via {g}")).unwrap_or_default();
-            steps.push(format!("table {} → dev {dev}{via}", table_name(l.table)));
-            ev.answer = Some((l.table, l.res_ifindex, l.gw));
-            if l.table == RT_TABLE_LOCAL {
-                ev.local = Some(l.res_ifindex);
-            }
-            break;
-        }
-        steps.push(format!(
-            "table {}: {}",
-            table_name(l.table),
-            errno_text(l.err)
-        ));
-    }
-    if steps.is_empty() {
-        asked_evidence(d, t, &mut ev);
-    } else {
-        ev.lines.push(format!(
-            "kernel: reverse lookup of {} (from {}{mark}): {}",
-            d.src,
-            d.dst,
-            steps.join("; ")
-        ));
-    }
-    ev
 }
 
 /// Explains an IPv4 drop from its route evidence, or `None` if it is not a
@@ -408,29 +255,7 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
     }
 
     let Some((table, out_if, _)) = answer else {
-        return Finding {
-            cause: if rp == 2 {
-                "rp_filter_loose"
-            } else {
-                "rp_filter_strict"
-            },
-            summary: format!(
-                "reverse-path filter on {iif}: there is no route back to {} at all",
-                d.src
-            ),
-            evidence,
-            fix: vec![format!("{ns}ip route add {}/32 dev {iif}", d.src)],
-            fix_notes: vec![format!(
-                "a route back to {} through {iif} lets the check pass; if the client is not \
-                 on {iif}'s link, give the route its gateway (via)",
-                d.src
-            )],
-            inspect: vec![format!(
-                "{ns}ip route get {} from {} iif {iif}",
-                d.src, d.dst
-            )],
-            ..Finding::default()
-        };
+        return no_way_back(d, t, rp, iif, evidence);
     };
     let out_name = t.link_name(out_if);
     let rule = deciding_rule(t, &flow, table);
@@ -472,11 +297,7 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
         }
     }
     Finding {
-        cause: if rp == 2 {
-            "rp_filter_loose"
-        } else {
-            "rp_filter_strict"
-        },
+        cause: rp_cause(rp),
         summary: format!(
             "{} reverse-path filter on {iif}: the way back to {} is via {out_name} ({decided})",
             if rp == 2 { "loose" } else { "strict" },
@@ -508,6 +329,55 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
             format!("{ns}ip rule show"),
             format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iif}.rp_filter"),
         ],
+    }
+}
+
+/// No route back at all: a host route to the client through the input
+/// device, with the next hop the client is reached through there
+/// (`way_back`); only in `fix_notes` when kdrop cannot tell it.
+fn no_way_back(
+    d: &RouteDrop,
+    t: &Tables,
+    rp: u32,
+    iif: &str,
+    mut evidence: Vec<String>,
+) -> Finding {
+    let ns = d.netns_exec;
+    let w = way_back::decide(IpAddr::V4(d.src), d.iif, &d.sender, None, t);
+    evidence.push(w.evidence.clone());
+    let route = |args: &str| format!("{ns}ip route add {}/32{args}", d.src);
+    let passes = format!(
+        "a route back to {} through {iif} lets the check pass",
+        d.src
+    );
+    let neigh = format!("{ns}ip neigh show dev {iif}");
+    let (fix, note) = match w.command(iif, route, &neigh) {
+        Ok(cmd) => (vec![cmd], passes),
+        Err(how) => (Vec::new(), format!("{passes}; {how}")),
+    };
+    let summary = format!(
+        "reverse-path filter on {iif}: there is no route back to {} at all",
+        d.src
+    );
+    Finding {
+        cause: rp_cause(rp),
+        summary,
+        evidence,
+        fix,
+        fix_notes: vec![note],
+        inspect: vec![
+            format!("{ns}ip route get {} from {} iif {iif}", d.src, d.dst),
+            neigh,
+        ],
+        ..Finding::default()
+    }
+}
+
+fn rp_cause(rp: u32) -> &'static str {
+    if rp == 2 {
+        "rp_filter_loose"
+    } else {
+        "rp_filter_strict"
     }
 }
 
@@ -590,7 +460,16 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::routing::{Addr, Conf, Link, Route, RouteAnswer, RouteNextHop, RTN_UNICAST};
+    use crate::{
+        diagnosis::way_back::Sender,
+        model::{
+            neighbour::Neighbour,
+            packet::Lookup,
+            routing::{
+                Addr, Conf, Link, Route, RouteAnswer, RouteNextHop, RouteQuery, RTN_UNICAST,
+            },
+        },
+    };
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
@@ -718,6 +597,7 @@ pub(crate) mod tests {
             netns_exec: "ip netns exec node ",
             src_check: None,
             asked: None,
+            sender: Sender::default(),
         }
     }
 
@@ -906,22 +786,94 @@ pub(crate) mod tests {
                 "kernel: reverse lookup of 203.0.113.7 (from 10.0.2.20): table local: no match; \
                  table main: network unreachable",
                 "rp_filter: conf.all=2, conf.eth1=0 → effective 2 (loose: any way back will do)",
+                "the drop carried no source MAC, and 203.0.113.7 is outside every prefix of eth1: \
+                 kdrop cannot tell whether it is on eth1's link or behind a router there",
             ]
         );
-        assert_eq!(
-            f.fix,
-            ["ip netns exec node ip route add 203.0.113.7/32 dev eth1"]
-        );
+        // An on-link route to a client behind a router is never answered:
+        // the route waits in the notes, in both shapes.
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
         assert_eq!(
             f.fix_notes,
             [
-                "a route back to 203.0.113.7 through eth1 lets the check pass; if the client is \
-              not on eth1's link, give the route its gateway (via)"
+                "a route back to 203.0.113.7 through eth1 lets the check pass; kdrop could not \
+                 see the next hop (evidence above): behind a router on eth1, `ip netns exec node \
+                 ip route add 203.0.113.7/32 via <router> dev eth1` with the router the client's \
+                 packets come from (`ip netns exec node ip neigh show dev eth1`); only if the \
+                 client is on eth1's link, `ip netns exec node ip route add 203.0.113.7/32 dev \
+                 eth1`"
             ]
         );
         assert_eq!(
             f.inspect,
-            ["ip netns exec node ip route get 203.0.113.7 from 10.0.2.20 iif eth1"]
+            [
+                "ip netns exec node ip route get 203.0.113.7 from 10.0.2.20 iif eth1",
+                "ip netns exec node ip neigh show dev eth1",
+            ]
+        );
+    }
+
+    fn neighbour(dst: &str, mac: &str) -> Neighbour {
+        Neighbour {
+            dst: dst.parse().unwrap(),
+            ifindex: 3,
+            dev: "eth1".into(),
+            state: crate::model::neighbour::NUD_STALE,
+            lladdr: Some(mac.into()),
+            router: false,
+            probes: None,
+        }
+    }
+
+    /// No route back, the packet from a router on eth1 (its MAC is the
+    /// router's neighbour entry): the route goes through it.
+    #[test]
+    fn no_route_back_repairs_through_the_router_the_packet_came_from() {
+        let mut t = incident1();
+        t.routes.retain(|r| r.table == 255);
+        let fib = [
+            lookup_ev(255, -11, 0, None, 0),
+            lookup_ev(254, -101, 0, None, 0),
+        ];
+        t.addrs[0].prefix_len = 24;
+        let entries = [
+            neighbour("10.0.2.7", "02:00:00:00:00:07"),
+            neighbour("10.0.2.1", "02:00:00:00:00:01"),
+        ];
+        let mut d = drop("IP_RPFILTER", &fib, 0);
+        d.sender = Sender {
+            mac: Some([2, 0, 0, 0, 0, 1]),
+            neighbours: Some(&entries),
+        };
+        let f = explain(&d, &t, &confs(2, 0, 0)).unwrap();
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip route add 203.0.113.7/32 via 10.0.2.1 dev eth1"]
+        );
+        assert_eq!(
+            f.evidence.last().unwrap(),
+            "the packet came from 02:00:00:00:00:01 = 10.0.2.1 on eth1 (STALE), a router: the \
+             client is not on eth1's link"
+        );
+        assert_eq!(
+            f.fix_notes,
+            ["a route back to 203.0.113.7 through eth1 lets the check pass"]
+        );
+        // The client's own entry has the MAC: it is on the link.
+        let entries = [neighbour("203.0.113.7", "02:00:00:00:00:01")];
+        d.sender.neighbours = Some(&entries);
+        let f = explain(&d, &t, &confs(2, 0, 0)).unwrap();
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip route add 203.0.113.7/32 dev eth1"]
+        );
+        // No MAC, but the client inside eth1's prefix: on-link too.
+        d.sender = Sender::default();
+        d.src = ip("10.0.2.30");
+        let f = explain(&d, &t, &confs(2, 0, 0)).unwrap();
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node ip route add 10.0.2.30/32 dev eth1"]
         );
     }
 

@@ -21,11 +21,12 @@ use std::net::{IpAddr, Ipv6Addr};
 use super::{
     netfilter::matching::in_prefix,
     routes::{rule_text, table_name, RT_TABLE_LOCAL},
+    way_back::{self, Sender},
 };
 use crate::model::{
     finding::Finding,
     netfilter::{Attribution, Backend},
-    routing::{RouteAnswer, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL, RTN_UNICAST},
+    routing::{RouteAnswer, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL},
 };
 
 /// The reverse-path check a rule makes.
@@ -116,6 +117,8 @@ pub struct Rpf6<'a> {
     pub answer: &'a RouteLookup,
     /// The answer of [`via_iif_query`].
     pub via_iif: Option<&'a RouteLookup>,
+    /// The neighbour that handed the packet to the node.
+    pub sender: Sender<'a>,
     /// `ip netns exec <name> ` (empty: kdrop's own namespace).
     pub netns_exec: &'a str,
 }
@@ -180,27 +183,6 @@ fn route_get(d: &Rpf6, t: &Tables) -> String {
         s.push_str(&format!(" mark {m:#x}"));
     }
     s
-}
-
-/// The node's own route towards the client through the input device (the
-/// longest prefix among the unicast routes of every table that use it):
-/// `Some(gateway)`, `Some(None)` for on-link, `None` when there is none.
-fn way_out_of_iif(t: &Tables, d: &Rpf6) -> Option<Option<IpAddr>> {
-    t.routes6
-        .iter()
-        .filter(|r| r.table != RT_TABLE_LOCAL && r.kind == RTN_UNICAST)
-        .filter(|r| r.oif == Some(d.iif) || r.nexthops.iter().any(|(o, _)| *o == d.iif))
-        .filter(|r| match r.dst {
-            None => r.dst_len == 0,
-            Some(net) => in_prefix(IpAddr::V6(d.src), net, r.dst_len) == Some(true),
-        })
-        .max_by(|a, b| a.dst_len.cmp(&b.dst_len).then(b.priority.cmp(&a.priority)))
-        .map(|r| {
-            r.nexthops
-                .iter()
-                .find(|(o, _)| *o == d.iif)
-                .map_or(r.gateway, |(_, g)| *g)
-        })
 }
 
 /// A table number for the repair route that no rule reads and no route is
@@ -319,47 +301,41 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
             " (loose: by any device)"
         }
     ));
-    // The repair route: through the input device, with the gateway the
-    // node already uses on that side (on-link when its route has none).
-    let known = way_out_of_iif(t, d);
-    let gw = known.unwrap_or_else(|| match d.via_iif {
+    // The repair route: through the input device, with the next hop the
+    // client is reached through there (the neighbour the packet came
+    // from, else the gateway the node already uses on that side).
+    let asked_gw = match d.via_iif {
         Some(RouteLookup::Found(r)) if r.devices().contains(&d.iif) => r.gateway,
         _ => None,
-    });
+    };
+    let w = way_back::decide(IpAddr::V6(d.src), d.iif, &d.sender, asked_gw, t);
+    evidence.push(w.evidence.clone());
     let table = free_table(t);
     let priority = decided.map_or(1, |r| r.priority.saturating_sub(1).max(1));
     let from = d.asked.src.map_or(String::new(), |s| format!("from {s} "));
-    let fix = vec![
-        format!(
-            "{ns}ip -6 route add {}/128{} dev {iif} table {table}",
-            d.src,
-            gw.map_or(String::new(), |g| format!(" via {g}"))
-        ),
-        format!(
-            "{ns}ip -6 rule add {from}to {}/128 lookup {table} priority {priority}",
-            d.src
-        ),
-    ];
-    let mut fix_or = Vec::new();
-    if found.is_some() && d.check.strict() {
-        fix_or.extend(loosen(a, ns).map(|c| vec![c]));
-    }
-    let mut fix_notes = vec![format!(
+    let route = |args: &str| format!("{ns}ip -6 route add {}/128{args} table {table}", d.src);
+    let policy = format!(
+        "{ns}ip -6 rule add {from}to {}/128 lookup {table} priority {priority}",
+        d.src
+    );
+    let sends = format!(
         "the policy route sends the way back to {} (the rule's lookup, and the replies from {}) \
-         out of {iif}, where the client's packets come in{}",
+         out of {iif}, where the client's packets come in",
         d.src,
         d.asked
             .src
             .map_or("this host".to_string(), |s| s.to_string()),
-        if gw.is_none() {
-            format!(
-                "; it assumes {} is reachable on {iif}'s link: add `via <router>` if not",
-                d.src
-            )
-        } else {
-            String::new()
-        }
-    )];
+    );
+    let neigh = format!("{ns}ip -6 neigh show dev {iif}");
+    let (fix, first_note) = match w.command(&iif, route, &neigh) {
+        Ok(cmd) => (vec![cmd, policy], sends),
+        Err(how) => (Vec::new(), format!("{sends}; {how}; then `{policy}`")),
+    };
+    let mut fix_or = Vec::new();
+    if found.is_some() && d.check.strict() {
+        fix_or.extend(loosen(a, ns).map(|c| vec![c]));
+    }
+    let mut fix_notes = vec![first_note];
     if !fix_or.is_empty() {
         fix_notes.push(
             "loose mode only checks that some route back exists; a firewall manager \
@@ -386,8 +362,9 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
 mod tests {
     use super::*;
     use crate::model::{
+        neighbour::Neighbour,
         netfilter::{DroppedBy, Family, Hook},
-        routing::{Link, RouteType},
+        routing::{Link, RouteType, RTN_UNICAST},
     };
 
     fn attribution(backend: Backend, rule: &str) -> Attribution {
@@ -579,7 +556,21 @@ mod tests {
             asked,
             answer,
             via_iif: None,
+            sender: Sender::default(),
             netns_exec: "ip netns exec node ",
+        }
+    }
+
+    /// The client's own neighbour entry on eth1.
+    fn client_entry() -> Neighbour {
+        Neighbour {
+            dst: src().into(),
+            ifindex: 3,
+            dev: "eth1".into(),
+            state: crate::model::neighbour::NUD_STALE,
+            lladdr: Some("02:00:00:00:81:01".into()),
+            router: false,
+            probes: None,
         }
     }
 
@@ -604,13 +595,25 @@ mod tests {
             Backend::IptablesNft,
             "-A PREROUTING -m rpfilter --invert -j DROP",
         );
-        let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
+        // The SYN came from the client's own MAC: it is on eth1's link.
+        let entries = [client_entry()];
+        let mut d = drop(check, &q, &ans);
+        d.sender = Sender {
+            mac: Some([2, 0, 0, 0, 0x81, 1]),
+            neighbours: Some(&entries),
+        };
+        let f = explain(nf(), &a, &d, &tables());
         assert_eq!(f.cause, "rpfilter6");
         assert_eq!(
             f.summary,
             "IPv6 reverse-path check failed on eth1: iptables-nft rule in raw/PREROUTING \
              (strict) drops it: the way back to fd00:61:9::1 leaves by eth0, not eth1 (table \
              main, rule 32766: from all lookup main): -A PREROUTING -m rpfilter --invert -j DROP"
+        );
+        assert_eq!(
+            f.evidence.last().unwrap(),
+            "the packet came from 02:00:00:00:81:01 = fd00:61:9::1 on eth1: the client itself, \
+             on eth1's link"
         );
         assert_eq!(
             f.evidence[1],
@@ -637,8 +640,7 @@ mod tests {
             f.fix_notes,
             [
                 "the policy route sends the way back to fd00:61:9::1 (the rule's lookup, and the \
-                 replies from fd00:61:1::2) out of eth1, where the client's packets come in; it \
-                 assumes fd00:61:9::1 is reachable on eth1's link: add `via <router>` if not",
+                 replies from fd00:61:1::2) out of eth1, where the client's packets come in",
                 "loose mode only checks that some route back exists; a firewall manager \
                  (firewalld: IPv6_rpfilter=loose) rewrites a rule changed by hand",
             ]
@@ -721,9 +723,15 @@ mod tests {
         assert!(f
             .summary
             .contains("(loose) drops it: there is no route back to fd00:61:9::1 (ENETUNREACH)"));
-        assert_eq!(
-            f.fix[1],
-            "ip netns exec node ip -6 rule add from fd00:61:1::2 to fd00:61:9::1/128 lookup 101 priority 1"
+        // Nothing says where the client is: the repair waits in the notes.
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
+        assert!(
+            f.fix_notes[0].ends_with(
+                "then `ip netns exec node ip -6 rule add from fd00:61:1::2 to fd00:61:9::1/128 \
+                 lookup 101 priority 1`"
+            ),
+            "{}",
+            f.fix_notes[0]
         );
         assert!(f.fix_or.is_empty());
     }
@@ -798,6 +806,11 @@ mod tests {
         ];
         let mut d = drop(check, &q, &ans);
         d.mark = 0x180;
+        let entries = [client_entry()];
+        d.sender = Sender {
+            mac: Some([2, 0, 0, 0, 0x81, 1]),
+            neighbours: Some(&entries),
+        };
         let f = explain(nf(), &a, &d, &t);
         assert_eq!(
             f.evidence,
@@ -810,6 +823,8 @@ mod tests {
                  0x80/0xff iif lo lookup 100",
                 "the check passes only when the way back to fd00:61:9::1 leaves by eth1, where the \
                  packet came in",
+                "the packet came from 02:00:00:00:81:01 = fd00:61:9::1 on eth1: the client \
+                 itself, on eth1's link",
             ]
         );
         assert_eq!(
@@ -994,7 +1009,8 @@ mod tests {
 
     /// A gateway is only one to use on the input device's link: an answer
     /// to the query through that device that leaves by another one gives
-    /// none, and the repair says it assumes the client on-link.
+    /// none. Nothing else says where the client is: no on-link route is
+    /// offered as a fix, the notes give both shapes.
     #[test]
     fn a_gateway_on_another_device_is_not_taken_for_the_repair() {
         let check = Check::Fib {
@@ -1011,15 +1027,59 @@ mod tests {
         let mut d = drop(check, &q, &ans);
         d.via_iif = Some(&elsewhere);
         let f = explain(nf(), &a, &d, &tables());
-        assert_eq!(
-            f.fix[0],
-            "ip netns exec node ip -6 route add fd00:61:9::1/128 dev eth1 table 101"
-        );
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
         assert_eq!(
             f.fix_notes[0],
             "the policy route sends the way back to fd00:61:9::1 (the rule's lookup, and the \
-             replies from fd00:61:1::2) out of eth1, where the client's packets come in; it \
-             assumes fd00:61:9::1 is reachable on eth1's link: add `via <router>` if not"
+             replies from fd00:61:1::2) out of eth1, where the client's packets come in; kdrop \
+             could not see the next hop (evidence above): behind a router on eth1, `ip netns \
+             exec node ip -6 route add fd00:61:9::1/128 via <router> dev eth1 table 101` with \
+             the router the client's packets come from (`ip netns exec node ip -6 neigh show \
+             dev eth1`); only if the client is on eth1's link, `ip netns exec node ip -6 route \
+             add fd00:61:9::1/128 dev eth1 table 101`; then `ip netns exec node ip -6 rule add \
+             from fd00:61:1::2 to fd00:61:9::1/128 lookup 101 priority 32765`"
+        );
+        // The loose rule stays the other repair.
+        assert_eq!(f.fix_or.len(), 1);
+    }
+
+    /// The SYN came from a router on eth1: the repair goes through the
+    /// router's address as the neighbour table has it, even where the
+    /// node's own routes through eth1 would say otherwise.
+    #[test]
+    fn the_router_the_packet_came_from_is_the_repairs_gateway() {
+        let check = Check::Rpfilter {
+            loose: false,
+            validmark: false,
+        };
+        let q = check.query(src(), dst(), 3, 0);
+        let ans = found(254, 2, Some("fd00:61:2::1"));
+        let a = attribution(
+            Backend::IptablesNft,
+            "-A PREROUTING -m rpfilter --invert -j DROP",
+        );
+        let router = Neighbour {
+            dst: "fe80::fe".parse().unwrap(),
+            lladdr: Some("02:00:00:00:81:fe".into()),
+            ..client_entry()
+        };
+        let entries = [client_entry(), router];
+        let mut d = drop(check, &q, &ans);
+        d.sender = Sender {
+            mac: Some([2, 0, 0, 0, 0x81, 0xfe]),
+            neighbours: Some(&entries),
+        };
+        let mut t = tables();
+        t.routes6 = vec![route6(7, None, Some(3), Some("fe80::1"))];
+        let f = explain(nf(), &a, &d, &t);
+        assert_eq!(
+            f.fix[0],
+            "ip netns exec node ip -6 route add fd00:61:9::1/128 via fe80::fe dev eth1 table 101"
+        );
+        assert_eq!(
+            f.evidence.last().unwrap(),
+            "the packet came from 02:00:00:00:81:fe = fe80::fe on eth1 (STALE), a router: the \
+             client is not on eth1's link"
         );
     }
 
@@ -1042,13 +1102,12 @@ mod tests {
         );
         let f = explain(nf(), &a, &drop(check, &q, &ans), &tables());
         assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
-        assert_eq!(
-            f.fix_notes,
-            [
-                "the policy route sends the way back to fd00:61:9::1 (the rule's lookup, and the \
-              replies from fd00:61:1::2) out of eth1, where the client's packets come in; it \
-              assumes fd00:61:9::1 is reachable on eth1's link: add `via <router>` if not"
-            ]
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
+        assert_eq!(f.fix_notes.len(), 1);
+        assert!(
+            f.fix_notes[0].contains("kdrop could not see the next hop"),
+            "{}",
+            f.fix_notes[0]
         );
     }
 }

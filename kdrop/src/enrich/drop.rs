@@ -12,10 +12,11 @@ use crate::{
     diagnosis::{
         self, conntrack, forwarding, kube,
         netfilter::{self as nf, Dropped},
-        routing, rpfilter6, DropFacts,
+        routing, rpfilter6, way_back, DropFacts,
     },
     model::{
         finding::Finding,
+        neighbour::Neighbour,
         netfilter::{Attribution, DroppedBy},
         packet::{Drop, NfFn, NfVerdict, Tuple},
         record::{DropRecord, LookupRecord},
@@ -335,6 +336,7 @@ impl<N: Node> Enricher<N> {
             .node
             .route_get(d.netns, &rpfilter6::via_iif_query(src, d.ifindex));
         let exec = self.netns_name(d.netns).exec();
+        let neighbours = self.sender_entries(d);
         let drop = rpfilter6::Rpf6 {
             src,
             dst,
@@ -344,9 +346,19 @@ impl<N: Node> Enricher<N> {
             asked: &asked,
             answer: &answer,
             via_iif: via_iif.as_ref(),
+            sender: way_back::Sender {
+                mac: d.src_mac,
+                neighbours: neighbours.as_deref(),
+            },
             netns_exec: &exec,
         };
         Some(rpfilter6::explain(base, a, &drop, &ctx.tables))
+    }
+
+    /// The input device's neighbour entries with the packet's source MAC:
+    /// who handed it to the node (asked only when it carried one).
+    fn sender_entries(&mut self, d: &Drop) -> Option<Vec<Neighbour>> {
+        self.node.neighbours_with(d.netns, d.ifindex, d.src_mac?)
     }
 
     /// Reverse-path and martian drops, with the namespace's routing context.
@@ -375,6 +387,7 @@ impl<N: Node> Enricher<N> {
             reason: d.reason,
             src_check: d.src_check,
             kernel_lookups: !d.fib.is_empty(),
+            src_mac: d.src_mac,
         };
         if let Some(f) = self.findings.get(&key) {
             return f.clone();
@@ -389,6 +402,11 @@ impl<N: Node> Enricher<N> {
         } else {
             None
         };
+        // Martians need no way back; a reverse-path drop may.
+        let neighbours = match reason {
+            Some(r) if r != "IP_RPFILTER" && r != "NOT_SPECIFIED" => None,
+            _ => self.sender_entries(d),
+        };
         let f = routing::explain(
             &routing::RouteDrop {
                 reason,
@@ -401,6 +419,10 @@ impl<N: Node> Enricher<N> {
                 netns_exec: &exec,
                 src_check: d.src_check,
                 asked: asked.as_ref(),
+                sender: way_back::Sender {
+                    mac: d.src_mac,
+                    neighbours: neighbours.as_deref(),
+                },
             },
             &ctx.tables,
             &ctx.confs,

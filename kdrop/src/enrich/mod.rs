@@ -74,6 +74,8 @@ struct FindingKey {
     reason: u32,
     src_check: Option<i32>,
     kernel_lookups: bool,
+    /// The neighbour that sent it: the repair route's next hop.
+    src_mac: Option<[u8; 6]>,
 }
 const FINDINGS_CACHED: usize = 4096;
 

@@ -3,7 +3,10 @@
 //! malformed record is an error, never a panic.
 pub mod verdict;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::{
+    borrow::Cow,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
 
 use kdrop_common::{
     nf::EVENT_NF_VERDICT, AbandonEvent, CtInfo, CtTuple, DropEvent, EventHeader, FibLookup,
@@ -151,6 +154,7 @@ fn drop(e: &DropEvent, fib: Vec<Lookup>) -> Result<Drop, DecodeError> {
         fib,
         ct: ct(p.family, &e.ct)?,
         src_check: (e.src_check_seen != 0).then_some(e.src_check_ret),
+        src_mac: (e.src_mac_seen != 0).then_some(e.src_mac),
     })
 }
 
@@ -184,9 +188,34 @@ fn abandon(e: &AbandonEvent) -> Result<Abandon, DecodeError> {
     })
 }
 
+/// The bytes a drop record gained when drops began to carry their source
+/// MAC (`DropEvent::src_mac`, `src_mac_seen`, `_pad`, after `ct`).
+const SRC_MAC_BYTES: usize = 8;
+
+/// A drop record of the layout before `src_mac` (a bundle recorded then),
+/// padded to today's with no MAC seen; any other record as it is.
+fn upgraded(data: &[u8], kind: u32) -> Cow<'_, [u8]> {
+    let at = size_of::<DropEvent>() - SRC_MAC_BYTES;
+    let old = match kind {
+        EVENT_DROP => size_of::<DropEvent>() - SRC_MAC_BYTES,
+        EVENT_DROP_ROUTED => size_of::<RoutedDropEvent>() - SRC_MAC_BYTES,
+        _ => return Cow::Borrowed(data),
+    };
+    if data.len() != old {
+        return Cow::Borrowed(data);
+    }
+    let mut v = Vec::with_capacity(data.len() + SRC_MAC_BYTES);
+    v.extend_from_slice(&data[..at]);
+    v.extend_from_slice(&[0; SRC_MAC_BYTES]);
+    v.extend_from_slice(&data[at..]);
+    Cow::Owned(v)
+}
+
 /// Decodes one ring buffer record.
 pub fn decode(data: &[u8]) -> Result<Event, DecodeError> {
     let header: EventHeader = read(data, 0)?;
+    let buf = upgraded(data, header.kind);
+    let data: &[u8] = &buf;
     match header.kind {
         EVENT_DROP => {
             let e: DropEvent = read(data, header.kind)?;
@@ -244,6 +273,9 @@ pub(crate) mod tests {
             src_check_seen: 0,
             fib_next: u32::MAX,
             ct: CtInfo::zeroed(),
+            src_mac: [0; 6],
+            src_mac_seen: 0,
+            _pad: 0,
         }
     }
 
@@ -276,6 +308,48 @@ pub(crate) mod tests {
             (40000, 8080, 16, 3)
         );
         assert_eq!(d.netns, 4026532000);
+    }
+
+    /// The neighbour's MAC the kernel copied; none when it says it saw none.
+    #[test]
+    fn decodes_the_source_mac() {
+        let mut e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
+        e.src_mac = [2, 0, 0, 0, 0xe7, 3];
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
+        assert_eq!(d.src_mac, None, "src_mac_seen is 0");
+        e.src_mac_seen = 1;
+        let Ok(Event::Drop(d)) = decode(&bytes(&e)) else {
+            panic!()
+        };
+        assert_eq!(d.src_mac, Some([2, 0, 0, 0, 0xe7, 3]));
+    }
+
+    /// Records written before drops carried their MAC (bundles) are 8
+    /// bytes shorter: read as they were, with no MAC; a routed one keeps
+    /// its lookups, which follow the drop part.
+    #[test]
+    fn decodes_drops_recorded_before_the_source_mac() {
+        let e = raw_v4([198, 51, 100, 7], [10, 0, 2, 20], 40000, 8080);
+        let old = bytes(&e)[..size_of::<DropEvent>() - SRC_MAC_BYTES].to_vec();
+        let Ok(Event::Drop(d)) = decode(&old) else {
+            panic!()
+        };
+        assert_eq!((d.sport, d.src_mac), (40000, None));
+        let mut r = routed(e);
+        r.drop.header.ts_ns = 1_000_000;
+        r.fib[0] = lookup(999_000, [10, 0, 2, 20], [198, 51, 100, 7]);
+        let whole = bytes(&r);
+        let at = size_of::<DropEvent>() - SRC_MAC_BYTES;
+        let old = [&whole[..at], &whole[size_of::<DropEvent>()..]].concat();
+        let Ok(Event::Drop(d)) = decode(&old) else {
+            panic!()
+        };
+        assert_eq!((d.fib.len(), d.src_mac), (1, None));
+        assert_eq!(d.fib[0].dst, Ipv4Addr::new(198, 51, 100, 7));
+        // Shorter still: an error, not a guess.
+        assert!(decode(&old[..old.len() - 1]).is_err());
     }
 
     /// A lookup of `src -> dst` at `ts_ns`.

@@ -56,6 +56,9 @@ pub fn offsets(btf: &Btf) -> Result<Offsets> {
         nhc_gw_family: optional(btf, "fib_nh_common", "nhc_gw_family", 1),
         nhc_scope: optional(btf, "fib_nh_common", "nhc_scope", 1),
         skb_nfct: optional(btf, "sk_buff", "_nfct", 8),
+        // The Ethernet header's place, for the drop's source MAC (the
+        // neighbour that sent it): without it drops carry none.
+        skb_mac_header: optional(btf, "sk_buff", "mac_header", 2),
         // A socket's ends, for the retransmission tracepoints, which pass
         // sockets, not packets (include/net/sock.h, include/net/request_sock.h).
         sk_common: embedded(btf, "sock", "__sk_common", "sock_common"),

@@ -33,6 +33,19 @@ pub struct Drop {
     /// What `fib_validate_source` returned for this packet (0 or -errno),
     /// where the fexit/kretprobe rung is attached.
     pub src_check: Option<i32>,
+    /// The Ethernet source address it arrived with: the neighbour that
+    /// sent it (none for a packet this host sent, or from a bundle recorded
+    /// before drops carried it).
+    #[serde(default)]
+    pub src_mac: Option<[u8; 6]>,
+}
+
+/// `02:00:00:00:e7:03`, as `ip neigh` writes a link-layer address.
+pub fn mac_text(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// One direction of a conntrack entry.

@@ -94,6 +94,7 @@ mod tests {
             fib: Vec::new(),
             ct: None,
             src_check: None,
+            src_mac: None,
         }
     }
 
