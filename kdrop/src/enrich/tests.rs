@@ -64,6 +64,7 @@ fn syn_freed() -> Event {
         fib: Vec::new(),
         ct: None,
         src_check: None,
+        src_mac: None,
     })
 }
 
