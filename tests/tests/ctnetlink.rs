@@ -15,7 +15,7 @@ use std::{
 use integration_tests::{bound, ns_name, send_syn, veth, Ns, EVENT_TIMEOUT};
 use kdrop::{
     context::{
-        conntrack_lookup::{lookup, Side},
+        conntrack_lookup::{from_client, lookup, Side},
         ctevents::{CtEvents, StatusBits},
         netfilter::conntrack::reply_holder,
         Netns,
@@ -418,6 +418,21 @@ fn dnat_handshake_seen_and_found(test: &str, net: u8, v6: bool) {
         .unwrap()
         .expect("the plain entry");
     assert_eq!(plain_found.ct.status & IPS_DST_NAT, 0);
+    // Entries by their client's end, from a dump the kernel filters: each
+    // client port's own, whatever else the table holds.
+    let from = |c: SocketAddr| {
+        from_client(&router, c)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.ct.orig, e.ct.reply, e.netns))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        from(lab.client(40080)),
+        [(plain_listed[0].orig, plain_listed[0].reply, router.inode)]
+    );
+    assert_eq!(from(client), [(oracle.orig, oracle.reply, router.inode)]);
+    assert_eq!(from(lab.client(40009)), []);
     // reply_holder keeps the text it had from `conntrack -L`.
     assert_eq!(
         reply_holder(&router, &oracle.reply).as_deref(),

@@ -13,7 +13,10 @@
 //! so the kernel finds the tuple on either side; one entry at most holds a
 //! tuple in a zone. The answer is kept only when the tuple is on the side
 //! asked for.
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::{
+    net::SocketAddr,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+};
 
 use anyhow::{bail, Context as _, Result};
 
@@ -51,6 +54,79 @@ pub fn lookup(ns: &Netns, side: Side, tuple: &Tuple, zone: u16) -> Result<Option
         Side::Orig => e.ct.orig == *tuple,
         Side::Reply => e.ct.reply == *tuple,
     }))
+}
+
+/// The TCP entries of `ns`'s table whose original source is `client` (its
+/// address and port), at most `MAX_FROM`: a dump the kernel filters
+/// (CTA_FILTER with CTA_FILTER_ORIG_FLAGS, v5.9+: ctnetlink_alloc_filter and
+/// ctnetlink_filter_match_tuple,
+/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_netlink.c),
+/// so only the client's entries cross to userspace, whatever the table's
+/// size. For what a node forwarded from one client end to wherever it went.
+pub fn from_client(ns: &Netns, client: SocketAddr) -> Result<Vec<CtSeen>> {
+    let req = dump_request(client, SEQ);
+    let inode = ns.inode;
+    let attrs = in_netns(&ns.path, move || dump(&req))?
+        .with_context(|| format!("conntrack entries from {client}"))?;
+    Ok(attrs
+        .iter()
+        .filter_map(|a| entry(a, inode))
+        .filter(|e| e.ct.orig.src == client)
+        .take(MAX_FROM)
+        .collect())
+}
+
+/// Entries from one client end kept at most (one port rarely has more than
+/// a few).
+const MAX_FROM: usize = 16;
+
+/// CTA_FILTER's nested attributes and flags (uapi
+/// linux/netfilter/nfnetlink_conntrack.h, v5.9+).
+const CTA_FILTER: u16 = 25;
+const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+const CTA_FILTER_FLAG_CTA_IP_SRC: u32 = 1 << 0;
+const CTA_FILTER_FLAG_CTA_PROTO_NUM: u32 = 1 << 3;
+const CTA_FILTER_FLAG_CTA_PROTO_SRC_PORT: u32 = 1 << 4;
+/// NLM_F_ROOT | NLM_F_MATCH.
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_DONE: u16 = 3;
+
+/// The dump request: the original tuple's source address, protocol and
+/// source port, and the flags that make the kernel compare only those.
+fn dump_request(client: SocketAddr, seq: u32) -> Vec<u8> {
+    let (family, src, key) = match client.ip() {
+        std::net::IpAddr::V4(a) => (libc::AF_INET, a.octets().to_vec(), CTA_IP_V4_SRC),
+        std::net::IpAddr::V6(a) => (libc::AF_INET6, a.octets().to_vec(), CTA_IP_V6_SRC),
+    };
+    let mut m = vec![0u8; ATTRS_AT];
+    m[4..6].copy_from_slice(&ct_type(IPCTNL_MSG_CT_GET).to_ne_bytes());
+    m[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    m[16] = family as u8;
+    nest(&mut m, CTA_TUPLE_ORIG, |m| {
+        nest(m, CTA_TUPLE_IP, |m| nla(m, key, &src));
+        nest(m, CTA_TUPLE_PROTO, |m| {
+            nla(m, CTA_PROTO_NUM, &[IPPROTO_TCP]);
+            nla(m, CTA_PROTO_SRC_PORT, &client.port().to_be_bytes());
+        });
+    });
+    // The kernel's IPv6 address test is inverted (`!ipv6_addr_cmp(...)`
+    // rejects an equal address in ctnetlink_filter_match_tuple, v5.9 to
+    // v6.18 at least): for IPv6 it filters by port, the address is
+    // compared here (`from_client`).
+    let by_address = if client.is_ipv4() {
+        CTA_FILTER_FLAG_CTA_IP_SRC
+    } else {
+        0
+    };
+    let flags = by_address | CTA_FILTER_FLAG_CTA_PROTO_NUM | CTA_FILTER_FLAG_CTA_PROTO_SRC_PORT;
+    // A host-order u32 (nla_get_u32).
+    nest(&mut m, CTA_FILTER, |m| {
+        nla(m, CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes())
+    });
+    let len = m.len() as u32;
+    m[..4].copy_from_slice(&len.to_ne_bytes());
+    m
 }
 
 /// The sequence number of the request: the socket is new, and carries
@@ -129,6 +205,70 @@ enum Answer {
 /// its answer. Without NLM_F_ACK the kernel sends the entry alone, or an
 /// NLMSG_ERROR.
 fn round_trip(req: &[u8]) -> Result<Answer> {
+    let fd = sent(req)?;
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = received(&fd, &mut buf)?;
+        for m in messages(&buf[..n]).filter(|m| m.seq == SEQ) {
+            match m.error() {
+                Some(e) if e == -libc::ENOENT => return Ok(Answer::NotFound),
+                Some(0) => continue,
+                Some(e) => {
+                    return Err(std::io::Error::from_raw_os_error(-e)).context(
+                        "ctnetlink refused the lookup (is nf_conntrack_netlink available?)",
+                    )
+                }
+                None if m.ty == ct_type(IPCTNL_MSG_CT_NEW) => {
+                    return Ok(Answer::Entry(m.attrs().unwrap_or_default().to_vec()))
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// Sends the dump request `req`; the attributes of every entry it lists,
+/// until NLMSG_DONE.
+fn dump(req: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let fd = sent(req)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Vec::new();
+    loop {
+        let n = received(&fd, &mut buf)?;
+        for m in messages(&buf[..n]).filter(|m| m.seq == SEQ) {
+            match m.error() {
+                Some(0) => {}
+                Some(e) => {
+                    return Err(std::io::Error::from_raw_os_error(-e))
+                        .context("ctnetlink refused the filtered dump (CTA_FILTER needs 5.9+)")
+                }
+                None if m.ty == NLMSG_DONE => return Ok(out),
+                None if m.ty == ct_type(IPCTNL_MSG_CT_NEW) => {
+                    out.push(m.attrs().unwrap_or_default().to_vec());
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// Reads one datagram into `buf`; its length.
+fn received(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize> {
+    loop {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("reading the ctnetlink answer");
+        }
+    }
+}
+
+/// A new ctnetlink socket with `req` sent on it.
+fn sent(req: &[u8]) -> Result<OwnedFd> {
     // SAFETY: plain socket(2); the fd is owned at once.
     let fd = unsafe {
         libc::socket(
@@ -163,33 +303,7 @@ fn round_trip(req: &[u8]) -> Result<Answer> {
     if n != req.len() as isize {
         return Err(std::io::Error::last_os_error()).context("sending the ctnetlink request");
     }
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        // SAFETY: buf is valid for its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e).context("reading the ctnetlink answer");
-        }
-        for m in messages(&buf[..n as usize]).filter(|m| m.seq == SEQ) {
-            match m.error() {
-                Some(e) if e == -libc::ENOENT => return Ok(Answer::NotFound),
-                Some(0) => continue,
-                Some(e) => {
-                    return Err(std::io::Error::from_raw_os_error(-e)).context(
-                        "ctnetlink refused the lookup (is nf_conntrack_netlink available?)",
-                    )
-                }
-                None if m.ty == ct_type(IPCTNL_MSG_CT_NEW) => {
-                    return Ok(Answer::Entry(m.attrs().unwrap_or_default().to_vec()))
-                }
-                None => {}
-            }
-        }
-    }
+    Ok(fd)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    conntrack_lookup::{lookup, Side},
+    conntrack_lookup::{from_client, lookup, Side},
     kube::KubeCache,
     listeners::{counters_in, listener_for, listens_in, on_ports, snapshot_in, ListenCounters},
     neighbours,
@@ -291,6 +291,16 @@ impl Node for Live {
                 });
         self.found.insert(key, (Instant::now(), found.clone()));
         found
+    }
+
+    fn conntrack_from(&mut self, netns: u32, client: SocketAddr) -> Vec<CtSeen> {
+        let Some(ns) = self.registry.lookup(netns) else {
+            return Vec::new();
+        };
+        from_client(&ns, client).unwrap_or_else(|e| {
+            log::debug!("conntrack entries from {client} in netns {netns}: {e:#}");
+            Vec::new()
+        })
     }
 
     fn waiting_for(&mut self, netns: u32, local: SocketAddr) -> Option<SocketAddr> {

@@ -134,6 +134,9 @@ pub trait Node {
         t: &Tuple,
         netns: Option<u32>,
     ) -> Option<CtSeen>;
+    /// The TCP entries of namespace `netns` whose original source is
+    /// `client` (address and port): where it sent its SYNs, NAT'd or not.
+    fn conntrack_from(&mut self, netns: u32, client: SocketAddr) -> Vec<CtSeen>;
     /// The remote a client's SYN-SENT socket bound to `local` waits for,
     /// looked for in `netns` first, then in every namespace of the node.
     fn waiting_for(

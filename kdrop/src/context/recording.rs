@@ -191,6 +191,12 @@ impl<N: Node> Node for Recorder<N> {
         a
     }
 
+    fn conntrack_from(&mut self, netns: u32, client: SocketAddr) -> Vec<CtSeen> {
+        let a = self.inner.conntrack_from(netns, client);
+        self.keep(json!(["conntrack_from", netns, client]), &a);
+        a
+    }
+
     fn waiting_for(&mut self, netns: u32, local: SocketAddr) -> Option<SocketAddr> {
         let a = self.inner.waiting_for(netns, local);
         self.keep(json!(["waiting_for", netns, local]), &a);

@@ -174,6 +174,11 @@ impl Node for Replay {
             .flatten()
     }
 
+    fn conntrack_from(&mut self, netns: u32, client: SocketAddr) -> Vec<CtSeen> {
+        self.answer::<Vec<CtSeen>>(json!(["conntrack_from", netns, client]))
+            .unwrap_or_default()
+    }
+
     fn waiting_for(&mut self, netns: u32, local: SocketAddr) -> Option<SocketAddr> {
         self.answer::<Option<SocketAddr>>(json!(["waiting_for", netns, local]))
             .flatten()
@@ -330,6 +335,9 @@ mod tests {
         }
         fn conntrack_find(&mut self, _: Side, _: &Tuple, _: Option<u32>) -> Option<CtSeen> {
             None
+        }
+        fn conntrack_from(&mut self, _: u32, _: SocketAddr) -> Vec<CtSeen> {
+            Vec::new()
         }
         fn waiting_for(&mut self, _: u32, _: SocketAddr) -> Option<SocketAddr> {
             None

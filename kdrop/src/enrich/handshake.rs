@@ -2,7 +2,7 @@
 //! ("unanswered"), a SYN-ACK answered by a RST ("reset"), and what the
 //! node shows about a refused SYN-ACK (hairpin, LB loopback, asymmetric
 //! return), which both of those and a SYN-ACK's drop can lead to.
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc};
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
 
@@ -257,7 +257,7 @@ impl<N: Node> Enricher<N> {
         back.as_ref()?;
         let waits_for = self.node.waiting_for(client_ns, client);
         let vip = waits_for.or(dnat.as_ref().and_then(|f| f.ct).map(|c| c.orig.dst));
-        let back_stale = match (&back, vip) {
+        let mut back_stale = match (&back, vip) {
             (Some(b), Some(vip)) if b.ct.is_some_and(|c| c.orig.dst != vip) => {
                 let to_vip = Tuple {
                     src: client,
@@ -275,6 +275,9 @@ impl<N: Node> Enricher<N> {
             }
             _ => None,
         };
+        if let (None, None, Some(b)) = (waits_for, &back_stale, &back) {
+            back_stale = self.sent_elsewhere(b, client);
+        }
         let contexts: Vec<Option<Arc<NetnsContext>>> = [&dnat, &back]
             .iter()
             .map(|f| f.as_ref().and_then(|f| self.node.routing(f.netns)))
@@ -298,6 +301,30 @@ impl<N: Node> Enricher<N> {
             },
             &self.ct_bits,
         )
+    }
+
+    /// The client's socket out of reach (another namespace, closed by a
+    /// short connect timeout): did `back`'s namespace forward the same
+    /// client end elsewhere first, unanswered and not NAT'd (the SYN to the
+    /// load balancer's VIP that came back as `back`)? That entry, and the
+    /// device it left by.
+    fn sent_elsewhere(
+        &mut self,
+        back: &Flow,
+        client: SocketAddr,
+    ) -> Option<(Tuple, Option<String>)> {
+        let came_back_to = back.ct?.orig.dst;
+        let quiet = self.ct_bits.seen_reply | self.ct_bits.dst_nat | self.ct_bits.src_nat;
+        let e = self
+            .node
+            .conntrack_from(back.netns, client)
+            .into_iter()
+            .find(|e| e.ct.orig.dst != came_back_to && e.ct.status & quiet == 0)?;
+        let dev = self
+            .node
+            .route_out(back.netns, e.ct.orig.dst.ip())
+            .map(|i| self.node.ifname(back.netns, i));
+        Some((e.ct.orig, dev))
     }
 
     fn translator<'a>(&mut self, flow: Flow, ctx: &'a NetnsContext) -> Translator<'a> {

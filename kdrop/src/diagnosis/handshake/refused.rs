@@ -78,7 +78,9 @@ pub struct Refused<'a> {
     /// SYN-ACK's source: the client's SYN came back into that namespace.
     pub back: Option<Translator<'a>>,
     /// `back`'s namespace's own entry for the client's SYN to the address it
-    /// waits for (it forwarded that SYN out), and the device it left by.
+    /// waits for (it forwarded that SYN out), and the device it left by; when
+    /// the client's socket is out of reach, the entry of the same client end
+    /// to another address, unanswered and not NAT'd.
     pub back_stale: Option<(Tuple, Option<String>)>,
 }
 
@@ -89,8 +91,11 @@ fn dnat_only(ct: &Ct, bits: &CtBits) -> bool {
 /// The refused SYN-ACK explained, or None when nothing the node shows
 /// explains it.
 pub fn explain(r: &Refused, bits: &CtBits) -> Option<Finding> {
+    // What the client sent to: its socket says, else the entry `back`'s
+    // namespace keeps of the SYN it forwarded, else the DNAT'd entry.
     let vip = r
         .waits_for
+        .or(r.back_stale.as_ref().map(|(t, _)| t.dst))
         .or_else(|| r.dnat.as_ref().and_then(|d| d.flow.ct).map(|c| c.orig.dst));
     if let (Some(back), Some(vip)) = (&r.back, vip) {
         let ct = back.flow.ct?;
@@ -545,6 +550,36 @@ mod tests {
             "no entry of the node to delete: {:?}",
             f.fix
         );
+        // The node alone, the client's socket out of reach (closed by a
+        // 1 s connect timeout): the node's own unanswered entry of the same
+        // client end to the VIP tells where it sent it; the DNAT'd entry
+        // seen from the SYN-ACK is the one it came back as.
+        let node = back_of(&r);
+        let socket_gone = Refused {
+            waits_for: None,
+            dnat: Some(node),
+            ..r.clone()
+        };
+        let f = explain(&socket_gone, &BITS).unwrap();
+        assert_eq!(f.cause, "lb_loopback_without_snat");
+        assert!(f
+            .summary
+            .starts_with("SYN 10.244.2.5:46004 -> 203.0.113.80:80 left by eth0"));
+        assert_eq!(f.fix.len(), 2, "{:?}", f.fix);
+        assert!(
+            f.evidence[1].starts_with("netns node forwarded 10.244.2.5:46004 -> 203.0.113.80:80"),
+            "{:?}",
+            f.evidence
+        );
+        // Without that entry nothing says the client sent elsewhere.
+        let unknown = Refused {
+            back_stale: None,
+            ..socket_gone
+        };
+        assert_ne!(
+            explain(&unknown, &BITS).map(|f| f.cause),
+            Some("lb_loopback_without_snat")
+        );
         // The client waits for the address the node DNAT'd: no loop.
         let same = Refused {
             waits_for: Some("10.70.0.10:30080".parse().unwrap()),
@@ -552,6 +587,10 @@ mod tests {
             ..r
         };
         assert_eq!(explain(&same, &BITS), None);
+    }
+
+    fn back_of<'a>(r: &Refused<'a>) -> Translator<'a> {
+        r.back.clone().expect("a translator")
     }
 
     #[test]
