@@ -432,6 +432,11 @@ pub struct Attribution {
     pub packets_after: Option<u64>,
     /// The rule matches conntrack state INVALID.
     pub ctstate_invalid: bool,
+    /// For a chain policy's drop: whether the chain has a rule that accepts
+    /// every packet of an established connection (`--ctstate ESTABLISHED`,
+    /// `ct state established`), so that the replies of what it lets in pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepts_established: Option<bool>,
     /// For a conntrack drop: its statistics before and after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackMoved>,
@@ -457,6 +462,7 @@ impl Attribution {
             packets_before: None,
             packets_after: None,
             ctstate_invalid: false,
+            accepts_established: None,
             conntrack: None,
             evidence: Vec::new(),
         }

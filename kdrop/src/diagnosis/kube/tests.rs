@@ -388,6 +388,7 @@ fn attribution(table: &str, rule: &str) -> Attribution {
         packets_before: Some(0),
         packets_after: Some(1),
         ctstate_invalid: false,
+        accepts_established: None,
         conntrack: None,
         evidence: vec![],
     }
@@ -401,6 +402,7 @@ fn facts(src: &str, dst: &str) -> DropFacts<'static> {
         src: src.into(),
         dst: dst.into(),
         location: Some("nf_hook_slow+0x7d"),
+        tcp_flags: 0x02,
         netfilter: None,
     }
 }

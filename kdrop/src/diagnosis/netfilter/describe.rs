@@ -6,7 +6,8 @@ use super::{
     matching::Tri,
 };
 use crate::model::netfilter::{
-    Attribution, Backend, ConntrackMoved, ConntrackStats, DroppedBy, Hook, Match, Snapshot,
+    Attribution, Backend, Chain, ConntrackMoved, ConntrackStats, CtState, DroppedBy, Hook, Match,
+    Snapshot, Verdict, PROTO_TCP,
 };
 
 pub fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
@@ -58,6 +59,23 @@ pub fn stats_moved(b: &ConntrackStats, a: &ConntrackStats) -> String {
     } else {
         format!("{} ({})", moved.join(", "), still.join(", "))
     }
+}
+
+/// Whether `chain` has a rule accepting every TCP packet of an established
+/// connection: a conntrack state match with ESTABLISHED and nothing else
+/// but `-p tcp` (Docker's and Kubernetes' first FORWARD rule). A rule with
+/// more conditions (an interface) lets only some replies through.
+pub(super) fn accepts_established(chain: &Chain) -> bool {
+    let fits = |m: &Match| match m {
+        Match::CtState { neg: false, states } => states.contains(&CtState::Established),
+        Match::Proto { neg: false, proto } => *proto == PROTO_TCP,
+        _ => false,
+    };
+    chain.rules.iter().any(|r| {
+        r.verdict == Verdict::Accept
+            && r.matches.iter().any(|m| matches!(m, Match::CtState { .. }))
+            && r.matches.iter().all(fits)
+    })
 }
 
 pub(super) fn describe(
@@ -174,6 +192,7 @@ pub(super) fn describe(
         packets_before: before,
         packets_after: after_n,
         ctstate_invalid,
+        accepts_established: matches!(c.kind, Kind::Policy).then(|| accepts_established(c.chain)),
         conntrack: None,
         evidence,
     }

@@ -1,7 +1,12 @@
 //! An [`Attribution`] as a diagnosis [`Finding`]: which rule, policy or
 //! conntrack drop, the evidence, the repair (an ACCEPT for the service where
-//! the drop would meet it, or the rule deleted), and the commands that show
-//! the counters.
+//! the drop would meet it, with the replies' ACCEPT by conntrack state where a
+//! DROP policy would drop them too, or the rule deleted), and the commands
+//! that show the counters. Each repair is of a kind in `fixes`.
+use super::{
+    fixes::{FixKind, IPTABLES_ESTABLISHED, NFT_ESTABLISHED},
+    matching::{TCP_ACK, TCP_SYN},
+};
 use crate::{
     diagnosis::reason::{reason_evidence, DropFacts},
     model::{
@@ -26,7 +31,7 @@ fn split_endpoint(e: &str) -> (&str, &str) {
     (h.trim_start_matches('[').trim_end_matches(']'), p)
 }
 
-/// How to let this packet's service through, and how to look.
+/// How to let this packet's connection through, and how to look.
 struct Repair {
     fix: Vec<String>,
     fix_or: Vec<Vec<String>>,
@@ -34,86 +39,224 @@ struct Repair {
     inspect: Vec<String>,
 }
 
-/// The repair for a rule or policy drop: an ACCEPT for the packet's
+/// A SYN without ACK opens a connection; anything else (a SYN-ACK, an ACK)
+/// answers or continues one that conntrack already tracks.
+fn opens(tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// Where the repair goes, and what it lets through.
+struct Site<'a> {
+    ns: &'a str,
+    family: &'a str,
+    table: &'a str,
+    chain: &'a str,
+    dst: &'a str,
+    port: &'a str,
+    v6: bool,
+}
+
+/// The repair for a rule or policy drop. A SYN: an ACCEPT for its
 /// destination and port where the drop would meet it (before the rule, or
-/// at the end of the chain for its policy); deleting the rule as the other.
+/// at the end of the chain for its policy). A reply: an ACCEPT by conntrack
+/// state there instead (its destination port is the client's, no service's).
+/// A DROP policy also needs the replies of what the ACCEPT lets in: they
+/// cross the same chain on a router or bridge (FORWARD), and a chain with no
+/// ESTABLISHED rule drops them; that rule goes first, as Docker and
+/// Kubernetes put it. Deleting the rule is the other repair.
 fn repair(a: &Attribution, f: &DropFacts, ns: &str) -> Repair {
-    let family = a.family.map_or("", |x| x.name());
-    let table = a.table.as_deref().unwrap_or("");
-    let chain = a.chain.as_deref().unwrap_or("");
     let (dst, port) = split_endpoint(&f.dst);
-    let v6 = dst.contains(':');
+    let s = Site {
+        ns,
+        family: a.family.map_or("", |x| x.name()),
+        table: a.table.as_deref().unwrap_or(""),
+        chain: a.chain.as_deref().unwrap_or(""),
+        dst,
+        port,
+        v6: dst.contains(':'),
+    };
     let mut r = Repair {
         fix: Vec::new(),
         fix_or: Vec::new(),
         notes: Vec::new(),
         inspect: Vec::new(),
     };
+    // conntrack calls the packet INVALID: an ACCEPT would hide that, and
+    // deleting the rule lets every such packet in; the cause is elsewhere.
+    if a.ctstate_invalid {
+        if let Some(b) = a.backend {
+            r.inspect.extend(inspect(b, a.family, &s));
+        }
+        return r;
+    }
+    let opens = opens(f.tcp_flags);
+    // Unknown counts as missing: a second ESTABLISHED rule is harmless.
+    let replies_pass = a.accepts_established == Some(true);
     match a.backend {
-        Some(Backend::Nftables) => {
-            r.inspect
-                .push(format!("{ns}nft -a list chain {family} {table} {chain}"));
-            let l3 = if v6 { "ip6" } else { "ip" };
-            let accept = format!("{l3} daddr {dst} tcp dport {port} accept");
-            match (a.dropped_by, a.handle) {
-                (DroppedBy::Rule, Some(h)) => {
-                    r.fix.push(format!(
-                        "{ns}nft insert rule {family} {table} {chain} position {h} {accept}"
-                    ));
-                    r.fix_or.push(vec![format!(
-                        "{ns}nft delete rule {family} {table} {chain} handle {h}"
-                    )]);
-                }
-                (DroppedBy::Policy, _) => r.fix.push(format!(
-                    "{ns}nft add rule {family} {table} {chain} {accept}"
-                )),
-                _ => {}
-            }
-        }
-        Some(b) => {
-            let tool = iptables_tool(b, a.family);
-            r.inspect.push(format!(
-                "{ns}{tool} -t {table} -L {chain} -v -n -x --line-numbers"
-            ));
-            r.inspect.push(format!("{ns}{tool}-save -c -t {table}"));
-            let accept = format!("-p tcp -d {dst} --dport {port} -j ACCEPT");
-            match a.dropped_by {
-                DroppedBy::Rule => {
-                    if let Some(n) = a.rule_number {
-                        r.fix
-                            .push(format!("{ns}{tool} -t {table} -I {chain} {n} {accept}"));
-                    }
-                    // The rule as `iptables -S` writes it: `-A CHAIN spec`.
-                    if let Some(spec) = a.rule.as_deref().and_then(|t| t.strip_prefix("-A ")) {
-                        r.fix_or
-                            .push(vec![format!("{ns}{tool} -t {table} -D {spec}")]);
-                    }
-                }
-                DroppedBy::Policy => r
-                    .fix
-                    .push(format!("{ns}{tool} -t {table} -A {chain} {accept}")),
-                _ => {}
-            }
-        }
+        Some(Backend::Nftables) => nft_repair(a, &s, opens, replies_pass, &mut r),
+        Some(b) => iptables_repair(a, b, &s, opens, replies_pass, &mut r),
         None => {}
     }
-    if !r.fix.is_empty() {
-        let to = if v6 {
-            format!("[{dst}]:{port}")
-        } else {
-            format!("{dst}:{port}")
-        };
-        // Only a rule's drop offers its deletion as the other repair.
-        r.notes.push(if r.fix_or.is_empty() {
-            format!("the repair lets TCP to {to} through, from any client")
-        } else {
-            format!(
-                "the first repair lets TCP to {to} through, from any client; deleting the rule \
-                 lets everything it dropped through"
-            )
-        });
+    if let Some(b) = a.backend {
+        r.inspect.extend(inspect(b, a.family, &s));
     }
+    notes(a, &s, opens, &mut r);
     r
+}
+
+/// The commands that show the chain with its counters.
+fn inspect(b: Backend, family: Option<Family>, s: &Site) -> Vec<String> {
+    let Site {
+        ns, table, chain, ..
+    } = s;
+    match b {
+        Backend::Nftables => vec![format!(
+            "{ns}nft -a list chain {} {table} {chain}",
+            s.family
+        )],
+        b => {
+            let tool = iptables_tool(b, family);
+            vec![
+                format!("{ns}{tool} -t {table} -L {chain} -v -n -x --line-numbers"),
+                format!("{ns}{tool}-save -c -t {table}"),
+            ]
+        }
+    }
+}
+
+fn nft_repair(a: &Attribution, s: &Site, opens: bool, replies_pass: bool, r: &mut Repair) {
+    let Site {
+        ns,
+        family,
+        table,
+        chain,
+        dst,
+        port,
+        ..
+    } = s;
+    let verb = |v: &str| format!("{ns}nft {v} rule {family} {table} {chain}");
+    let l3 = if s.v6 { "ip6" } else { "ip" };
+    let accept = format!("{l3} daddr {dst} tcp dport {port} accept");
+    match (a.dropped_by, a.handle) {
+        (DroppedBy::Rule, Some(h)) => {
+            let what = if opens {
+                accept
+            } else {
+                NFT_ESTABLISHED.into()
+            };
+            r.fix
+                .push(format!("{} position {h} {what}", verb("insert")));
+            r.fix_or.push(vec![format!(
+                "{ns}nft delete rule {family} {table} {chain} handle {h}"
+            )]);
+        }
+        (DroppedBy::Policy, _) => {
+            // `insert` without a position puts the rule first.
+            if !replies_pass {
+                r.fix.push(format!("{} {NFT_ESTABLISHED}", verb("insert")));
+            }
+            if opens {
+                r.fix.push(format!("{} {accept}", verb("add")));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn iptables_repair(
+    a: &Attribution,
+    b: Backend,
+    s: &Site,
+    opens: bool,
+    replies_pass: bool,
+    r: &mut Repair,
+) {
+    let Site {
+        ns,
+        table,
+        chain,
+        dst,
+        port,
+        ..
+    } = s;
+    let tool = iptables_tool(b, a.family);
+    let accept = format!("-p tcp -d {dst} --dport {port} -j ACCEPT");
+    match a.dropped_by {
+        DroppedBy::Rule => {
+            if let Some(n) = a.rule_number {
+                let what = if opens {
+                    accept
+                } else {
+                    IPTABLES_ESTABLISHED.into()
+                };
+                r.fix
+                    .push(format!("{ns}{tool} -t {table} -I {chain} {n} {what}"));
+            }
+            // The rule as `iptables -S` writes it: `-A CHAIN spec`.
+            if let Some(spec) = a.rule.as_deref().and_then(|t| t.strip_prefix("-A ")) {
+                r.fix_or
+                    .push(vec![format!("{ns}{tool} -t {table} -D {spec}")]);
+            }
+        }
+        DroppedBy::Policy => {
+            if !replies_pass {
+                r.fix.push(format!(
+                    "{ns}{tool} -t {table} -I {chain} 1 {IPTABLES_ESTABLISHED}"
+                ));
+            }
+            if opens {
+                r.fix
+                    .push(format!("{ns}{tool} -t {table} -A {chain} {accept}"));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What the repairs change, in words.
+fn notes(a: &Attribution, s: &Site, opens: bool, r: &mut Repair) {
+    let to = if s.v6 {
+        format!("[{}]:{}", s.dst, s.port)
+    } else {
+        format!("{}:{}", s.dst, s.port)
+    };
+    let est = r.fix.iter().any(|c| {
+        matches!(
+            FixKind::of(c),
+            Some(FixKind::IptablesAcceptEstablished | FixKind::NftAcceptEstablished)
+        )
+    });
+    let mut parts = Vec::new();
+    if opens && !r.fix.is_empty() {
+        parts.push(format!("lets TCP to {to} through, from any client"));
+    }
+    if est {
+        let place = if a.dropped_by == DroppedBy::Policy {
+            "first in the chain"
+        } else {
+            "before the rule"
+        };
+        parts.push(format!(
+            "accepts the packets of connections {} already let through (their replies), {place}",
+            s.chain
+        ));
+    }
+    if a.dropped_by == DroppedBy::Policy && !opens && !est {
+        r.notes.push(
+            "the chain accepts established connections already: conntrack did not count this \
+             packet as one (a reply to a SYN it never saw?)"
+                .into(),
+        );
+    }
+    if parts.is_empty() {
+        return;
+    }
+    let what = parts.join("; it ");
+    r.notes.push(if r.fix_or.is_empty() {
+        format!("the repair {what}")
+    } else {
+        format!("the first repair {what}; deleting the rule lets everything it dropped through")
+    });
 }
 
 pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
@@ -221,6 +364,7 @@ mod tests {
             src: "10.0.0.1:40000".into(),
             dst: "10.0.0.2:80".into(),
             location: Some("nf_hook_slow+0x7d"),
+            tcp_flags: TCP_SYN,
             netfilter: None,
         }
     }
@@ -241,6 +385,7 @@ mod tests {
             packets_before: Some(0),
             packets_after: Some(1),
             ctstate_invalid: false,
+            accepts_established: None,
             conntrack: None,
             evidence: vec!["its counter went 0 -> 1".into()],
         }
@@ -339,9 +484,14 @@ mod tests {
             f.summary,
             "no rule accepted it: policy drop of nftables chain kdt/input (inet, INPUT hook)"
         );
+        // The chain accepts no established packets: that rule first, so
+        // that the replies pass whatever the chain's other rules say.
         assert_eq!(
             f.fix,
-            ["ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"]
+            [
+                "ip netns exec srv nft insert rule inet kdt input ct state established,related accept",
+                "ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"
+            ]
         );
         assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
         assert_eq!(
@@ -349,6 +499,20 @@ mod tests {
             ["ip netns exec srv nft -a list chain inet kdt input"]
         );
         // No rule to delete: the note offers no such thing.
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the repair lets TCP to [2001:db8::2]:80 through, from any client; it accepts the \
+              packets of connections input already let through (their replies), first in the chain"
+            ]
+        );
+        // A chain that accepts them already gets the service's ACCEPT alone.
+        p.accepts_established = Some(true);
+        let f = explain(&p, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"]
+        );
         assert_eq!(
             f.fix_notes,
             ["the repair lets TCP to [2001:db8::2]:80 through, from any client"]
@@ -365,6 +529,8 @@ mod tests {
         assert_eq!(f.cause, "conntrack_invalid");
         assert!(f.inspect[0].starts_with("ip netns exec srv ip6tables-nft -t filter"));
         assert_eq!(f.inspect.last().unwrap(), "ip netns exec srv conntrack -S");
+        // No ruleset repair: accepting INVALID packets hides the cause.
+        assert!(f.fix.is_empty() && f.fix_or.is_empty(), "{f:?}");
 
         let mut p = rule();
         p.dropped_by = DroppedBy::Policy;
@@ -379,7 +545,10 @@ mod tests {
         );
         assert_eq!(
             f.fix,
-            ["ip netns exec srv iptables-legacy -t filter -A FORWARD -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"]
+            [
+                "ip netns exec srv iptables-legacy -t filter -I FORWARD 1 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+                "ip netns exec srv iptables-legacy -t filter -A FORWARD -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"
+            ]
         );
 
         let mut n = rule();
@@ -412,5 +581,90 @@ mod tests {
         // Nothing to repair, nothing to say about a repair.
         assert!(f.fix_notes.is_empty(), "{:?}", f.fix_notes);
         assert_eq!(f.inspect[0], "conntrack -S");
+    }
+
+    /// A reply (here a SYN-ACK to the client's port) is let through by its
+    /// conntrack state where the drop met it: an ACCEPT for the client's
+    /// port would help no other connection.
+    #[test]
+    fn replies_are_accepted_by_conntrack_state() {
+        let mut facts = facts();
+        facts.tcp_flags = TCP_SYN | TCP_ACK;
+        facts.src = "10.0.0.2:80".into();
+        facts.dst = "10.0.0.1:40000".into();
+        let mut p = rule();
+        p.dropped_by = DroppedBy::Policy;
+        p.chain = Some("FORWARD".into());
+        p.rule = None;
+        p.rule_number = None;
+        let f = explain(&p, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv iptables-legacy -t filter -I FORWARD 1 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+        );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the repair accepts the packets of connections FORWARD already let through (their \
+              replies), first in the chain"
+            ]
+        );
+        // The chain accepts them already: conntrack did not see this one as
+        // part of a connection; no rule would change that.
+        p.accepts_established = Some(true);
+        let f = explain(&p, &facts);
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
+        assert!(f.fix_notes[0].starts_with("the chain accepts established connections already"));
+
+        // A rule's drop: the state ACCEPT goes before the rule.
+        let f = explain(&rule(), &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv iptables-legacy -t filter -I INPUT 2 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+        );
+        let mut n = rule();
+        n.backend = Some(Backend::Nftables);
+        n.family = Some(Family::Inet);
+        n.table = Some("kdt".into());
+        n.chain = Some("forward".into());
+        n.handle = Some(7);
+        let f = explain(&n, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv nft insert rule inet kdt forward position 7 ct state established,related accept"]
+        );
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec srv nft delete rule inet kdt forward handle 7"]]
+        );
+    }
+
+    /// Every command a netfilter finding writes is of a kind that names the
+    /// integration test applying it (fixes.rs).
+    #[test]
+    fn every_command_written_has_a_kind() {
+        let mut syn_ack = facts();
+        syn_ack.tcp_flags = TCP_SYN | TCP_ACK;
+        for backend in [
+            Backend::IptablesLegacy,
+            Backend::IptablesNft,
+            Backend::Nftables,
+        ] {
+            for dropped_by in [DroppedBy::Rule, DroppedBy::Policy] {
+                for est in [None, Some(true)] {
+                    for f in [facts(), syn_ack.clone()] {
+                        let mut a = rule();
+                        a.backend = Some(backend);
+                        a.dropped_by = dropped_by;
+                        a.handle = Some(3);
+                        a.accepts_established = est;
+                        let found = explain(&a, &f);
+                        for cmd in found.fix.iter().chain(found.fix_or.iter().flatten()) {
+                            assert!(FixKind::of(cmd).is_some(), "{cmd}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }
