@@ -139,19 +139,29 @@ fn trace(node: &Ns, port: u16) -> Kdrop {
     Kdrop::start(&["--json", "--netns", &node.name, "--port", &port.to_string()])
 }
 
-/// The SYN from `from` is dropped; the repair kdrop writes (`pick` takes
-/// it from the event) is applied; the same socket then connects, and so
-/// does a new one. Returns the kinds applied.
+/// Which packet of the handshake the lab drops.
+#[derive(Clone, Copy)]
+enum Leg {
+    Syn,
+    SynAck,
+}
+
+/// The handshake `from -> to` loses its `leg`; the repair kdrop writes
+/// (`pick` takes it from the event) is applied; the same socket then
+/// connects, and so does a new one. Returns the kinds applied.
 fn repaired(
     node: &Ns,
     client: &Ns,
-    from: SocketAddr,
-    to: SocketAddr,
+    (from, to): (SocketAddr, SocketAddr),
+    leg: Leg,
     pick: impl Fn(&Value) -> Vec<String>,
 ) -> Vec<FixKind> {
     let k = trace(node, to.port());
     let syn = send_syn(client, from, to);
-    let e = drop_of(&k, from, to);
+    let e = match leg {
+        Leg::Syn => drop_of(&k, from, to),
+        Leg::SynAck => drop_of(&k, to, from),
+    };
     let kinds = apply(&pick(&e));
     assert!(completes(&syn, RETRY), "{from} -> {to} after {e}");
     let again = SocketAddr::new(from.ip(), from.port() + 1);
@@ -204,11 +214,17 @@ fn rule_fixes(b: Backend, net: u8) {
     for (i, end) in ends.iter().enumerate() {
         let base = 43000 + 10 * i as u16;
         rule_lab(&p.server, b, PORT);
-        let kinds = repaired(&p.server, &p.client, end.client_at(base), end.server, fix);
+        let kinds = repaired(
+            &p.server,
+            &p.client,
+            (end.client_at(base), end.server),
+            Leg::Syn,
+            fix,
+        );
         assert_eq!(kinds, [FixKind::IptablesAcceptBeforeRule]);
         rule_lab(&p.server, b, PORT);
         let from = end.client_at(base + 5);
-        let kinds = repaired(&p.server, &p.client, from, end.server, first_or);
+        let kinds = repaired(&p.server, &p.client, (from, end.server), Leg::Syn, first_or);
         assert_eq!(kinds, [FixKind::IptablesDeleteRule]);
     }
 }
@@ -254,12 +270,92 @@ fn nft_rule_fixes() {
     for (i, end) in ends.iter().enumerate() {
         let base = 43100 + 10 * i as u16;
         reload();
-        let kinds = repaired(&p.server, &p.client, end.client_at(base), end.server, fix);
+        let kinds = repaired(
+            &p.server,
+            &p.client,
+            (end.client_at(base), end.server),
+            Leg::Syn,
+            fix,
+        );
         assert_eq!(kinds, [FixKind::NftAcceptBeforeRule]);
         reload();
         let from = end.client_at(base + 5);
-        let kinds = repaired(&p.server, &p.client, from, end.server, first_or);
+        let kinds = repaired(&p.server, &p.client, (from, end.server), Leg::Syn, first_or);
         assert_eq!(kinds, [FixKind::NftDeleteRule]);
+    }
+}
+
+/// A rule on the client that drops TCP from the server: the SYN leaves, its
+/// SYN-ACK is dropped on the way in. kdrop's repair accepts the replies of
+/// the client's own connections before the rule (an ACCEPT for the
+/// client's port would help no other connection); then, the rule restored,
+/// its deletion.
+fn reply_rule_fixes(b: Backend, net: u8) {
+    const PORT: u16 = 6239;
+    let p = Pair::new(&format!("fxy{}", b.tag()), net);
+    let lab = || {
+        for (v6, server) in [(false, p.server_v4(0)), (true, p.server_v6(0))] {
+            ipt(&p.client, b, v6, "-F INPUT");
+            ipt(
+                &p.client,
+                b,
+                v6,
+                &format!("-A INPUT -p tcp -s {} -j DROP", server.ip()),
+            );
+        }
+    };
+    let ends = [
+        (p.client_v4(0), p.server_v4(PORT)),
+        (p.client_v6(0), p.server_v6(PORT)),
+    ];
+    let _l: Vec<_> = ends.iter().map(|(_, s)| listen(&p.server, *s)).collect();
+    for (i, (client, server)) in ends.into_iter().enumerate() {
+        let at = |port: u16| SocketAddr::new(client.ip(), port);
+        let base = 43400 + 10 * i as u16;
+        lab();
+        let tuple = (at(base), server);
+        let kinds = repaired(&p.client, &p.client, tuple, Leg::SynAck, fix);
+        assert_eq!(kinds, [FixKind::IptablesAcceptEstablished]);
+        lab();
+        let tuple = (at(base + 5), server);
+        let kinds = repaired(&p.client, &p.client, tuple, Leg::SynAck, first_or);
+        assert_eq!(kinds, [FixKind::IptablesDeleteRule]);
+    }
+}
+
+#[test]
+fn reply_rule_fixes_legacy() {
+    reply_rule_fixes(Backend::Legacy, 239);
+}
+
+#[test]
+fn reply_rule_fixes_nft() {
+    reply_rule_fixes(Backend::Nft, 240);
+}
+
+/// The same with a native nftables rule: the state accept inserted at the
+/// rule's position.
+#[test]
+fn nft_reply_rule_fixes() {
+    let p = Pair::new("fxny", 241);
+    let table = "table inet kdfx {
+        chain input {
+            type filter hook input priority filter; policy accept;
+            ip saddr 10.241.0.2 meta l4proto tcp counter drop
+            ip6 saddr fd00:241::2 meta l4proto tcp counter drop
+        }
+    }";
+    let ends = [
+        (p.client_v4(0), p.server_v4(6241)),
+        (p.client_v6(0), p.server_v6(6241)),
+    ];
+    let _l: Vec<_> = ends.iter().map(|(_, s)| listen(&p.server, *s)).collect();
+    for (i, (client, server)) in ends.into_iter().enumerate() {
+        let _ = p.client.exec("nft", &["delete", "table", "inet", "kdfx"]);
+        nft(&p.client, "fxny", table);
+        let from = SocketAddr::new(client.ip(), 43500 + 10 * i as u16);
+        let kinds = repaired(&p.client, &p.client, (from, server), Leg::SynAck, fix);
+        assert_eq!(kinds, [FixKind::NftAcceptEstablished]);
     }
 }
 
@@ -404,8 +500,8 @@ fn forward_policy_fix_on_bridge(b: Backend, net: u8) {
         let kinds = repaired(
             &br.node,
             &br.client,
-            end.client_at(base + 5),
-            end.server,
+            (end.client_at(base + 5), end.server),
+            Leg::Syn,
             fix,
         );
         assert_eq!(
@@ -485,7 +581,7 @@ fn nft_forward_policy_fix() {
         let _ = br.node.exec("nft", &["delete", "table", "inet", "kdfx"]);
         nft(&br.node, "fxnb", &table);
         let from = end.client_at(43300 + 10 * i as u16);
-        let kinds = repaired(&br.node, &br.client, from, end.server, fix);
+        let kinds = repaired(&br.node, &br.client, (from, end.server), Leg::Syn, fix);
         assert_eq!(
             kinds,
             [FixKind::NftAcceptEstablished, FixKind::NftAcceptAtPolicy]
