@@ -556,6 +556,79 @@ fn forward_policy_fix_on_bridge_nft() {
     forward_policy_fix_on_bridge(Backend::Nft, 237);
 }
 
+/// The raw table's PREROUTING with policy DROP on the bridge: it runs
+/// before conntrack, so no conntrack state can let the replies through;
+/// kdrop accepts the service's replies by address and port there, and the
+/// service, last in the chain.
+fn raw_policy_fix_on_bridge(b: Backend, net: u8) {
+    const PORT: u16 = 6242;
+    let br = Bridge::new(&format!("fxw{}", b.tag()), net);
+    let ends = br.ends(PORT);
+    let _l: Vec<_> = ends.iter().map(|e| listen(&br.server, e.server)).collect();
+    for (i, end) in ends.iter().enumerate() {
+        for v6 in [false, true] {
+            ipt(&br.node, b, v6, "-t raw -F PREROUTING");
+            ipt(&br.node, b, v6, "-t raw -P PREROUTING DROP");
+            ipt(
+                &br.node,
+                b,
+                v6,
+                "-t raw -A PREROUTING -p tcp --dport 22 -j ACCEPT",
+            );
+        }
+        ipt(
+            &br.node,
+            b,
+            true,
+            "-t raw -A PREROUTING -p ipv6-icmp -j ACCEPT",
+        );
+        let from = end.client_at(43600 + 10 * i as u16);
+        let kinds = repaired(&br.node, &br.client, (from, end.server), Leg::Syn, fix);
+        assert_eq!(
+            kinds,
+            [
+                FixKind::IptablesAcceptReplies,
+                FixKind::IptablesAcceptAtPolicy
+            ]
+        );
+    }
+}
+
+#[test]
+fn raw_policy_fix_on_bridge_legacy() {
+    raw_policy_fix_on_bridge(Backend::Legacy, 242);
+}
+
+#[test]
+fn raw_policy_fix_on_bridge_nft() {
+    raw_policy_fix_on_bridge(Backend::Nft, 243);
+}
+
+/// The same with a native nftables chain at the raw priority.
+#[test]
+fn nft_raw_policy_fix() {
+    let br = Bridge::new("fxnw", 246);
+    let table = "table inet kdfx {
+        chain pre {
+            type filter hook prerouting priority raw; policy drop;
+            tcp dport 22 accept
+            meta l4proto ipv6-icmp accept
+        }
+    }";
+    let ends = br.ends(6246);
+    let _l: Vec<_> = ends.iter().map(|e| listen(&br.server, e.server)).collect();
+    for (i, end) in ends.iter().enumerate() {
+        let _ = br.node.exec("nft", &["delete", "table", "inet", "kdfx"]);
+        nft(&br.node, "fxnw", table);
+        let from = end.client_at(43700 + 10 * i as u16);
+        let kinds = repaired(&br.node, &br.client, (from, end.server), Leg::Syn, fix);
+        assert_eq!(
+            kinds,
+            [FixKind::NftAcceptReplies, FixKind::NftAcceptAtPolicy]
+        );
+    }
+}
+
 /// A native nftables forward chain with policy drop on the bridge, and a
 /// later rule that drops what the server sends the client: the replies'
 /// accept must come first in the chain (appended, it would come after that

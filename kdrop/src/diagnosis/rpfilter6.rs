@@ -425,6 +425,7 @@ mod tests {
             packets_after: Some(1),
             ctstate_invalid: false,
             accepts_established: None,
+            before_conntrack: false,
             conntrack: None,
             evidence: vec![],
         }

@@ -437,6 +437,10 @@ pub struct Attribution {
     /// `ct state established`), so that the replies of what it lets in pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepts_established: Option<bool>,
+    /// The chain runs before conntrack (the raw table, priority below
+    /// -200): no conntrack state is known there yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub before_conntrack: bool,
     /// For a conntrack drop: its statistics before and after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackMoved>,
@@ -463,6 +467,7 @@ impl Attribution {
             packets_after: None,
             ctstate_invalid: false,
             accepts_established: None,
+            before_conntrack: false,
             conntrack: None,
             evidence: Vec::new(),
         }

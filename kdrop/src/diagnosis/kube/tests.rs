@@ -389,6 +389,7 @@ fn attribution(table: &str, rule: &str) -> Attribution {
         packets_after: Some(1),
         ctstate_invalid: false,
         accepts_established: None,
+        before_conntrack: false,
         conntrack: None,
         evidence: vec![],
     }

@@ -644,6 +644,18 @@ mod tests {
             assert_eq!(a.dropped_by, DroppedBy::Policy, "{rule}");
             assert_eq!(a.accepts_established, Some(accepts), "{rule}");
         }
+        // The raw table runs before conntrack: no state is known there.
+        let raw = |n: u64| {
+            snap(legacy(&format!(
+                "*raw\n:PREROUTING DROP [{n}:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+            )))
+        };
+        let a = attribute(&syn_in(80), Some(&raw(1)), &raw(2)).unwrap();
+        assert_eq!(
+            (a.dropped_by, a.table.as_deref()),
+            (DroppedBy::Policy, Some("raw"))
+        );
+        assert!(a.before_conntrack);
         // A rule's drop does not say.
         let rules = [(0, "-p tcp -m tcp --dport 80 -j DROP")];
         let b = snap(legacy(&filter("ACCEPT [0:0]", &rules, "")));
@@ -654,6 +666,7 @@ mod tests {
         )));
         let a = attribute(&syn_in(80), Some(&b), &after).unwrap();
         assert_eq!(a.accepts_established, None);
+        assert!(!a.before_conntrack);
     }
 
     #[test]

@@ -78,6 +78,17 @@ pub(super) fn accepts_established(chain: &Chain) -> bool {
     })
 }
 
+/// conntrack's hook runs at priority -200 (NF_IP_PRI_CONNTRACK): a base
+/// chain before it sees no state. A user chain is judged by its table
+/// (iptables' raw, at -300); nftables user chains are taken to run after.
+fn before_conntrack(c: &Candidate) -> bool {
+    const CONNTRACK_PRIORITY: i32 = -200;
+    match &c.chain.base {
+        Some(b) => b.priority < CONNTRACK_PRIORITY,
+        None => c.table.backend != Backend::Nftables && c.table.name == "raw",
+    }
+}
+
 pub(super) fn describe(
     c: &Candidate,
     hooks: &[Hook],
@@ -193,6 +204,7 @@ pub(super) fn describe(
         packets_after: after_n,
         ctstate_invalid,
         accepts_established: matches!(c.kind, Kind::Policy).then(|| accepts_established(c.chain)),
+        before_conntrack: before_conntrack(c),
         conntrack: None,
         evidence,
     }

@@ -18,6 +18,9 @@ pub enum FixKind {
     /// `iptables -I CHAIN n -m conntrack --ctstate ESTABLISHED,RELATED -j
     /// ACCEPT`: replies (and the rest) of connections the chain let through.
     IptablesAcceptEstablished,
+    /// `iptables -A CHAIN -p tcp -s SRV --sport PORT -j ACCEPT` (or `-I
+    /// CHAIN n`): the service's replies in a chain before conntrack.
+    IptablesAcceptReplies,
     /// `nft insert rule ... position H ip daddr DST tcp dport PORT accept`.
     NftAcceptBeforeRule,
     /// `nft delete rule ... handle H`.
@@ -26,6 +29,9 @@ pub enum FixKind {
     NftAcceptAtPolicy,
     /// `nft insert rule ... [position H] ct state established,related accept`.
     NftAcceptEstablished,
+    /// `nft add rule ... ip saddr SRV tcp sport PORT accept` (or `insert
+    /// ... position H`): the service's replies in a chain before conntrack.
+    NftAcceptReplies,
 }
 
 /// The conntrack states the reply repairs accept, in each tool's spelling.
@@ -33,15 +39,17 @@ pub const IPTABLES_ESTABLISHED: &str = "-m conntrack --ctstate ESTABLISHED,RELAT
 pub const NFT_ESTABLISHED: &str = "ct state established,related accept";
 
 impl FixKind {
-    pub const ALL: [FixKind; 8] = [
+    pub const ALL: [FixKind; 10] = [
         FixKind::IptablesAcceptBeforeRule,
         FixKind::IptablesDeleteRule,
         FixKind::IptablesAcceptAtPolicy,
         FixKind::IptablesAcceptEstablished,
+        FixKind::IptablesAcceptReplies,
         FixKind::NftAcceptBeforeRule,
         FixKind::NftDeleteRule,
         FixKind::NftAcceptAtPolicy,
         FixKind::NftAcceptEstablished,
+        FixKind::NftAcceptReplies,
     ];
 
     /// The stable name (README's table of repairs and their tests).
@@ -51,10 +59,12 @@ impl FixKind {
             FixKind::IptablesDeleteRule => "iptables_delete_rule",
             FixKind::IptablesAcceptAtPolicy => "iptables_accept_at_policy",
             FixKind::IptablesAcceptEstablished => "iptables_accept_established",
+            FixKind::IptablesAcceptReplies => "iptables_accept_replies",
             FixKind::NftAcceptBeforeRule => "nft_accept_before_rule",
             FixKind::NftDeleteRule => "nft_delete_rule",
             FixKind::NftAcceptAtPolicy => "nft_accept_at_policy",
             FixKind::NftAcceptEstablished => "nft_accept_established",
+            FixKind::NftAcceptReplies => "nft_accept_replies",
         }
     }
 
@@ -72,6 +82,8 @@ impl FixKind {
             FixKind::NftAcceptAtPolicy | FixKind::NftAcceptEstablished => {
                 "nf_fixes::nft_forward_policy_fix"
             }
+            FixKind::IptablesAcceptReplies => "nf_fixes::raw_policy_fix_on_bridge_legacy",
+            FixKind::NftAcceptReplies => "nf_fixes::nft_raw_policy_fix",
         }
     }
 
@@ -88,6 +100,9 @@ impl FixKind {
                 _ if cmd.contains(NFT_ESTABLISHED) && has("insert") => {
                     FixKind::NftAcceptEstablished
                 }
+                _ if cmd.contains(" tcp sport ") && cmd.ends_with(" accept") => {
+                    FixKind::NftAcceptReplies
+                }
                 (true, _, _) if has("position") => FixKind::NftAcceptBeforeRule,
                 (_, true, _) => FixKind::NftDeleteRule,
                 (_, _, true) => FixKind::NftAcceptAtPolicy,
@@ -97,6 +112,9 @@ impl FixKind {
             match (has("-I"), has("-D"), has("-A")) {
                 _ if cmd.contains(IPTABLES_ESTABLISHED) && has("-I") => {
                     FixKind::IptablesAcceptEstablished
+                }
+                _ if has("--sport") && !has("-D") && cmd.ends_with("-j ACCEPT") => {
+                    FixKind::IptablesAcceptReplies
                 }
                 (true, _, _) => FixKind::IptablesAcceptBeforeRule,
                 (_, true, _) => FixKind::IptablesDeleteRule,
@@ -172,6 +190,18 @@ mod tests {
             (
                 "nft insert rule inet t forward ct state established,related accept",
                 FixKind::NftAcceptEstablished,
+            ),
+            (
+                "iptables-nft -t raw -A PREROUTING -p tcp -s 10.0.0.2 --sport 80 -j ACCEPT",
+                FixKind::IptablesAcceptReplies,
+            ),
+            (
+                "nft add rule inet t pre ip6 saddr fd00::2 tcp sport 80 accept",
+                FixKind::NftAcceptReplies,
+            ),
+            (
+                "nft insert rule inet t pre position 3 ip saddr 10.0.0.2 tcp sport 80 accept",
+                FixKind::NftAcceptReplies,
             ),
         ];
         for (cmd, kind) in cases {
