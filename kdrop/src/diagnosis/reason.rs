@@ -11,6 +11,9 @@ pub struct DropFacts<'a> {
     pub src: String,
     pub dst: String,
     pub location: Option<&'a str>,
+    /// The packet's TCP flags byte (SYN 0x02, ACK 0x10): whether it opens a
+    /// connection or answers one decides a netfilter repair.
+    pub tcp_flags: u8,
     /// The rule, chain policy or conntrack drop behind a NETFILTER_DROP.
     pub netfilter: Option<&'a Attribution>,
 }
@@ -226,6 +229,7 @@ mod tests {
             src: "198.51.100.7:40000".into(),
             dst: "10.0.2.20:8080".into(),
             location: Some("ip_rcv_finish_core+0x1a3"),
+            tcp_flags: 0x02,
             netfilter: None,
         }
     }

@@ -401,6 +401,8 @@ mod tests {
             packets_before: Some(0),
             packets_after: Some(1),
             ctstate_invalid: false,
+            accepts_established: None,
+            before_conntrack: false,
             conntrack: None,
             evidence: vec![],
         }

@@ -107,6 +107,7 @@ impl<N: Node> Enricher<N> {
                     src: r.src(),
                     dst: r.dst(),
                     location: Some(&r.location),
+                    tcp_flags: d.tcp_flags,
                     netfilter: r.netfilter.as_ref(),
                 })
             });
@@ -170,6 +171,7 @@ impl<N: Node> Enricher<N> {
                 src: r.src(),
                 dst: r.dst(),
                 location: Some(&r.location),
+                tcp_flags: d.tcp_flags,
                 netfilter: Some(a),
             },
         ))

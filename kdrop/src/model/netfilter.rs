@@ -432,6 +432,15 @@ pub struct Attribution {
     pub packets_after: Option<u64>,
     /// The rule matches conntrack state INVALID.
     pub ctstate_invalid: bool,
+    /// For a chain policy's drop: whether the chain has a rule that accepts
+    /// every packet of an established connection (`--ctstate ESTABLISHED`,
+    /// `ct state established`), so that the replies of what it lets in pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepts_established: Option<bool>,
+    /// The chain runs before conntrack (the raw table, priority below
+    /// -200): no conntrack state is known there yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub before_conntrack: bool,
     /// For a conntrack drop: its statistics before and after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackMoved>,
@@ -457,6 +466,8 @@ impl Attribution {
             packets_before: None,
             packets_after: None,
             ctstate_invalid: false,
+            accepts_established: None,
+            before_conntrack: false,
             conntrack: None,
             evidence: Vec::new(),
         }

@@ -388,6 +388,8 @@ fn attribution(table: &str, rule: &str) -> Attribution {
         packets_before: Some(0),
         packets_after: Some(1),
         ctstate_invalid: false,
+        accepts_established: None,
+        before_conntrack: false,
         conntrack: None,
         evidence: vec![],
     }
@@ -401,6 +403,7 @@ fn facts(src: &str, dst: &str) -> DropFacts<'static> {
         src: src.into(),
         dst: dst.into(),
         location: Some("nf_hook_slow+0x7d"),
+        tcp_flags: 0x02,
         netfilter: None,
     }
 }

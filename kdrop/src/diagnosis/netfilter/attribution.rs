@@ -624,6 +624,51 @@ mod tests {
         s
     }
 
+    /// A policy's drop says whether its chain accepts established
+    /// connections: a bare state rule does, one limited to an interface
+    /// (some replies only) does not.
+    #[test]
+    fn a_policy_drop_says_whether_its_chain_accepts_established() {
+        let with = |rules: &[(u64, &str)], n: u64| {
+            snap(legacy(&filter(&format!("DROP [{n}:0]"), rules, "")))
+        };
+        for (rule, accepts) in [
+            ("-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", true),
+            ("-p tcp -m state --state ESTABLISHED -j ACCEPT", true),
+            ("-i lo -m conntrack --ctstate ESTABLISHED -j ACCEPT", false),
+            ("-m conntrack --ctstate NEW -j ACCEPT", false),
+            ("-m conntrack --ctstate ESTABLISHED -j DROP", false),
+        ] {
+            let rules = [(0, "-p tcp -m tcp --dport 22 -j ACCEPT"), (0, rule)];
+            let a = attribute(&syn_in(80), Some(&with(&rules, 1)), &with(&rules, 2)).unwrap();
+            assert_eq!(a.dropped_by, DroppedBy::Policy, "{rule}");
+            assert_eq!(a.accepts_established, Some(accepts), "{rule}");
+        }
+        // The raw table runs before conntrack: no state is known there.
+        let raw = |n: u64| {
+            snap(legacy(&format!(
+                "*raw\n:PREROUTING DROP [{n}:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+            )))
+        };
+        let a = attribute(&syn_in(80), Some(&raw(1)), &raw(2)).unwrap();
+        assert_eq!(
+            (a.dropped_by, a.table.as_deref()),
+            (DroppedBy::Policy, Some("raw"))
+        );
+        assert!(a.before_conntrack);
+        // A rule's drop does not say.
+        let rules = [(0, "-p tcp -m tcp --dport 80 -j DROP")];
+        let b = snap(legacy(&filter("ACCEPT [0:0]", &rules, "")));
+        let after = snap(legacy(&filter(
+            "ACCEPT [0:0]",
+            &[(1, "-p tcp -m tcp --dport 80 -j DROP")],
+            "",
+        )));
+        let a = attribute(&syn_in(80), Some(&b), &after).unwrap();
+        assert_eq!(a.accepts_established, None);
+        assert!(!a.before_conntrack);
+    }
+
     #[test]
     fn the_rule_whose_counter_moved_and_that_matches() {
         let before = filter(

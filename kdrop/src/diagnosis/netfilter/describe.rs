@@ -6,7 +6,8 @@ use super::{
     matching::Tri,
 };
 use crate::model::netfilter::{
-    Attribution, Backend, ConntrackMoved, ConntrackStats, DroppedBy, Hook, Match, Snapshot,
+    Attribution, Backend, Chain, ConntrackMoved, ConntrackStats, CtState, DroppedBy, Hook, Match,
+    Snapshot, Verdict, PROTO_TCP,
 };
 
 pub fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
@@ -57,6 +58,34 @@ pub fn stats_moved(b: &ConntrackStats, a: &ConntrackStats) -> String {
         moved.join(", ")
     } else {
         format!("{} ({})", moved.join(", "), still.join(", "))
+    }
+}
+
+/// Whether `chain` has a rule accepting every TCP packet of an established
+/// connection: a conntrack state match with ESTABLISHED and nothing else
+/// but `-p tcp` (Docker's and Kubernetes' first FORWARD rule). A rule with
+/// more conditions (an interface) lets only some replies through.
+pub(super) fn accepts_established(chain: &Chain) -> bool {
+    let fits = |m: &Match| match m {
+        Match::CtState { neg: false, states } => states.contains(&CtState::Established),
+        Match::Proto { neg: false, proto } => *proto == PROTO_TCP,
+        _ => false,
+    };
+    chain.rules.iter().any(|r| {
+        r.verdict == Verdict::Accept
+            && r.matches.iter().any(|m| matches!(m, Match::CtState { .. }))
+            && r.matches.iter().all(fits)
+    })
+}
+
+/// conntrack's hook runs at priority -200 (NF_IP_PRI_CONNTRACK): a base
+/// chain before it sees no state. A user chain is judged by its table
+/// (iptables' raw, at -300); nftables user chains are taken to run after.
+fn before_conntrack(c: &Candidate) -> bool {
+    const CONNTRACK_PRIORITY: i32 = -200;
+    match &c.chain.base {
+        Some(b) => b.priority < CONNTRACK_PRIORITY,
+        None => c.table.backend != Backend::Nftables && c.table.name == "raw",
     }
 }
 
@@ -174,6 +203,8 @@ pub(super) fn describe(
         packets_before: before,
         packets_after: after_n,
         ctstate_invalid,
+        accepts_established: matches!(c.kind, Kind::Policy).then(|| accepts_established(c.chain)),
+        before_conntrack: before_conntrack(c),
         conntrack: None,
         evidence,
     }

@@ -1,7 +1,12 @@
 //! An [`Attribution`] as a diagnosis [`Finding`]: which rule, policy or
 //! conntrack drop, the evidence, the repair (an ACCEPT for the service where
-//! the drop would meet it, or the rule deleted), and the commands that show
-//! the counters.
+//! the drop would meet it, with one for its replies where a DROP policy
+//! would drop them too, or the rule deleted), and the commands that show the
+//! counters. Each repair is of a kind in `fixes`.
+use super::{
+    fixes::{IPTABLES_ESTABLISHED, NFT_ESTABLISHED},
+    matching::{TCP_ACK, TCP_SYN},
+};
 use crate::{
     diagnosis::reason::{reason_evidence, DropFacts},
     model::{
@@ -26,7 +31,7 @@ fn split_endpoint(e: &str) -> (&str, &str) {
     (h.trim_start_matches('[').trim_end_matches(']'), p)
 }
 
-/// How to let this packet's service through, and how to look.
+/// How to let this packet's connection through, and how to look.
 struct Repair {
     fix: Vec<String>,
     fix_or: Vec<Vec<String>>,
@@ -34,86 +39,270 @@ struct Repair {
     inspect: Vec<String>,
 }
 
-/// The repair for a rule or policy drop: an ACCEPT for the packet's
-/// destination and port where the drop would meet it (before the rule, or
-/// at the end of the chain for its policy); deleting the rule as the other.
-fn repair(a: &Attribution, f: &DropFacts, ns: &str) -> Repair {
-    let family = a.family.map_or("", |x| x.name());
-    let table = a.table.as_deref().unwrap_or("");
-    let chain = a.chain.as_deref().unwrap_or("");
+/// A SYN without ACK opens a connection; anything else (a SYN-ACK, an ACK)
+/// answers or continues one that conntrack already tracks.
+fn opens(tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// Where the repair goes: the namespace prefix and the chain.
+struct Site<'a> {
+    ns: &'a str,
+    family: &'a str,
+    table: &'a str,
+    chain: &'a str,
+}
+
+/// What a repair rule accepts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Accept<'a> {
+    /// TCP to the service (address, port): a new connection to it.
+    Service(&'a str, &'a str),
+    /// Packets of connections already let through (conntrack state
+    /// ESTABLISHED or RELATED): among them, their replies.
+    Established,
+    /// TCP from the service (address, port): its replies, where no
+    /// connection state is known yet (a chain that runs before conntrack).
+    Replies(&'a str, &'a str),
+}
+
+/// Where a repair rule goes in the chain.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum At {
+    /// Before the rule that dropped the packet.
+    Rule,
+    /// First in the chain.
+    First,
+    /// Last, just ahead of the policy.
+    Last,
+}
+
+/// The ACCEPTs a rule or policy drop needs, in order. A SYN: its service,
+/// where the drop met it (before the rule, or last for the policy). A
+/// reply: accepted by conntrack state instead (its destination port is the
+/// client's, no service's). A DROP policy also drops the replies of what
+/// the service's ACCEPT lets in where they cross the same chain (FORWARD on
+/// a router or a bridge, local connections): the ESTABLISHED rule first, as
+/// Docker and Kubernetes put it, unless the chain has one. A chain that runs
+/// before conntrack (the raw table) sees no state: the service's replies by
+/// address and port there.
+fn accepts<'a>(a: &Attribution, f: &'a DropFacts, opens: bool) -> Vec<(At, Accept<'a>)> {
     let (dst, port) = split_endpoint(&f.dst);
-    let v6 = dst.contains(':');
+    let (src, sport) = split_endpoint(&f.src);
+    // Whose replies: the service's, the SYN's destination or the reply's
+    // source.
+    let replies = if opens {
+        Accept::Replies(dst, port)
+    } else {
+        Accept::Replies(src, sport)
+    };
+    let state = if a.before_conntrack {
+        replies
+    } else {
+        Accept::Established
+    };
+    let mut out = Vec::new();
+    match a.dropped_by {
+        DroppedBy::Rule if opens => out.push((At::Rule, Accept::Service(dst, port))),
+        DroppedBy::Rule => out.push((At::Rule, state)),
+        DroppedBy::Policy => {
+            // Unknown counts as missing: a second ESTABLISHED rule is
+            // harmless.
+            if a.before_conntrack {
+                out.push((At::Last, replies));
+            } else if a.accepts_established != Some(true) {
+                out.push((At::First, Accept::Established));
+            }
+            if opens {
+                out.push((At::Last, Accept::Service(dst, port)));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The repair for a rule or policy drop (see `accepts`); deleting the rule
+/// is the other repair.
+fn repair(a: &Attribution, f: &DropFacts, ns: &str) -> Repair {
+    let s = Site {
+        ns,
+        family: a.family.map_or("", |x| x.name()),
+        table: a.table.as_deref().unwrap_or(""),
+        chain: a.chain.as_deref().unwrap_or(""),
+    };
+    let v6 = split_endpoint(&f.dst).0.contains(':');
     let mut r = Repair {
         fix: Vec::new(),
         fix_or: Vec::new(),
         notes: Vec::new(),
         inspect: Vec::new(),
     };
-    match a.backend {
-        Some(Backend::Nftables) => {
-            r.inspect
-                .push(format!("{ns}nft -a list chain {family} {table} {chain}"));
-            let l3 = if v6 { "ip6" } else { "ip" };
-            let accept = format!("{l3} daddr {dst} tcp dport {port} accept");
-            match (a.dropped_by, a.handle) {
-                (DroppedBy::Rule, Some(h)) => {
-                    r.fix.push(format!(
-                        "{ns}nft insert rule {family} {table} {chain} position {h} {accept}"
-                    ));
-                    r.fix_or.push(vec![format!(
-                        "{ns}nft delete rule {family} {table} {chain} handle {h}"
-                    )]);
-                }
-                (DroppedBy::Policy, _) => r.fix.push(format!(
-                    "{ns}nft add rule {family} {table} {chain} {accept}"
-                )),
-                _ => {}
-            }
-        }
-        Some(b) => {
-            let tool = iptables_tool(b, a.family);
-            r.inspect.push(format!(
-                "{ns}{tool} -t {table} -L {chain} -v -n -x --line-numbers"
-            ));
-            r.inspect.push(format!("{ns}{tool}-save -c -t {table}"));
-            let accept = format!("-p tcp -d {dst} --dport {port} -j ACCEPT");
-            match a.dropped_by {
-                DroppedBy::Rule => {
-                    if let Some(n) = a.rule_number {
-                        r.fix
-                            .push(format!("{ns}{tool} -t {table} -I {chain} {n} {accept}"));
-                    }
-                    // The rule as `iptables -S` writes it: `-A CHAIN spec`.
-                    if let Some(spec) = a.rule.as_deref().and_then(|t| t.strip_prefix("-A ")) {
-                        r.fix_or
-                            .push(vec![format!("{ns}{tool} -t {table} -D {spec}")]);
-                    }
-                }
-                DroppedBy::Policy => r
-                    .fix
-                    .push(format!("{ns}{tool} -t {table} -A {chain} {accept}")),
-                _ => {}
-            }
-        }
-        None => {}
+    let Some(b) = a.backend else {
+        return r;
+    };
+    r.inspect.extend(inspect(b, a.family, &s));
+    // conntrack calls the packet INVALID: an ACCEPT would hide that, and
+    // deleting the rule lets every such packet in; the cause is elsewhere.
+    if a.ctstate_invalid {
+        return r;
     }
-    if !r.fix.is_empty() {
-        let to = if v6 {
-            format!("[{dst}]:{port}")
-        } else {
-            format!("{dst}:{port}")
+    let opens = opens(f.tcp_flags);
+    let wanted = accepts(a, f, opens);
+    for &(at, what) in &wanted {
+        let cmd = match b {
+            Backend::Nftables => nft_accept(a, &s, at, what, v6),
+            b => iptables_accept(a, b, &s, at, what),
         };
-        // Only a rule's drop offers its deletion as the other repair.
-        r.notes.push(if r.fix_or.is_empty() {
-            format!("the repair lets TCP to {to} through, from any client")
-        } else {
-            format!(
-                "the first repair lets TCP to {to} through, from any client; deleting the rule \
-                 lets everything it dropped through"
-            )
-        });
+        r.fix.extend(cmd);
     }
+    if let Some(del) = delete_rule(a, b, &s) {
+        r.fix_or.push(vec![del]);
+    }
+    notes(a, f, &wanted, &mut r);
     r
+}
+
+/// The commands that show the chain with its counters.
+fn inspect(b: Backend, family: Option<Family>, s: &Site) -> Vec<String> {
+    let Site {
+        ns, table, chain, ..
+    } = s;
+    match b {
+        Backend::Nftables => vec![format!(
+            "{ns}nft -a list chain {} {table} {chain}",
+            s.family
+        )],
+        b => {
+            let tool = iptables_tool(b, family);
+            vec![
+                format!("{ns}{tool} -t {table} -L {chain} -v -n -x --line-numbers"),
+                format!("{ns}{tool}-save -c -t {table}"),
+            ]
+        }
+    }
+}
+
+/// One nftables ACCEPT; `None` for a rule's place without its handle.
+fn nft_accept(a: &Attribution, s: &Site, at: At, what: Accept, v6: bool) -> Option<String> {
+    let Site {
+        ns,
+        family,
+        table,
+        chain,
+    } = s;
+    let l3 = if v6 { "ip6" } else { "ip" };
+    let rule = match what {
+        Accept::Service(addr, port) => format!("{l3} daddr {addr} tcp dport {port} accept"),
+        Accept::Established => NFT_ESTABLISHED.into(),
+        Accept::Replies(addr, port) => format!("{l3} saddr {addr} tcp sport {port} accept"),
+    };
+    let place = match at {
+        At::Rule => format!(
+            "insert rule {family} {table} {chain} position {}",
+            a.handle?
+        ),
+        // `insert` without a position puts the rule first.
+        At::First => format!("insert rule {family} {table} {chain}"),
+        At::Last => format!("add rule {family} {table} {chain}"),
+    };
+    Some(format!("{ns}nft {place} {rule}"))
+}
+
+/// One iptables ACCEPT; `None` for a rule's place without its number.
+fn iptables_accept(a: &Attribution, b: Backend, s: &Site, at: At, what: Accept) -> Option<String> {
+    let Site {
+        ns, table, chain, ..
+    } = s;
+    let tool = iptables_tool(b, a.family);
+    let rule = match what {
+        Accept::Service(addr, port) => format!("-p tcp -d {addr} --dport {port} -j ACCEPT"),
+        Accept::Established => IPTABLES_ESTABLISHED.into(),
+        Accept::Replies(addr, port) => format!("-p tcp -s {addr} --sport {port} -j ACCEPT"),
+    };
+    let place = match at {
+        At::Rule => format!("-I {chain} {}", a.rule_number?),
+        At::First => format!("-I {chain} 1"),
+        At::Last => format!("-A {chain}"),
+    };
+    Some(format!("{ns}{tool} -t {table} {place} {rule}"))
+}
+
+/// The dropping rule deleted: by handle, or as `iptables -S` wrote it.
+fn delete_rule(a: &Attribution, b: Backend, s: &Site) -> Option<String> {
+    let Site {
+        ns,
+        family,
+        table,
+        chain,
+    } = s;
+    if a.dropped_by != DroppedBy::Rule {
+        return None;
+    }
+    match b {
+        Backend::Nftables => Some(format!(
+            "{ns}nft delete rule {family} {table} {chain} handle {}",
+            a.handle?
+        )),
+        b => {
+            let spec = a.rule.as_deref()?.strip_prefix("-A ")?;
+            let tool = iptables_tool(b, a.family);
+            Some(format!("{ns}{tool} -t {table} -D {spec}"))
+        }
+    }
+}
+
+/// `10.0.0.2:80`, `[2001:db8::2]:80`.
+fn endpoint(addr: &str, port: &str) -> String {
+    if addr.contains(':') {
+        format!("[{addr}]:{port}")
+    } else {
+        format!("{addr}:{port}")
+    }
+}
+
+/// What the repairs change, in words.
+fn notes(a: &Attribution, f: &DropFacts, wanted: &[(At, Accept)], r: &mut Repair) {
+    let chain = a.chain.as_deref().unwrap_or("");
+    let parts: Vec<String> = wanted
+        .iter()
+        .map(|(at, what)| match what {
+            Accept::Service(addr, port) => format!(
+                "lets TCP to {} through, from any client",
+                endpoint(addr, port)
+            ),
+            Accept::Established => format!(
+                "accepts the packets of connections {chain} already let through (their \
+                 replies), {}",
+                if *at == At::First {
+                    "first in the chain"
+                } else {
+                    "before the rule"
+                }
+            ),
+            Accept::Replies(addr, port) => format!(
+                "accepts TCP from {} (the service's replies: {chain} runs before conntrack, \
+                 which knows no connection there yet; it also lets that port open connections)",
+                endpoint(addr, port)
+            ),
+        })
+        .collect();
+    if a.dropped_by == DroppedBy::Policy && !opens(f.tcp_flags) && wanted.is_empty() {
+        r.notes.push(
+            "the chain accepts established connections already: conntrack did not count this \
+             packet as one (a reply to a SYN it never saw?)"
+                .into(),
+        );
+    }
+    if parts.is_empty() || r.fix.is_empty() {
+        return;
+    }
+    let what = parts.join("; it ");
+    r.notes.push(if r.fix_or.is_empty() {
+        format!("the repair {what}")
+    } else {
+        format!("the first repair {what}; deleting the rule lets everything it dropped through")
+    });
 }
 
 pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
@@ -211,7 +400,7 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::netfilter::Hook;
+    use crate::{diagnosis::netfilter::fixes::FixKind, model::netfilter::Hook};
 
     fn facts() -> DropFacts<'static> {
         DropFacts {
@@ -221,6 +410,7 @@ mod tests {
             src: "10.0.0.1:40000".into(),
             dst: "10.0.0.2:80".into(),
             location: Some("nf_hook_slow+0x7d"),
+            tcp_flags: TCP_SYN,
             netfilter: None,
         }
     }
@@ -241,6 +431,8 @@ mod tests {
             packets_before: Some(0),
             packets_after: Some(1),
             ctstate_invalid: false,
+            accepts_established: None,
+            before_conntrack: false,
             conntrack: None,
             evidence: vec!["its counter went 0 -> 1".into()],
         }
@@ -339,9 +531,14 @@ mod tests {
             f.summary,
             "no rule accepted it: policy drop of nftables chain kdt/input (inet, INPUT hook)"
         );
+        // The chain accepts no established packets: that rule first, so
+        // that the replies pass whatever the chain's other rules say.
         assert_eq!(
             f.fix,
-            ["ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"]
+            [
+                "ip netns exec srv nft insert rule inet kdt input ct state established,related accept",
+                "ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"
+            ]
         );
         assert!(f.fix_or.is_empty(), "{:?}", f.fix_or);
         assert_eq!(
@@ -349,6 +546,20 @@ mod tests {
             ["ip netns exec srv nft -a list chain inet kdt input"]
         );
         // No rule to delete: the note offers no such thing.
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the repair accepts the packets of connections input already let through (their \
+                 replies), first in the chain; it lets TCP to [2001:db8::2]:80 through, from any client"
+            ]
+        );
+        // A chain that accepts them already gets the service's ACCEPT alone.
+        p.accepts_established = Some(true);
+        let f = explain(&p, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv nft add rule inet kdt input ip6 daddr 2001:db8::2 tcp dport 80 accept"]
+        );
         assert_eq!(
             f.fix_notes,
             ["the repair lets TCP to [2001:db8::2]:80 through, from any client"]
@@ -365,6 +576,8 @@ mod tests {
         assert_eq!(f.cause, "conntrack_invalid");
         assert!(f.inspect[0].starts_with("ip netns exec srv ip6tables-nft -t filter"));
         assert_eq!(f.inspect.last().unwrap(), "ip netns exec srv conntrack -S");
+        // No ruleset repair: accepting INVALID packets hides the cause.
+        assert!(f.fix.is_empty() && f.fix_or.is_empty(), "{f:?}");
 
         let mut p = rule();
         p.dropped_by = DroppedBy::Policy;
@@ -379,7 +592,10 @@ mod tests {
         );
         assert_eq!(
             f.fix,
-            ["ip netns exec srv iptables-legacy -t filter -A FORWARD -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"]
+            [
+                "ip netns exec srv iptables-legacy -t filter -I FORWARD 1 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+                "ip netns exec srv iptables-legacy -t filter -A FORWARD -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"
+            ]
         );
 
         let mut n = rule();
@@ -412,5 +628,140 @@ mod tests {
         // Nothing to repair, nothing to say about a repair.
         assert!(f.fix_notes.is_empty(), "{:?}", f.fix_notes);
         assert_eq!(f.inspect[0], "conntrack -S");
+    }
+
+    /// A reply (here a SYN-ACK to the client's port) is let through by its
+    /// conntrack state where the drop met it: an ACCEPT for the client's
+    /// port would help no other connection.
+    #[test]
+    fn replies_are_accepted_by_conntrack_state() {
+        let mut facts = facts();
+        facts.tcp_flags = TCP_SYN | TCP_ACK;
+        facts.src = "10.0.0.2:80".into();
+        facts.dst = "10.0.0.1:40000".into();
+        let mut p = rule();
+        p.dropped_by = DroppedBy::Policy;
+        p.chain = Some("FORWARD".into());
+        p.rule = None;
+        p.rule_number = None;
+        let f = explain(&p, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv iptables-legacy -t filter -I FORWARD 1 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+        );
+        assert_eq!(
+            f.fix_notes,
+            [
+                "the repair accepts the packets of connections FORWARD already let through (their \
+              replies), first in the chain"
+            ]
+        );
+        // The chain accepts them already: conntrack did not see this one as
+        // part of a connection; no rule would change that.
+        p.accepts_established = Some(true);
+        let f = explain(&p, &facts);
+        assert!(f.fix.is_empty(), "{:?}", f.fix);
+        assert!(f.fix_notes[0].starts_with("the chain accepts established connections already"));
+
+        // A rule's drop: the state ACCEPT goes before the rule.
+        let f = explain(&rule(), &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv iptables-legacy -t filter -I INPUT 2 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+        );
+        let mut n = rule();
+        n.backend = Some(Backend::Nftables);
+        n.family = Some(Family::Inet);
+        n.table = Some("kdt".into());
+        n.chain = Some("forward".into());
+        n.handle = Some(7);
+        let f = explain(&n, &facts);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv nft insert rule inet kdt forward position 7 ct state established,related accept"]
+        );
+        assert_eq!(
+            f.fix_or,
+            [["ip netns exec srv nft delete rule inet kdt forward handle 7"]]
+        );
+    }
+
+    /// Every command a netfilter finding writes is of a kind that names the
+    /// integration test applying it (fixes.rs).
+    #[test]
+    fn every_command_written_has_a_kind() {
+        let mut syn_ack = facts();
+        syn_ack.tcp_flags = TCP_SYN | TCP_ACK;
+        for backend in [
+            Backend::IptablesLegacy,
+            Backend::IptablesNft,
+            Backend::Nftables,
+        ] {
+            for dropped_by in [DroppedBy::Rule, DroppedBy::Policy] {
+                for (est, raw) in [(None, false), (Some(true), false), (None, true)] {
+                    for f in [facts(), syn_ack.clone()] {
+                        let mut a = rule();
+                        a.backend = Some(backend);
+                        a.dropped_by = dropped_by;
+                        a.handle = Some(3);
+                        a.accepts_established = est;
+                        a.before_conntrack = raw;
+                        let found = explain(&a, &f);
+                        for cmd in found.fix.iter().chain(found.fix_or.iter().flatten()) {
+                            assert!(FixKind::of(cmd).is_some(), "{cmd}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// In a chain before conntrack (raw) no state is known: the service's
+    /// replies are accepted by address and port instead.
+    #[test]
+    fn a_chain_before_conntrack_accepts_the_services_replies() {
+        let mut p = rule();
+        p.dropped_by = DroppedBy::Policy;
+        p.table = Some("raw".into());
+        p.chain = Some("PREROUTING".into());
+        p.rule = None;
+        p.rule_number = None;
+        p.before_conntrack = true;
+        let f = explain(&p, &facts());
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec srv iptables-legacy -t raw -A PREROUTING -p tcp -s 10.0.0.2 --sport 80 -j ACCEPT",
+                "ip netns exec srv iptables-legacy -t raw -A PREROUTING -p tcp -d 10.0.0.2 --dport 80 -j ACCEPT"
+            ]
+        );
+        assert!(
+            f.fix_notes[0].contains("PREROUTING runs before conntrack"),
+            "{:?}",
+            f.fix_notes
+        );
+        // The SYN-ACK itself: its source is the service.
+        let mut syn_ack = facts();
+        syn_ack.tcp_flags = TCP_SYN | TCP_ACK;
+        syn_ack.src = "10.0.0.2:80".into();
+        syn_ack.dst = "10.0.0.1:40000".into();
+        let f = explain(&p, &syn_ack);
+        assert_eq!(
+            f.fix,
+            ["ip netns exec srv iptables-legacy -t raw -A PREROUTING -p tcp -s 10.0.0.2 --sport 80 -j ACCEPT"]
+        );
+        let mut n = p.clone();
+        n.backend = Some(Backend::Nftables);
+        n.family = Some(Family::Inet);
+        n.table = Some("kdt".into());
+        n.chain = Some("pre".into());
+        let f = explain(&n, &facts());
+        assert_eq!(
+            f.fix,
+            [
+                "ip netns exec srv nft add rule inet kdt pre ip saddr 10.0.0.2 tcp sport 80 accept",
+                "ip netns exec srv nft add rule inet kdt pre ip daddr 10.0.0.2 tcp dport 80 accept"
+            ]
+        );
     }
 }

@@ -201,6 +201,8 @@ mod tests {
             packets_before: Some(0),
             packets_after: Some(1),
             ctstate_invalid: false,
+            accepts_established: None,
+            before_conntrack: false,
             conntrack: None,
             evidence: vec!["rule counter went 0 -> 1".into()],
         }

@@ -23,6 +23,7 @@
 pub mod attribution;
 pub mod describe;
 pub mod finding;
+pub mod fixes;
 pub mod kernel;
 pub mod matching;
 pub mod pairing;
