@@ -7,7 +7,8 @@
 use std::{net::SocketAddr, time::Duration, time::Instant};
 
 use integration_tests::{
-    connect_within, handshake, in_ns, listen_backlog, ss_listen_queues, strs, Kdrop, Ns, Pair,
+    connect_within, handshake, in_ns, listen_backlog, run_fix, ss_listen_queues, strs, Kdrop, Ns,
+    Pair,
 };
 
 /// A listener of backlog 1 on `server` that never accepts, its accept queue
@@ -472,7 +473,7 @@ fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_3
 
 /// The same lost SYN-ACK traced as a user would on a node that holds the
 /// router too (every namespace): the router's rule dropping it is the
-/// verdict.
+/// verdict, and its repair, applied, lets a new connection through.
 #[test]
 fn a_lost_syn_ack_traced_everywhere_client_giving_up_after_3s() {
     let (r, _l, server, client) = syn_acks_lost("sdsc", 222, 42033);
@@ -490,5 +491,12 @@ fn a_lost_syn_ack_traced_everywhere_client_giving_up_after_3s() {
             .contains("the SYN-ACKs lost"),
         "{nf:#}"
     );
-    assert!(!strs(&f["fix"]).is_empty(), "{f:#}");
+    // The repair lets replies through that chain: the same client's next
+    // connection completes.
+    for cmd in strs(&f["fix"]) {
+        run_fix(&cmd);
+    }
+    let again: SocketAddr = "10.222.0.1:42034".parse().unwrap();
+    connect_within(&r.client, again, server, Duration::from_secs(3))
+        .expect("a new connection after the fix");
 }
