@@ -110,7 +110,7 @@ mod tests {
             2 * MAX_PORTS + 36 * MAX_HOSTS + 16 + 4
         );
         assert_eq!(size_of::<EventHeader>(), 16);
-        assert_eq!(size_of::<DropEvent>(), 16 + 56 + 8 + 16 + 96);
+        assert_eq!(size_of::<DropEvent>(), 16 + 56 + 8 + 16 + 96 + 8);
         assert_eq!(
             size_of::<RoutedDropEvent>(),
             size_of::<DropEvent>() + 56 * FIB_RECENT
