@@ -190,14 +190,52 @@ fn churn(
     (ok, tried)
 }
 
-/// Healthy handshakes in the churn controls: `KDROP_CONTROL_HANDSHAKES`
-/// (the long control: `KDROP_CONTROL_HANDSHAKES=120000 cargo test --test
-/// silent control`), else 30,000.
+/// Healthy handshakes in the churn controls: `KDROP_CONTROL_HANDSHAKES`,
+/// else 100,000 (20-50 s each here).
 fn control_handshakes() -> u32 {
     std::env::var("KDROP_CONTROL_HANDSHAKES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(30_000)
+        .unwrap_or(100_000)
+}
+
+/// Forwarded UDP beside the churn: datagrams from the client to `to`
+/// through the router until `stop` (at most 10 million), read by a socket
+/// in the server's namespace. How many were sent.
+fn udp_beside(
+    r: &Routed,
+    to: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rx = kdrop::context::in_netns(&r.server.path(), move || std::net::UdpSocket::bind(to))
+        .unwrap()
+        .unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let from: SocketAddr = format!("10.{}.0.1:5353", r.net).parse().unwrap();
+    let tx = kdrop::context::in_netns(&r.client.path(), move || std::net::UdpSocket::bind(from))
+        .unwrap()
+        .unwrap();
+    let reading = stop.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while !reading.load(Relaxed) {
+            let _ = rx.recv(&mut buf);
+        }
+    });
+    std::thread::spawn(move || {
+        let mut sent = 0u64;
+        while !stop.load(Relaxed) && sent < 10_000_000 {
+            if tx.send_to(b"healthy", to).is_ok() {
+                sent += 1;
+            }
+            if sent % 64 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        sent
+    })
 }
 
 /// A healthy port beside a dropped one, the client reusing its ports for
@@ -234,10 +272,15 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
         // after 1.5 s (two transmissions), while the healthy churn runs.
         std::thread::spawn(move || churn(&path, net, ports, dropped, u32::MAX, 1500, &stop))
     };
+    let udp = udp_beside(&r, web, stop.clone());
     let never = std::sync::atomic::AtomicBool::new(false);
     let n = control_handshakes();
     let healthy = churn(&r.client.path(), r.net, ports, web, n, 1000, &never);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        udp.join().unwrap() > 0,
+        "UDP was forwarded beside the churn"
+    );
     let (opened, tried) = dropper.join().unwrap();
     assert_eq!(opened, 0, "port 81 is dropped");
     assert!(tried >= 2, "{tried} attempts at port 81");
@@ -265,6 +308,30 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
         healthy_records.is_empty(),
         "records on the healthy port: {healthy_records:#?}"
     );
+    // Exact accounting (tracing): every drop the kernel matched reached
+    // userspace, and each is a record or counted as TCP's own.
+    if !args.contains(&"monitor") {
+        let c = done.counts();
+        assert_eq!((c.lost, c.sampled_out), (0, 0), "{c:?}");
+        assert_eq!(c.matched, c.emitted, "{c:?}");
+        let drops = events.iter().filter(|e| e["kind"] == "drop").count() as u64;
+        let tcp_own = done
+            .stderr
+            .iter()
+            .find_map(|l| {
+                l.strip_prefix("kdrop: ")?
+                    .split_once(" SYN drops not reported")?
+                    .0
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0u64);
+        assert_eq!(
+            drops + tcp_own,
+            c.emitted,
+            "{c:?}, {drops} drop records, {tcp_own} TCP's own"
+        );
+    }
     // The accept loop ends with the process; the namespaces go now.
     drop(server);
 }
