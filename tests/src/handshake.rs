@@ -13,6 +13,15 @@ pub fn of(e: &Value, client: SocketAddr) -> bool {
     end("saddr", "sport") || end("daddr", "dport")
 }
 
+/// Is this record about exactly the packet `src -> dst` (as the record
+/// names its tuple)?
+pub fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
+    e["saddr"] == src.ip().to_string()
+        && e["sport"] == src.port()
+        && e["daddr"] == dst.ip().to_string()
+        && e["dport"] == dst.port()
+}
+
 /// Every record of `client`'s handshake: read until its "unanswered"
 /// record (the SYN's third transmission, 3 s after the first), then what
 /// kdrop drained at exit.

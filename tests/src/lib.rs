@@ -71,6 +71,20 @@ pub fn run_fix(cmd: &str) {
     );
 }
 
+/// Waits (bounded, 10 s stretched in a guest) until `cond` holds; fails
+/// the test with `what` if it never does. For states with no event to wait
+/// on (a counter, a table entry), polled every 20 ms.
+pub fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + bound(Duration::from_secs(10));
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A JSON array of strings (a finding's evidence or fix).
 pub fn strs(v: &Value) -> Vec<String> {
     v.as_array()

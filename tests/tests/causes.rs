@@ -9,12 +9,12 @@ use std::{
     net::SocketAddr,
     os::fd::{AsRawFd as _, FromRawFd as _, IntoRawFd as _, OwnedFd},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use integration_tests::{
-    bound, connect_from, expected_reason, in_ns, kernel_has_drop_reasons, listen, run_fix,
-    send_syn, skip, strs, Kdrop, Ns, Pair,
+    connect_from, expected_reason, in_ns, kernel_has_drop_reasons, listen, run_fix, send_syn, skip,
+    strs, wait_until, Kdrop, Ns, Pair,
 };
 use kdrop::context::in_netns;
 
@@ -47,14 +47,6 @@ fn accept_queue(ns: &Ns, local: SocketAddr) -> u32 {
         .find(|l| l.split_whitespace().nth(3) == Some(local.to_string().as_str()))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
-}
-
-fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + bound(Duration::from_secs(10));
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what} did not happen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// This process as kdrop should name the listener's owner.

@@ -2,18 +2,10 @@
 use std::net::Ipv4Addr;
 
 use integration_tests::{
-    attachable_rungs, expected_cause, expected_reason, expected_rp_filter_cause, inode, kdrop_bin,
-    ns_name, send_syn, Kdrop, Pair,
+    attachable_rungs, expected_cause, expected_reason, expected_rp_filter_cause,
+    handshake::is_tuple, inode, kdrop_bin, ns_name, send_syn, Kdrop, Pair,
 };
 use kdrop::lab::rp_filter::RpFilter;
-use serde_json::Value;
-
-fn is_tuple(e: &Value, src: &std::net::SocketAddr, dst: &std::net::SocketAddr) -> bool {
-    e["saddr"] == src.ip().to_string()
-        && e["sport"] == src.port()
-        && e["daddr"] == dst.ip().to_string()
-        && e["dport"] == dst.port()
-}
 
 /// Incident 1 with addresses, names and ports the lab does not use.
 #[test]

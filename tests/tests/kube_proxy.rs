@@ -10,7 +10,8 @@
 use std::{io::ErrorKind, net::SocketAddr, path::PathBuf};
 
 use integration_tests::{
-    connect_from, expected_reason, inode, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+    connect_from, expected_reason, handshake::is_tuple, inode, listen, ns_name, run_fix, send_syn,
+    strs, veth, Kdrop, Ns,
 };
 use serde_json::Value;
 
@@ -115,19 +116,12 @@ impl Cluster {
     }
 }
 
-fn is_tuple(e: &Value, src: SocketAddr, dst: SocketAddr) -> bool {
-    e["saddr"] == src.ip().to_string()
-        && e["sport"] == src.port()
-        && e["daddr"] == dst.ip().to_string()
-        && e["dport"] == dst.port()
-}
-
 /// The drop of a SYN `src -> dst` in the node, as kdrop reports it.
 fn node_drop(k: &Kdrop, c: &Cluster, src: SocketAddr, dst: SocketAddr) -> Value {
     let _syn = send_syn(&c.client, src, dst);
     let node = inode(&c.node);
     let e = k.expect_event("the drop in the node", |e| {
-        is_tuple(e, src, dst) && e["netns"] == node && e["kind"] == "drop"
+        is_tuple(e, &src, &dst) && e["netns"] == node && e["kind"] == "drop"
     });
     assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
     e

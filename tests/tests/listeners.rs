@@ -10,7 +10,7 @@ use std::{
 };
 
 use integration_tests::{
-    bound, in_ns, listen_backlog, send_syn, ss_listen_queues, Kdrop, Ns, Pair,
+    bound, in_ns, listen_backlog, send_syn, ss_listen_queues, wait_until, Kdrop, Ns, Pair,
 };
 use kdrop::context::{
     listeners::{listener_for, snapshot_in},
@@ -37,14 +37,6 @@ fn netstat(ns: &Ns, name: &str) -> u64 {
 }
 
 /// Polls (bounded) until `cond` holds: a counter moving has no event to wait on.
-fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + bound(Duration::from_secs(10));
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what} did not happen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn full_accept_queue_and_syn_queue_as_ss_and_netstat_see_them() {
     let p = Pair::new("lq1", 171);

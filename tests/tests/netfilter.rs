@@ -11,7 +11,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{expected_reason, inode, ns_name, send_syn, veth, Kdrop, Ns, Pair};
+use integration_tests::{
+    expected_reason, handshake::is_tuple, inode, ns_name, send_syn, veth, Kdrop, Ns, Pair,
+};
 use serde_json::Value;
 
 #[derive(Clone, Copy, Debug)]
@@ -84,13 +86,6 @@ fn load(ns: &Ns, tool: &str, name: &str, text: &str) {
         &[path]
     };
     ns.exec(tool, args).unwrap_or_else(|e| panic!("{e:#}"));
-}
-
-fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
-    e["saddr"] == src.ip().to_string()
-        && e["sport"] == src.port()
-        && e["daddr"] == dst.ip().to_string()
-        && e["dport"] == dst.port()
 }
 
 /// Sends a SYN and returns kdrop's event for it.

@@ -12,8 +12,8 @@ use std::{
 };
 
 use integration_tests::{
-    bound, connect_within, expected_reason, listen, ns_name, pair_addresses, run_fix, send_syn,
-    strs, veth, Kdrop, Ns, Pair,
+    bound, connect_within, expected_reason, handshake::is_tuple, listen, ns_name, pair_addresses,
+    run_fix, send_syn, strs, veth, Kdrop, Ns, Pair,
 };
 use kdrop::diagnosis::netfilter::fixes::FixKind;
 use serde_json::Value;
@@ -64,17 +64,13 @@ fn nft(ns: &Ns, name: &str, text: &str) {
     r.unwrap_or_else(|e| panic!("{e:#}"));
 }
 
-fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
-    e["kind"] == "drop"
-        && e["saddr"] == src.ip().to_string()
-        && e["sport"] == src.port()
-        && e["daddr"] == dst.ip().to_string()
-        && e["dport"] == dst.port()
+fn is_drop(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
+    e["kind"] == "drop" && is_tuple(e, src, dst)
 }
 
 /// kdrop's netfilter drop of `src -> dst`.
 fn drop_of(k: &Kdrop, src: SocketAddr, dst: SocketAddr) -> Value {
-    let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
+    let e = k.expect_event("the netfilter drop", |e| is_drop(e, &src, &dst));
     assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
     e
 }
@@ -531,7 +527,7 @@ fn half_fix_fails(br: &Bridge, end: &Ends, base: u16) {
     // Its first SYN-ACK may meet a snapshot from before the change: the
     // first one kdrop names.
     let reply = k.expect_event("the SYN-ACK's drop by the policy", |r| {
-        is_tuple(r, &end.server, &from) && r["netfilter"]["dropped_by"] == "policy"
+        is_drop(r, &end.server, &from) && r["netfilter"]["dropped_by"] == "policy"
     });
     assert_eq!(reply["tcp_flags"], "SYN|ACK", "{reply}");
     let fresh = end.client_at(base + 1);

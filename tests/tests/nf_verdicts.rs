@@ -11,7 +11,8 @@ use std::{
 };
 
 use integration_tests::{
-    expected_reason, inode, ns_name, oracle, return_rung_or_skip, send_syn, skip, Kdrop, Ns, Pair,
+    expected_reason, handshake::is_tuple, inode, ns_name, oracle, return_rung_or_skip, send_syn,
+    skip, Kdrop, Ns, Pair,
 };
 use kdrop::context::netns::in_netns;
 use serde_json::Value;
@@ -21,13 +22,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
-    e["saddr"] == src.ip().to_string()
-        && e["sport"] == src.port()
-        && e["daddr"] == dst.ip().to_string()
-        && e["dport"] == dst.port()
 }
 
 /// A ruleset loaded with `nft -f` from a file removed afterwards.
