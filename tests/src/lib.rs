@@ -21,6 +21,7 @@ pub mod cri;
 pub mod flood;
 pub mod handshake;
 pub mod manifest;
+pub mod nf;
 pub mod prom;
 pub mod scrape;
 pub use kdrop::lab::netlab::{ip, veth, Ns};

@@ -4,60 +4,18 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Mutex,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use integration_tests::{
-    expected_reason, handshake::is_tuple, inode, ns_name, send_syn, veth, Kdrop, Ns, Pair,
+    expected_reason,
+    handshake::is_tuple,
+    inode,
+    nf::{ipt, Backend, BrNetfilter},
+    ns_name, send_syn, veth, Kdrop, Ns, Pair,
 };
 use serde_json::Value;
-
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Legacy,
-    Nft,
-}
-
-impl Backend {
-    /// `iptables-legacy`, `ip6tables-nft`, ...
-    fn tool(self, v6: bool) -> String {
-        let fam = if v6 { "ip6tables" } else { "iptables" };
-        match self {
-            Backend::Legacy => format!("{fam}-legacy"),
-            Backend::Nft => format!("{fam}-nft"),
-        }
-    }
-
-    /// The `backend` kdrop reports.
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Legacy => "iptables-legacy",
-            Backend::Nft => "iptables-nft",
-        }
-    }
-
-    fn counters_method(self, v6: bool) -> String {
-        format!("rule counters ({}-save -c)", self.tool(v6))
-    }
-
-    fn tag(self) -> &'static str {
-        match self {
-            Backend::Legacy => "l",
-            Backend::Nft => "n",
-        }
-    }
-}
-
-/// `iptables ARGS` (split on spaces) in `ns`.
-fn ipt(ns: &Ns, b: Backend, v6: bool, args: &str) {
-    let args: Vec<&str> = args.split_whitespace().collect();
-    ns.exec(&b.tool(v6), &args)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-}
 
 /// A file removed on drop (rulesets for `nft -f` / `iptables-restore`).
 struct TempFile(PathBuf);
@@ -317,48 +275,6 @@ fn raw_drop_legacy() {
 #[test]
 fn raw_drop_nft() {
     raw_drop(Backend::Nft, 68);
-}
-
-/// br_netfilter must be there for bridged packets to meet iptables. If the
-/// module has to be loaded, it is unloaded again afterwards; the bridge
-/// tests take turns so that one never unloads it under the other.
-struct BrNetfilter {
-    loaded_here: bool,
-    _turn: std::sync::MutexGuard<'static, ()>,
-}
-
-static BRIDGE_TURN: Mutex<()> = Mutex::new(());
-
-impl BrNetfilter {
-    fn ensure() -> Self {
-        let turn = BRIDGE_TURN.lock().unwrap_or_else(|e| e.into_inner());
-        let present = || std::path::Path::new("/proc/sys/net/bridge").exists();
-        let mut loaded_here = false;
-        if !present() {
-            let out = std::process::Command::new("modprobe")
-                .arg("br_netfilter")
-                .output();
-            loaded_here = out.as_ref().is_ok_and(|o| o.status.success());
-            assert!(
-                present(),
-                "br_netfilter is neither built in nor loadable: {out:?}"
-            );
-        }
-        BrNetfilter {
-            loaded_here,
-            _turn: turn,
-        }
-    }
-}
-
-impl Drop for BrNetfilter {
-    fn drop(&mut self) {
-        if self.loaded_here {
-            let _ = std::process::Command::new("modprobe")
-                .args(["-r", "br_netfilter"])
-                .status();
-        }
-    }
 }
 
 /// The Docker case: two ports of a bridge, bridge-nf-call-iptables=1, and

@@ -7,13 +7,15 @@
 use std::{
     net::SocketAddr,
     os::fd::{AsRawFd as _, OwnedFd},
-    sync::Mutex,
     time::Duration,
 };
 
 use integration_tests::{
-    bound, connect_within, expected_reason, handshake::is_tuple, listen, ns_name, pair_addresses,
-    run_fix, send_syn, strs, veth, Kdrop, Ns, Pair,
+    bound, connect_within, expected_reason,
+    handshake::is_tuple,
+    listen,
+    nf::{ipt, Backend, BrNetfilter},
+    ns_name, pair_addresses, run_fix, send_syn, strs, veth, Kdrop, Ns, Pair,
 };
 use kdrop::diagnosis::netfilter::fixes::FixKind;
 use serde_json::Value;
@@ -24,36 +26,6 @@ const RETRY: Duration = Duration::from_secs(12);
 /// A new connection through a repaired path is immediate; one that still
 /// fails is given a client's usual short patience.
 const NEW: Duration = Duration::from_secs(3);
-
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Legacy,
-    Nft,
-}
-
-impl Backend {
-    fn tool(self, v6: bool) -> String {
-        let fam = if v6 { "ip6tables" } else { "iptables" };
-        match self {
-            Backend::Legacy => format!("{fam}-legacy"),
-            Backend::Nft => format!("{fam}-nft"),
-        }
-    }
-
-    fn tag(self) -> &'static str {
-        match self {
-            Backend::Legacy => "l",
-            Backend::Nft => "n",
-        }
-    }
-}
-
-/// `iptables ARGS` (split on spaces) in `ns`.
-fn ipt(ns: &Ns, b: Backend, v6: bool, args: &str) {
-    let args: Vec<&str> = args.split_whitespace().collect();
-    ns.exec(&b.tool(v6), &args)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-}
 
 /// `nft` with one ruleset text (`nft -f -` would need a pipe: a file).
 fn nft(ns: &Ns, name: &str, text: &str) {
@@ -352,48 +324,6 @@ fn nft_reply_rule_fixes() {
         let from = SocketAddr::new(client.ip(), 43500 + 10 * i as u16);
         let kinds = repaired(&p.client, &p.client, (from, server), Leg::SynAck, fix);
         assert_eq!(kinds, [FixKind::NftAcceptEstablished]);
-    }
-}
-
-/// br_netfilter must be there for bridged packets to meet iptables; loaded
-/// here if missing, unloaded again after. The bridge tests take turns so
-/// that one never unloads it under the other (as in tests/netfilter.rs).
-struct BrNetfilter {
-    loaded_here: bool,
-    _turn: std::sync::MutexGuard<'static, ()>,
-}
-
-static BRIDGE_TURN: Mutex<()> = Mutex::new(());
-
-impl BrNetfilter {
-    fn ensure() -> Self {
-        let turn = BRIDGE_TURN.lock().unwrap_or_else(|e| e.into_inner());
-        let present = || std::path::Path::new("/proc/sys/net/bridge").exists();
-        let mut loaded_here = false;
-        if !present() {
-            let out = std::process::Command::new("modprobe")
-                .arg("br_netfilter")
-                .output();
-            loaded_here = out.as_ref().is_ok_and(|o| o.status.success());
-            assert!(
-                present(),
-                "br_netfilter is neither built in nor loadable: {out:?}"
-            );
-        }
-        BrNetfilter {
-            loaded_here,
-            _turn: turn,
-        }
-    }
-}
-
-impl Drop for BrNetfilter {
-    fn drop(&mut self) {
-        if self.loaded_here {
-            let _ = std::process::Command::new("modprobe")
-                .args(["-r", "br_netfilter"])
-                .status();
-        }
     }
 }
 
