@@ -2,7 +2,7 @@
 //! for the bridge labs.
 use std::sync::Mutex;
 
-use crate::Ns;
+use crate::{ns_name, Ns};
 
 /// The iptables flavour a lab's rules are written with.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +48,16 @@ pub fn ipt(ns: &Ns, b: Backend, v6: bool, args: &str) {
     let args: Vec<&str> = args.split_whitespace().collect();
     ns.exec(&b.tool(v6), &args)
         .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// A ruleset loaded with `nft -f` from a file removed afterwards (`nft -f
+/// -` would need a pipe).
+pub fn nft(ns: &Ns, name: &str, text: &str) {
+    let path = std::env::temp_dir().join(format!("{}.nft", ns_name(name)));
+    std::fs::write(&path, text).unwrap();
+    let r = ns.exec("nft", &["-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    r.unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// br_netfilter must be there for bridged packets to meet iptables; loaded

@@ -14,7 +14,7 @@ use integration_tests::{
     bound, connect_within, expected_reason,
     handshake::is_tuple,
     listen,
-    nf::{ipt, Backend, BrNetfilter},
+    nf::{ipt, nft, Backend, BrNetfilter},
     ns_name, pair_addresses, run_fix, send_syn, strs, veth, Kdrop, Ns, Pair,
 };
 use kdrop::diagnosis::netfilter::fixes::FixKind;
@@ -26,15 +26,6 @@ const RETRY: Duration = Duration::from_secs(12);
 /// A new connection through a repaired path is immediate; one that still
 /// fails is given a client's usual short patience.
 const NEW: Duration = Duration::from_secs(3);
-
-/// `nft` with one ruleset text (`nft -f -` would need a pipe: a file).
-fn nft(ns: &Ns, name: &str, text: &str) {
-    let path = std::env::temp_dir().join(format!("{}.nft", ns_name(name)));
-    std::fs::write(&path, text).unwrap();
-    let r = ns.exec("nft", &["-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
-    r.unwrap_or_else(|e| panic!("{e:#}"));
-}
 
 fn is_drop(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
     e["kind"] == "drop" && is_tuple(e, src, dst)

@@ -11,7 +11,7 @@ use std::{
 };
 
 use integration_tests::{
-    expected_reason, handshake::is_tuple, inode, ns_name, oracle, return_rung_or_skip, send_syn,
+    expected_reason, handshake::is_tuple, inode, nf::nft, oracle, return_rung_or_skip, send_syn,
     skip, Kdrop, Ns, Pair,
 };
 use kdrop::context::netns::in_netns;
@@ -22,15 +22,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A ruleset loaded with `nft -f` from a file removed afterwards.
-fn nft(ns: &Ns, name: &str, text: &str) {
-    let path = std::env::temp_dir().join(format!("{}.nft", ns_name(name)));
-    std::fs::write(&path, text).unwrap();
-    let r = ns.exec("nft", &["-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
-    r.unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// The first drop arms the verdict probes (kdrop pays for them only while a
