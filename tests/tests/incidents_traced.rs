@@ -94,11 +94,12 @@ fn fix_then_connect(
 /// The control after a fix: kdrop again, as the test traced the incident,
 /// and a handshake from a new client port whose SYN passes the node three
 /// times, each answered (the count an unanswered or looped-back finding
-/// is made at). Its only records are drops whose verdict is the client's
-/// own rule, the one that dropped the SYN-ACKs to make the SYN go three
-/// times (kdrop files the server's duplicate SYNs and its retransmitted
-/// SYN-ACKs under that verdict too): no unanswered SYN, no looped-back
-/// handshake.
+/// is made at). Its only verdict is the client's own rule, the one that
+/// dropped the SYN-ACKs to make the SYN go three times: kdrop files under
+/// it the SYN-ACKs' drops, the server's duplicate SYNs, its retransmitted
+/// SYN-ACKs and, where the device probe was armed after the SYN-ACKs had
+/// passed (a slow guest, its first drop's enrichment taking seconds), the
+/// client's three SYNs: no looped-back handshake, no cause but the rule.
 fn quiet_after_the_fix(args: &[&str], client: &Ns, server: &Ns, src: SocketAddr, dst: SocketAddr) {
     let k = Kdrop::start(args);
     let _c = answered_three_times(client, server, BACKEND_PORT, src, dst);
@@ -107,9 +108,8 @@ fn quiet_after_the_fix(args: &[&str], client: &Ns, server: &Ns, src: SocketAddr,
     let rule = format!("-A INPUT -p tcp -m tcp --dport {} -j DROP", src.port());
     for e in done.events().into_iter().filter(|e| of(e, src)) {
         let f = &e["finding"];
-        let syn_ack_repeated = e["kind"] == "unanswered" && e["tcp_flags"] == "SYN|ACK";
         assert!(
-            (e["kind"] == "drop" || syn_ack_repeated)
+            matches!(e["kind"].as_str(), Some("drop" | "unanswered"))
                 && f["cause"] == "netfilter_rule"
                 && f["summary"].as_str().unwrap().ends_with(&rule)
                 && strs(&f["inspect"])[0].starts_with(&format!("ip netns exec {} ", client.name)),

@@ -249,9 +249,25 @@ fn repair(f: &ListenerFound, who: &str) -> (Vec<String>, Vec<String>) {
 /// `location` is where it was freed; `pending` whether sock_diag shows the
 /// request socket now (None: not read).
 pub fn duplicate_syn(t: &Tuple, location: &str, pending: Option<bool>) -> Finding {
+    duplicate_syn_freed(t, location, pending, true)
+}
+
+/// `duplicate_syn` on a kernel that gives drops no reason (`reasons`
+/// false): the same, said without one.
+pub fn duplicate_syn_freed(
+    t: &Tuple,
+    location: &str,
+    pending: Option<bool>,
+    reasons: bool,
+) -> Finding {
+    let how = if reasons {
+        "kernel drop reason NOT_SPECIFIED"
+    } else {
+        "freed (this kernel gives no drop reason)"
+    };
     let mut evidence = vec![format!(
-        "kernel drop reason NOT_SPECIFIED at {location}: TCP's receive path frees a SYN that \
-         repeats one it is already answering"
+        "{how} at {location}: TCP's receive path frees a SYN that repeats one it is already \
+         answering"
     )];
     match pending {
         Some(true) => evidence.push(format!(
@@ -481,6 +497,13 @@ mod tests {
     #[test]
     fn a_duplicate_syn_says_which_answer_to_look_for() {
         let f = duplicate_syn(&t(), "tcp_v4_rcv+0x1a", None);
+        let no_reasons = duplicate_syn_freed(&t(), "tcp_v4_rcv+0x62", Some(true), false);
+        assert_eq!(no_reasons.cause, "duplicate_syn");
+        assert_eq!(
+            no_reasons.evidence[0],
+            "freed (this kernel gives no drop reason) at tcp_v4_rcv+0x62: TCP's receive path \
+             frees a SYN that repeats one it is already answering"
+        );
         assert_eq!(
             f.summary,
             "SYN 10.0.0.1:41000 -> 10.0.0.2:3306 repeated while the server's SYN-ACK for it was \

@@ -56,6 +56,14 @@ impl<N: Node> Enricher<N> {
                 let pending = self.node.request_pending(d.netns, t.dst, t.src);
                 (pending != Some(false)).then(|| listen::duplicate_syn(&t, &r.location, pending))
             }
+            // Without drop reasons (before 5.17) every free there has none
+            // (a closed port's SYN too): only the request socket it repeats,
+            // seen now, makes it a duplicate.
+            None if syn && tcp_rcv => {
+                let pending = self.node.request_pending(d.netns, t.dst, t.src);
+                (pending == Some(true))
+                    .then(|| listen::duplicate_syn_freed(&t, &r.location, pending, false))
+            }
             _ => None,
         }
     }

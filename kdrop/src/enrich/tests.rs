@@ -139,3 +139,34 @@ fn a_syn_tcp_freed_in_a_failed_handshake_carries_its_verdict() {
     assert_eq!(r[0].finding.as_ref().unwrap().cause, "syn_ack_unanswered");
     assert_eq!(e.answered_by_tcp, 0);
 }
+
+/// Before 5.17 no free has a reason: the request socket alone makes a
+/// duplicate, and a SYN freed without one is reported (it may be a closed
+/// port's), never counted away.
+#[test]
+fn without_drop_reasons_only_a_pending_request_makes_a_duplicate() {
+    let reasonless = || {
+        let Event::Drop(mut d) = syn_freed() else {
+            unreachable!()
+        };
+        d.reason = kdrop_common::ABSENT;
+        Event::Drop(d)
+    };
+    let mut e = enricher();
+    pending(&mut e, true);
+    assert!(e.on_event(&reasonless()).is_none(), "held");
+    let r = drained(&mut e);
+    let f = r[0].finding.as_ref().unwrap();
+    assert_eq!(f.cause, "duplicate_syn");
+    assert!(f.evidence[0].starts_with("freed (this kernel gives no drop reason)"));
+    let mut e = enricher();
+    pending(&mut e, false);
+    assert!(e.on_event(&reasonless()).is_none(), "held");
+    let r = drained(&mut e);
+    assert_eq!(r.len(), 1);
+    assert_ne!(
+        r[0].finding.as_ref().map(|f| f.cause),
+        Some("duplicate_syn")
+    );
+    assert_eq!(e.answered_by_tcp, 0);
+}
