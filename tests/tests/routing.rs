@@ -8,9 +8,10 @@ use std::{
 };
 
 use integration_tests::{
-    connect_from, connect_within, expected_reason, expected_rp_filter_cause, kernel_reason, listen,
-    ns_name, run_fix, send_syn, strs, veth, wait_connected, Kdrop, Ns,
+    assert_kinds, connect_from, connect_within, expected_reason, expected_rp_filter_cause,
+    kernel_reason, listen, ns_name, run_fix, send_syn, strs, veth, wait_connected, Kdrop, Ns,
 };
+use kdrop::diagnosis::fix_kinds::Kind;
 use kdrop::{
     context::netns::in_netns,
     lab::rp_filter::{RpFilter, RpFilterLab},
@@ -127,6 +128,7 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
 
     // kdrop's fix, applied: the same SYN is answered.
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
+    assert_kinds(&fix, &[Kind::RpFilterLoose]);
     run_fix(&fix[0]);
     handshake(&lab.client, SocketAddr::from((t.pod_ip, t.port))).expect("handshake after the fix");
     k.stop(libc::SIGINT);
@@ -137,6 +139,7 @@ fn incident1_policy_rule_fix_works() {
     let t = topo("rpf2", 52);
     let (lab, k, e, _syn) = incident1(&t);
     let fix = strs(&e["finding"]["fix_or"][0]);
+    assert_kinds(&fix, &[Kind::RpFilterPolicyRule]);
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
     run_fix(&fix[0]);
     handshake(&lab.client, SocketAddr::from((t.pod_ip, t.port))).expect("handshake after the fix");
@@ -319,6 +322,7 @@ fn incident3_local_source_martian_and_its_fix() {
         )]
     );
     let _l = listen(&i.node, dst);
+    assert_kinds(&fix, &[Kind::LocalAddressDelete]);
     run_fix(&fix[0]);
     let again: SocketAddr = format!("{LB_IP}:41002").parse().unwrap();
     connect_from(&i.lb, again, dst).expect("health check handshake after the fix");
@@ -364,6 +368,7 @@ fn a_source_local_by_an_anyip_route_is_repaired_by_deleting_the_route() {
     );
     k.stop(libc::SIGINT);
     let _l = listen(&i.node, dst);
+    assert_kinds(&fix, &[Kind::LocalRouteDelete]);
     run_fix(&fix[0]);
     let again: SocketAddr = format!("{LB_IP}:41005").parse().unwrap();
     connect_from(&i.lb, again, dst).expect("health check handshake after the fix");
@@ -456,6 +461,7 @@ fn localnet_martian_and_its_fix() {
             s.name
         )]
     );
+    assert_kinds(&fix, &[Kind::RouteLocalnet]);
     run_fix(&fix[0]);
     // The fix lets the SYN past routing, and the listener on 127.1.1.1
     // answers out of s0 (route_localnet allows that source there too).
@@ -588,6 +594,7 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
         .expect_err("an on-link route to a routed client must not connect");
     run_fix(&format!("{ns}ip route del {ROUTED_CLIENT}/32 dev eth1"));
 
+    assert_kinds(&fix, &[Kind::RouteBack]);
     for cmd in &fix {
         run_fix(cmd);
     }
