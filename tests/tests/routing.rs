@@ -604,3 +604,85 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
     // tuple gets through too.
     wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
 }
+
+/// A client on the node's link that connects from an address outside every
+/// prefix of the node (a secondary /32, 10.249.9.1): strict rp_filter on
+/// eth1 finds no route back at all (the node has no default route). The
+/// node's neighbour entry for that address has the client's own MAC (a
+/// client on the link leaves it when it resolves the node from that
+/// address; static here, as ARP from an address with no way back is itself
+/// refused by rp_filter), so the repair route is on-link: `ip route add
+/// 10.249.9.1/32 dev eth1`, applied from kdrop's JSON; then a new
+/// connection and the first SYN's retransmission complete.
+#[test]
+fn no_route_back_to_a_client_on_the_link_is_repaired_on_link() {
+    let client = Ns::new(&ns_name("rpfonl-c")).unwrap();
+    let node = Ns::new(&ns_name("rpfonl-n")).unwrap();
+    veth(
+        &client,
+        "c0",
+        "02:00:00:00:f9:01",
+        &node,
+        "eth1",
+        "02:00:00:00:f9:02",
+    )
+    .unwrap();
+    let ip = |ns: &Ns, args: &str| {
+        ns.ip(&args.split(' ').collect::<Vec<_>>())
+            .unwrap_or_else(|e| panic!("ip {args}: {e:#}"))
+    };
+    ip(&client, "addr add 10.249.1.1/24 dev c0");
+    ip(&client, "addr add 10.249.9.1/32 dev c0");
+    ip(
+        &client,
+        "neigh replace 10.249.1.2 lladdr 02:00:00:00:f9:02 dev c0 nud permanent",
+    );
+    ip(&node, "addr add 10.249.1.2/24 dev eth1");
+    ip(
+        &node,
+        "neigh replace 10.249.9.1 lladdr 02:00:00:00:f9:01 dev eth1 nud permanent",
+    );
+    for k in ["all", "eth1"] {
+        node.sysctl(&format!("net/ipv4/conf/{k}/rp_filter"), "1")
+            .unwrap();
+    }
+    let dst: SocketAddr = "10.249.1.2:7249".parse().unwrap();
+    let _srv = listen(&node, dst);
+    let k = Kdrop::start(&["--json", "--port", "7249"]);
+    let src: SocketAddr = "10.249.9.1:40249".parse().unwrap();
+    let syn = send_syn(&client, src, dst);
+    let e = k.expect_event("the on-link client's SYN drop", |e| {
+        e["kind"] == "drop" && e["saddr"] == "10.249.9.1" && e["sport"] == 40249
+    });
+    k.stop(libc::SIGINT);
+    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], expected_rp_filter_cause(), "{e}");
+    if f["cause"] != "rp_filter_strict" {
+        return;
+    }
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.contains(
+            &"the packet came from 02:00:00:00:f9:01 = 10.249.9.1 on eth1: the client itself, \
+              on eth1's link"
+                .to_string()
+        ),
+        "{ev:#?}"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [format!(
+            "ip netns exec {} ip route add 10.249.9.1/32 dev eth1",
+            node.name
+        )]
+    );
+    assert_kinds(&fix, &[Kind::RouteBack]);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    connect_from(&client, "10.249.9.1:40250".parse().unwrap(), dst)
+        .expect("a new connection after kdrop's fix");
+    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+}
