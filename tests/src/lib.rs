@@ -86,6 +86,18 @@ pub fn wait_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// Asserts that kdrop's repair commands `cmds` are, in order, of `kinds`
+/// (`kdrop::diagnosis::fix_kinds`): a test applies the kinds the catalogue
+/// lists it for.
+pub fn assert_kinds(cmds: &[String], kinds: &[kdrop::diagnosis::fix_kinds::Kind]) {
+    let got: Vec<_> = cmds
+        .iter()
+        .map(|c| kdrop::diagnosis::fix_kinds::Kind::of(c))
+        .collect();
+    let want: Vec<_> = kinds.iter().map(|k| Some(*k)).collect();
+    assert_eq!(got, want, "{cmds:?}");
+}
+
 /// A JSON array of strings (a finding's evidence or fix).
 pub fn strs(v: &Value) -> Vec<String> {
     v.as_array()

@@ -13,10 +13,11 @@ use std::{
 };
 
 use integration_tests::{
-    connect_from, expected_reason, in_ns, kernel_has_drop_reasons, listen, run_fix, send_syn, skip,
-    strs, wait_until, Kdrop, Ns, Pair,
+    assert_kinds, connect_from, expected_reason, in_ns, kernel_has_drop_reasons, listen, run_fix,
+    send_syn, skip, strs, wait_until, Kdrop, Ns, Pair,
 };
 use kdrop::context::in_netns;
+use kdrop::diagnosis::fix_kinds::Kind;
 
 /// A listener in `ns` with listen(2)'s `backlog`, never accepting.
 fn listen_backlog(ns: &Ns, addr: SocketAddr, backlog: i32) -> OwnedFd {
@@ -168,6 +169,7 @@ fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
         "{notes:?}"
     );
     k.stop(libc::SIGINT);
+    assert_kinds(&fix, &[Kind::Somaxconn]);
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -365,6 +367,7 @@ fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
         )]
     );
     k.stop(libc::SIGINT);
+    assert_kinds(&fix, &[Kind::TcFilterDelete]);
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -590,6 +593,7 @@ fn an_xdp_program_dropping_the_syn_is_named_and_detached() {
         )]
     );
     k.stop(libc::SIGINT);
+    assert_kinds(&fix, &[Kind::XdpDetach]);
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -687,6 +691,7 @@ fn a_cgroup_egress_program_is_named_and_detached() {
     k.stop(libc::SIGINT);
     let _ = client.kill();
     let _ = client.wait();
+    assert_kinds(&fix, &[Kind::CgroupDetach]);
     for cmd in &fix {
         run_fix(cmd);
     }

@@ -5,9 +5,10 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use integration_tests::{
-    answered_three_times, bound, connect_from, expected_reason, ns_name, run_fix, send_syn, strs,
-    veth, Kdrop, Ns,
+    answered_three_times, assert_kinds, bound, connect_from, expected_reason, ns_name, run_fix,
+    send_syn, strs, veth, Kdrop, Ns,
 };
+use kdrop::diagnosis::fix_kinds::Kind;
 
 fn listen(ns: &Ns, addr: &str) -> std::net::TcpListener {
     integration_tests::listen(ns, addr.parse().unwrap())
@@ -196,6 +197,10 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     // The old socket goes first: a retransmission of it after the fix would
     // complete its handshake and hold the 5-tuple.
     drop(syn);
+    assert_kinds(
+        &fix,
+        &[Kind::ReturnPathMasquerade, Kind::ConntrackDeleteEntry],
+    );
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -329,6 +334,7 @@ fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, spo
         "{:?}",
         done.stdout
     );
+    assert_kinds(&or, &[Kind::HairpinMasquerade, Kind::ConntrackDeleteEntry]);
     for cmd in &or {
         run_fix(cmd);
     }
@@ -645,6 +651,7 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
     // The old socket first (see incident 5), then the fix, then the same
     // 5-tuple again.
     drop(syn);
+    assert_kinds(&fix, &[Kind::LoopbackDnat, Kind::ConntrackDeleteEntry]);
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -878,6 +885,7 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         "{fix:?}"
     );
     k.stop(libc::SIGINT);
+    assert_kinds(&fix, &[Kind::SnatWiden]);
     run_fix(&fix[0]);
     connect_from(&s.client, "10.98.1.2:41003".parse().unwrap(), dst)
         .expect("handshake after the fix");

@@ -5,8 +5,10 @@
 use std::{net::SocketAddr, time::Duration};
 
 use integration_tests::{
-    connect_from, expected_reason, listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+    assert_kinds, connect_from, expected_reason, listen, ns_name, run_fix, send_syn, strs, veth,
+    Kdrop, Ns,
 };
+use kdrop::diagnosis::fix_kinds::Kind;
 
 /// client (10.N.1.2) - router (10.N.1.1 on r0, 10.N.2.1 on r1) - server
 /// (10.N.2.2 on s0, and the service address 10.N.3.2/32). The router has no
@@ -169,6 +171,7 @@ fn a_route_no_rule_reads_is_repaired_by_the_rule_kdrop_prints() {
         )]
     );
     k.stop(libc::SIGINT);
+    assert_kinds(&fix, &[Kind::RuleAddTo]);
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -226,6 +229,7 @@ fn an_unreachable_rule_ahead_of_the_route_is_named_and_deleted() {
         )]
     );
     k.stop(libc::SIGINT);
+    assert_kinds(&fix, &[Kind::RuleDelete]);
     for cmd in &fix {
         run_fix(cmd);
     }

@@ -8,10 +8,11 @@
 use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
-    answered_three_times, connect_from, connect_within,
+    answered_three_times, assert_kinds, connect_from, connect_within,
     handshake::{of, one_verdict, records, records_until},
     listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
 };
+use kdrop::diagnosis::fix_kinds::Kind;
 use serde_json::Value;
 
 fn ipt(ns: &Ns, args: &str) {
@@ -158,6 +159,8 @@ fn incident2(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
         )),
         "{f}"
     );
+    // br_netfilter is built in or loaded here: no modprobe before it.
+    assert_kinds(&strs(&f["fix"]), &[Kind::BridgeNfCall]);
     fix_then_connect(&f, &a, syn, src, dst);
 }
 

@@ -8,9 +8,10 @@ use std::{
 };
 
 use integration_tests::{
-    connect_from, connect_within, expected_reason, expected_rp_filter_cause, kernel_reason, listen,
-    ns_name, run_fix, send_syn, strs, veth, wait_connected, Kdrop, Ns,
+    assert_kinds, connect_from, connect_within, expected_reason, expected_rp_filter_cause,
+    kernel_reason, listen, ns_name, run_fix, send_syn, strs, veth, wait_connected, Kdrop, Ns,
 };
+use kdrop::diagnosis::fix_kinds::Kind;
 use kdrop::{
     context::netns::in_netns,
     lab::rp_filter::{RpFilter, RpFilterLab},
@@ -127,6 +128,7 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
 
     // kdrop's fix, applied: the same SYN is answered.
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
+    assert_kinds(&fix, &[Kind::RpFilterLoose]);
     run_fix(&fix[0]);
     handshake(&lab.client, SocketAddr::from((t.pod_ip, t.port))).expect("handshake after the fix");
     k.stop(libc::SIGINT);
@@ -137,6 +139,7 @@ fn incident1_policy_rule_fix_works() {
     let t = topo("rpf2", 52);
     let (lab, k, e, _syn) = incident1(&t);
     let fix = strs(&e["finding"]["fix_or"][0]);
+    assert_kinds(&fix, &[Kind::RpFilterPolicyRule]);
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
     run_fix(&fix[0]);
     handshake(&lab.client, SocketAddr::from((t.pod_ip, t.port))).expect("handshake after the fix");
@@ -319,6 +322,7 @@ fn incident3_local_source_martian_and_its_fix() {
         )]
     );
     let _l = listen(&i.node, dst);
+    assert_kinds(&fix, &[Kind::LocalAddressDelete]);
     run_fix(&fix[0]);
     let again: SocketAddr = format!("{LB_IP}:41002").parse().unwrap();
     connect_from(&i.lb, again, dst).expect("health check handshake after the fix");
@@ -364,6 +368,7 @@ fn a_source_local_by_an_anyip_route_is_repaired_by_deleting_the_route() {
     );
     k.stop(libc::SIGINT);
     let _l = listen(&i.node, dst);
+    assert_kinds(&fix, &[Kind::LocalRouteDelete]);
     run_fix(&fix[0]);
     let again: SocketAddr = format!("{LB_IP}:41005").parse().unwrap();
     connect_from(&i.lb, again, dst).expect("health check handshake after the fix");
@@ -456,6 +461,7 @@ fn localnet_martian_and_its_fix() {
             s.name
         )]
     );
+    assert_kinds(&fix, &[Kind::RouteLocalnet]);
     run_fix(&fix[0]);
     // The fix lets the SYN past routing, and the listener on 127.1.1.1
     // answers out of s0 (route_localnet allows that source there too).
@@ -588,6 +594,7 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
         .expect_err("an on-link route to a routed client must not connect");
     run_fix(&format!("{ns}ip route del {ROUTED_CLIENT}/32 dev eth1"));
 
+    assert_kinds(&fix, &[Kind::RouteBack]);
     for cmd in &fix {
         run_fix(cmd);
     }
@@ -595,5 +602,87 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
     connect_from(&l.client, new, dst).expect("a new connection after kdrop's fix");
     // The first SYN's socket, still retransmitting (1, 3, 7 s): the same
     // tuple gets through too.
+    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+}
+
+/// A client on the node's link that connects from an address outside every
+/// prefix of the node (a secondary /32, 10.249.9.1): strict rp_filter on
+/// eth1 finds no route back at all (the node has no default route). The
+/// node's neighbour entry for that address has the client's own MAC (a
+/// client on the link leaves it when it resolves the node from that
+/// address; static here, as ARP from an address with no way back is itself
+/// refused by rp_filter), so the repair route is on-link: `ip route add
+/// 10.249.9.1/32 dev eth1`, applied from kdrop's JSON; then a new
+/// connection and the first SYN's retransmission complete.
+#[test]
+fn no_route_back_to_a_client_on_the_link_is_repaired_on_link() {
+    let client = Ns::new(&ns_name("rpfonl-c")).unwrap();
+    let node = Ns::new(&ns_name("rpfonl-n")).unwrap();
+    veth(
+        &client,
+        "c0",
+        "02:00:00:00:f9:01",
+        &node,
+        "eth1",
+        "02:00:00:00:f9:02",
+    )
+    .unwrap();
+    let ip = |ns: &Ns, args: &str| {
+        ns.ip(&args.split(' ').collect::<Vec<_>>())
+            .unwrap_or_else(|e| panic!("ip {args}: {e:#}"))
+    };
+    ip(&client, "addr add 10.249.1.1/24 dev c0");
+    ip(&client, "addr add 10.249.9.1/32 dev c0");
+    ip(
+        &client,
+        "neigh replace 10.249.1.2 lladdr 02:00:00:00:f9:02 dev c0 nud permanent",
+    );
+    ip(&node, "addr add 10.249.1.2/24 dev eth1");
+    ip(
+        &node,
+        "neigh replace 10.249.9.1 lladdr 02:00:00:00:f9:01 dev eth1 nud permanent",
+    );
+    for k in ["all", "eth1"] {
+        node.sysctl(&format!("net/ipv4/conf/{k}/rp_filter"), "1")
+            .unwrap();
+    }
+    let dst: SocketAddr = "10.249.1.2:7249".parse().unwrap();
+    let _srv = listen(&node, dst);
+    let k = Kdrop::start(&["--json", "--port", "7249"]);
+    let src: SocketAddr = "10.249.9.1:40249".parse().unwrap();
+    let syn = send_syn(&client, src, dst);
+    let e = k.expect_event("the on-link client's SYN drop", |e| {
+        e["kind"] == "drop" && e["saddr"] == "10.249.9.1" && e["sport"] == 40249
+    });
+    k.stop(libc::SIGINT);
+    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
+    let f = &e["finding"];
+    assert_eq!(f["cause"], expected_rp_filter_cause(), "{e}");
+    if f["cause"] != "rp_filter_strict" {
+        return;
+    }
+    let ev = strs(&f["evidence"]);
+    assert!(
+        ev.contains(
+            &"the packet came from 02:00:00:00:f9:01 = 10.249.9.1 on eth1: the client itself, \
+              on eth1's link"
+                .to_string()
+        ),
+        "{ev:#?}"
+    );
+    let fix = strs(&f["fix"]);
+    assert_eq!(
+        fix,
+        [format!(
+            "ip netns exec {} ip route add 10.249.9.1/32 dev eth1",
+            node.name
+        )]
+    );
+    assert_kinds(&fix, &[Kind::RouteBack]);
+    for cmd in &fix {
+        run_fix(cmd);
+    }
+    connect_from(&client, "10.249.9.1:40250".parse().unwrap(), dst)
+        .expect("a new connection after kdrop's fix");
     wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
 }

@@ -9,9 +9,10 @@
 use std::{net::SocketAddr, time::Duration};
 
 use integration_tests::{
-    connect_from, connect_within, listen, ns_name, run_fix, send_syn, strs, veth, wait_connected,
-    Kdrop, Ns,
+    assert_kinds, connect_from, connect_within, listen, ns_name, run_fix, send_syn, strs, veth,
+    wait_connected, Kdrop, Ns,
 };
+use kdrop::diagnosis::fix_kinds::Kind;
 use serde_json::Value;
 
 const PORT: u16 = 8443;
@@ -152,7 +153,9 @@ fn check_way_back(e: &Value, l: &Lab, asked: &str) {
 
 fn fix_then_connect(e: &Value, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16) {
     drop(syn);
-    for cmd in strs(&e["finding"]["fix"]) {
+    let fix = strs(&e["finding"]["fix"]);
+    assert_kinds(&fix, &[Kind::Rpfilter6Route, Kind::Rpfilter6Rule]);
+    for cmd in fix {
         run_fix(&cmd);
     }
     connect_from(
@@ -230,6 +233,106 @@ fn nft_fib_saddr_iif() {
     // nft's fib looks up without preferring the input device.
     check_way_back(&e, &l, "");
     fix_then_connect(&e, &l, syn, 48201);
+}
+
+/// The lab with the way back working: the gateway behind eth0 forwards to
+/// the client by a second link (fd00:61:3::/64), as in asymmetric routing
+/// that works. The strict check still drops the SYN (the way back leaves by
+/// eth0); loose mode, kdrop's other repair (`fix_or`), only asks that a way
+/// back exist, and the SYN-ACK then goes by eth0 and the gateway.
+fn asymmetric_lab(test: &str) -> Lab {
+    let l = lab(test);
+    veth(
+        &l._gw,
+        "g1",
+        "02:00:00:00:81:05",
+        &l.client,
+        "c1",
+        "02:00:00:00:81:06",
+    )
+    .unwrap();
+    ip6(&l._gw, "addr add fd00:61:3::2/64 dev g1 nodad");
+    ip6(&l.client, "addr add fd00:61:3::1/64 dev c1 nodad");
+    ip6(
+        &l._gw,
+        &format!("route add {CLIENT}/128 via fd00:61:3::1 dev g1"),
+    );
+    l._gw.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
+    l
+}
+
+/// Applies kdrop's loose-mode repair as printed (it must be of `kind`),
+/// then a new connection and the dropped SYN's retransmission complete.
+fn loosen_then_connect(e: &Value, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16, kind: Kind) {
+    let or = strs(&e["finding"]["fix_or"][0]);
+    assert_kinds(&or, &[kind]);
+    for cmd in &or {
+        run_fix(cmd);
+    }
+    let dst: SocketAddr = format!("[{SERVER}]:{PORT}").parse().unwrap();
+    connect_from(
+        &l.client,
+        format!("[{CLIENT}]:{}", sport + 1).parse().unwrap(),
+        dst,
+    )
+    .expect("a new connection after the loose rule");
+    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+}
+
+#[test]
+fn ip6tables_rpfilter_loosened() {
+    let l = asymmetric_lab("rpf6li");
+    l.node
+        .exec(
+            "ip6tables",
+            &[
+                "-t",
+                "raw",
+                "-A",
+                "PREROUTING",
+                "-m",
+                "rpfilter",
+                "--invert",
+                "-j",
+                "DROP",
+            ],
+        )
+        .unwrap();
+    let _srv = listen(&l.node, format!("[{SERVER}]:{PORT}").parse().unwrap());
+    let (e, syn) = traced_drop(&l, 48501);
+    assert_eq!(
+        strs(&e["finding"]["fix_or"][0]),
+        [format!(
+            "ip netns exec {} ip6tables-nft -t raw -R PREROUTING 1 -m rpfilter --loose --invert -j DROP",
+            l.node.name
+        )]
+    );
+    loosen_then_connect(&e, &l, syn, 48501, Kind::Rpfilter6Ip6tablesLoose);
+}
+
+#[test]
+fn nft_fib_loosened() {
+    let l = asymmetric_lab("rpf6ln");
+    for cmd in [
+        "add table inet fw",
+        "add chain inet fw pre { type filter hook prerouting priority raw; }",
+        "add rule inet fw pre fib saddr . iif oif missing counter drop",
+    ] {
+        l.node.exec("nft", &[cmd]).unwrap();
+    }
+    let _srv = listen(&l.node, format!("[{SERVER}]:{PORT}").parse().unwrap());
+    let (e, syn) = traced_drop(&l, 48601);
+    let or = strs(&e["finding"]["fix_or"][0]);
+    assert!(
+        or.len() == 1
+            && or[0].starts_with(&format!(
+                "ip netns exec {} nft replace rule inet fw pre handle ",
+                l.node.name
+            ))
+            && or[0].ends_with(" fib saddr oif missing counter drop"),
+        "{or:?}"
+    );
+    loosen_then_connect(&e, &l, syn, 48601, Kind::Rpfilter6NftLoose);
 }
 
 /// Incident 1's shape over IPv6: the client sits behind a router on eth1;

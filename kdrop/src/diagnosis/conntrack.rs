@@ -20,6 +20,7 @@
 //!   (it only evicts entries that are not ASSURED): `drop` +1, no entry on
 //!   the packet.
 use super::{
+    fix_kinds::Kind,
     handshake::{findings::ct_text, CtBits},
     netfilter::describe::stats_moved,
 };
@@ -173,7 +174,7 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
                     r.number
                 ));
                 if let Some(f) = widen_fix(r, ns) {
-                    fix.push(f);
+                    fix.push(Kind::SnatWiden.fix(f));
                 }
             }
             if (snat || dnat) && fix.is_empty() {
@@ -304,10 +305,10 @@ fn chain_too_long(d: &CtDrop, stats: String) -> Finding {
             stats,
             format!("conntrack table: {}", fill(d)),
         ],
-        fix: vec![format!(
+        fix: vec![Kind::ConntrackBuckets.fix(format!(
             "sysctl -w net.netfilter.nf_conntrack_buckets={}",
             a.buckets.map_or(262_144, |b| b * 2)
-        )],
+        ))],
         fix_notes: vec!["in the initial namespace: the hash table is global".into()],
         inspect: vec![format!("{}conntrack -S", d.netns_exec)],
         ..Finding::default()
@@ -345,11 +346,13 @@ fn table_full(d: &CtDrop, stats: String) -> Finding {
         ),
         evidence,
         fix: vec![
-            format!("sysctl -w net.netfilter.nf_conntrack_max={new_max}"),
-            format!(
+            Kind::ConntrackMax.fix(format!(
+                "sysctl -w net.netfilter.nf_conntrack_max={new_max}"
+            )),
+            Kind::ConntrackBuckets.fix(format!(
                 "sysctl -w net.netfilter.nf_conntrack_buckets={}",
                 a.buckets.map_or(new_max / 4, |b| b * 2)
-            ),
+            )),
         ],
         fix_notes: vec!["in the initial namespace: the limit and the hash table are global".into()],
         inspect: vec![

@@ -12,6 +12,7 @@
 //! device.
 use std::net::{IpAddr, Ipv4Addr};
 
+use super::fix_kinds::Kind;
 use super::routes::rule_spec;
 use super::routing::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
 use crate::model::{
@@ -259,11 +260,11 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
                 rule_text(r),
                 route_text(route, t)
             ));
-            fix.push(format!(
+            fix.push(Kind::RuleDelete.fix(format!(
                 "{ns}ip rule del priority {}{}",
                 e.priority,
                 rule_spec(e)
-            ));
+            )));
             notes.push(format!(
                 "rule {} may be a policy that keeps this traffic out; delete it only if {} \
                  should be reached from here",
@@ -280,10 +281,10 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
                 Some(a) => format!("{a}/{}", r.dst_len),
                 None => format!("{}/32", s.dst),
             };
-            fix.push(format!(
+            fix.push(Kind::RuleAddTo.fix(format!(
                 "{ns}ip rule add to {to} lookup {}",
                 table_name(r.table)
-            ));
+            )));
             notes.push(format!(
                 "the rule sends every packet to {to} to table {}; narrow it (from, iif, fwmark) \
                  if only some should go there",

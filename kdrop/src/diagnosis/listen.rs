@@ -9,8 +9,9 @@
 //! https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_ipv4.c).
 //! Also the duplicate SYN a listener frees while the handshake's request
 //! socket waits for its final ACK.
+use super::fix_kinds::Kind;
 use crate::model::{
-    finding::Finding,
+    finding::{Finding, Fix},
     listen::{ListenCounters, ListenerFound, ProcessRef},
     packet::Tuple,
 };
@@ -195,14 +196,14 @@ pub fn overflow(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Option<Finding> {
 /// below the kernel's default, so listen() was capped (the kernel keeps
 /// min(backlog, somaxconn), `__sys_listen`). Otherwise the application
 /// chose its backlog, and only it can accept faster.
-fn repair(f: &ListenerFound, who: &str) -> (Vec<String>, Vec<String>) {
+fn repair(f: &ListenerFound, who: &str) -> (Vec<Fix>, Vec<String>) {
     let b = f.listener.accept_backlog;
     match f.sysctls.somaxconn {
         Some(max) if b == max && max < SOMAXCONN_DEFAULT => (
-            vec![format!(
+            vec![Kind::Somaxconn.fix(format!(
                 "{}sysctl -w net.core.somaxconn={SOMAXCONN_DEFAULT}",
                 f.exec
-            )],
+            ))],
             vec![
                 format!(
                     "the backlog in force ({b}) is net.core.somaxconn: {who} asked listen() \

@@ -11,8 +11,10 @@
 //! - `rpfilter6`: an IPv6 rpfilter / fib rule's drop with the way back;
 //! - `way_back`: the next hop of a repair route through the input device
 //!   (the neighbour the packet came from);
-//! - `names`: the pods a connection involves, named in the summary.
+//! - `names`: the pods a connection involves, named in the summary;
+//! - `fix_kinds`: every kind of repair command, and the test that applies it.
 pub mod conntrack;
+pub mod fix_kinds;
 pub mod forwarding;
 pub mod handshake;
 pub mod kube;

@@ -6,6 +6,7 @@
 //! (BPF_CGROUP_EGRESS) or a socket filter (SOCKET_FILTER). Names the
 //! device, hook, filter and program, and the agent that owns it; a fix only
 //! when no agent does (it would put the program back).
+use super::fix_kinds::Kind;
 use crate::model::{
     finding::Finding,
     packet::Tuple,
@@ -164,10 +165,10 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
                 )],
             ),
             (None, None) => (
-                vec![format!(
+                vec![Kind::CgroupDetach.fix(format!(
                     "bpftool cgroup detach {} {} id {}",
                     p.attached_to, c.hook, p.prog.id
-                )],
+                ))],
                 vec![format!(
                     "detaching removes everything the program does for the sockets of {}",
                     p.attached_to
@@ -247,7 +248,7 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
                 ),
                 None => (
                     summary,
-                    vec![format!(
+                    vec![Kind::TcFilterDelete.fix(format!(
                         "{}tc filter del dev {dev} {hook} protocol {} pref {} handle {} {}{}",
                         d.netns_exec,
                         f.protocol,
@@ -259,7 +260,7 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
                         } else {
                             String::new()
                         }
-                    )],
+                    ))],
                     vec![format!(
                         "deleting the filter removes whatever else it did on {dev}; no agent \
                          kdrop knows claims it"
@@ -342,11 +343,11 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
             )],
         ),
         (None, [x]) => (
-            vec![format!(
+            vec![Kind::XdpDetach.fix(format!(
                 "{}ip link set dev {dev} {} off",
                 d.netns_exec,
                 xdp_flag(x)
-            )],
+            ))],
             vec![format!(
                 "detaching removes everything the program does on {dev}"
             )],

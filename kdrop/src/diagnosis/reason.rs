@@ -1,6 +1,10 @@
 //! A finding from the kernel's drop reason alone, for drops no richer
 //! cause explains (the reverse-path lookup, the rule that dropped...).
-use crate::model::{finding::Finding, netfilter::Attribution};
+use super::fix_kinds::Kind;
+use crate::model::{
+    finding::{Finding, Fix},
+    netfilter::Attribution,
+};
 
 /// What diagnosis needs to know about a drop.
 #[derive(Clone, Debug)]
@@ -39,122 +43,122 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
     let (src, dst) = (host(&f.src), host(&f.dst));
     // (cause, summary, fix, notes, inspect): the reason alone rarely says
     // enough to repair; where it does, the repair.
-    let (cause, summary, fix, notes, inspect): (
-        &str,
-        String,
-        Vec<String>,
-        Vec<String>,
-        Vec<String>,
-    ) = match reason {
-        "IP_RPFILTER" => (
-            "rp_filter",
-            format!("reverse-path filter on {iface}: the way back to {src} is not via {iface}"),
-            vec![format!("{ns}sysctl -w net.ipv4.conf.{iface}.rp_filter=2")],
-            vec![format!(
-                "loose mode (2) accepts a packet whose source has any route back; strict \
+    let (cause, summary, fix, notes, inspect): (&str, String, Vec<Fix>, Vec<String>, Vec<String>) =
+        match reason {
+            "IP_RPFILTER" => (
+                "rp_filter",
+                format!("reverse-path filter on {iface}: the way back to {src} is not via {iface}"),
+                vec![Kind::RpFilterLoose
+                    .fix(format!("{ns}sysctl -w net.ipv4.conf.{iface}.rp_filter=2"))],
+                vec![format!(
+                    "loose mode (2) accepts a packet whose source has any route back; strict \
                      mode (1) wants it back through {iface}"
-            )],
-            vec![
-                format!("{ns}ip route get {src} from {dst}"),
-                format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"),
-            ],
-        ),
-        "NO_SOCKET" => (
-            "no_socket",
-            format!(
-                "nothing listens on {} (or the packet matches no connection)",
-                f.dst
+                )],
+                vec![
+                    format!("{ns}ip route get {src} from {dst}"),
+                    format!(
+                        "{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"
+                    ),
+                ],
             ),
-            vec![],
-            vec![format!(
-                "start the service on {}, or point the client at the port it listens on",
-                f.dst
-            )],
-            vec![format!("{ns}ss -ltn")],
-        ),
-        "NETFILTER_DROP" if f.netfilter.is_some() => {
-            return f
-                .netfilter
-                .map(|a| super::netfilter::finding::explain(a, f));
-        }
-        "NETFILTER_DROP" => (
-            "netfilter",
-            format!("a netfilter rule or chain policy dropped it on {iface}"),
-            vec![],
-            vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
-            vec![
-                format!("{ns}iptables-save -c"),
-                format!("{ns}nft list ruleset"),
-            ],
-        ),
-        "IP_LOCAL_SOURCE" => (
-            "martian_local_source",
-            format!("martian: source {src} is a local address of this host, arriving on {iface}"),
-            vec![],
-            vec![format!(
-                "the source is one of this host's addresses: remove it from the device that \
+            "NO_SOCKET" => (
+                "no_socket",
+                format!(
+                    "nothing listens on {} (or the packet matches no connection)",
+                    f.dst
+                ),
+                vec![],
+                vec![format!(
+                    "start the service on {}, or point the client at the port it listens on",
+                    f.dst
+                )],
+                vec![format!("{ns}ss -ltn")],
+            ),
+            "NETFILTER_DROP" if f.netfilter.is_some() => {
+                return f
+                    .netfilter
+                    .map(|a| super::netfilter::finding::explain(a, f));
+            }
+            "NETFILTER_DROP" => (
+                "netfilter",
+                format!("a netfilter rule or chain policy dropped it on {iface}"),
+                vec![],
+                vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
+                vec![
+                    format!("{ns}iptables-save -c"),
+                    format!("{ns}nft list ruleset"),
+                ],
+            ),
+            "IP_LOCAL_SOURCE" => (
+                "martian_local_source",
+                format!(
+                    "martian: source {src} is a local address of this host, arriving on {iface}"
+                ),
+                vec![],
+                vec![format!(
+                    "the source is one of this host's addresses: remove it from the device that \
                      holds it, or stop the peer from using it"
-            )],
-            vec![format!("{ns}ip route get {src} from {dst}")],
-        ),
-        "IP_INVALID_SOURCE" => (
-            "martian_source",
-            format!("martian: source {src} is not a valid source address"),
-            vec![],
-            vec![],
-            vec![format!("{ns}ip route get {src} from {dst}")],
-        ),
-        "IP_LOCALNET" => (
-            "martian_localnet",
-            format!("127.0.0.0/8 address on {iface} without route_localnet"),
-            vec![format!(
-                "{ns}sysctl -w net.ipv4.conf.{iface}.route_localnet=1"
-            )],
-            vec![],
-            vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
-        ),
-        "OTHERHOST" => (
-            "otherhost",
-            format!("frame on {iface} was addressed to another host's MAC"),
-            vec![],
-            vec![],
-            vec![format!("{ns}ip neigh show dev {iface}")],
-        ),
-        "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
-            "no_route",
-            format!("no route for {dst}"),
-            vec![],
-            vec![],
-            vec![format!("{ns}ip route get {dst}")],
-        ),
-        "NEIGH_FAILED" => (
-            "neighbour_failed",
-            format!("neighbour resolution failed on {iface}"),
-            vec![],
-            vec![],
-            vec![format!("{ns}ip neigh show dev {iface}")],
-        ),
-        "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
-            "listen_overflow",
-            format!(
-                "the listener on {} is overloaded (accept or SYN queue)",
-                f.dst
+                )],
+                vec![format!("{ns}ip route get {src} from {dst}")],
             ),
-            vec![],
-            vec![],
-            vec![format!(
-                "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
-            )],
-        ),
-        "XFRM_POLICY" => (
-            "xfrm_policy",
-            "an IPsec policy refused it".into(),
-            vec![],
-            vec![],
-            vec![format!("{ns}ip xfrm policy")],
-        ),
-        _ => return None,
-    };
+            "IP_INVALID_SOURCE" => (
+                "martian_source",
+                format!("martian: source {src} is not a valid source address"),
+                vec![],
+                vec![],
+                vec![format!("{ns}ip route get {src} from {dst}")],
+            ),
+            "IP_LOCALNET" => (
+                "martian_localnet",
+                format!("127.0.0.0/8 address on {iface} without route_localnet"),
+                vec![Kind::RouteLocalnet.fix(format!(
+                    "{ns}sysctl -w net.ipv4.conf.{iface}.route_localnet=1"
+                ))],
+                vec![],
+                vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
+            ),
+            "OTHERHOST" => (
+                "otherhost",
+                format!("frame on {iface} was addressed to another host's MAC"),
+                vec![],
+                vec![],
+                vec![format!("{ns}ip neigh show dev {iface}")],
+            ),
+            "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
+                "no_route",
+                format!("no route for {dst}"),
+                vec![],
+                vec![],
+                vec![format!("{ns}ip route get {dst}")],
+            ),
+            "NEIGH_FAILED" => (
+                "neighbour_failed",
+                format!("neighbour resolution failed on {iface}"),
+                vec![],
+                vec![],
+                vec![format!("{ns}ip neigh show dev {iface}")],
+            ),
+            "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
+                "listen_overflow",
+                format!(
+                    "the listener on {} is overloaded (accept or SYN queue)",
+                    f.dst
+                ),
+                vec![],
+                vec![],
+                vec![format!(
+                    "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
+                )],
+            ),
+            "XFRM_POLICY" => (
+                "xfrm_policy",
+                "an IPsec policy refused it".into(),
+                vec![],
+                vec![],
+                vec![format!("{ns}ip xfrm policy")],
+            ),
+            _ => return None,
+        };
     Some(Finding {
         cause,
         summary,

@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 pub use super::reverse_path::{RouteDrop, LOOPBACK_IFINDEX};
 pub use super::routes::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
-use super::{reverse_path::reverse_evidence, routes::RT_TABLE_LOCAL, way_back};
+use super::{fix_kinds::Kind, reverse_path::reverse_evidence, routes::RT_TABLE_LOCAL, way_back};
 
 use crate::model::{
     finding::Finding,
@@ -185,9 +185,9 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
                          only routed from lo"
                     ),
                 ],
-                fix: vec![format!(
+                fix: vec![Kind::RouteLocalnet.fix(format!(
                     "{ns}sysctl -w net.ipv4.conf.{iif}.route_localnet=1"
-                )],
+                ))],
                 inspect: vec![format!(
                     "{ns}sysctl net.ipv4.conf.all.route_localnet net.ipv4.conf.{iif}.route_localnet"
                 )],
@@ -274,7 +274,8 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
         ));
     }
 
-    let fix = vec![format!("{ns}sysctl -w net.ipv4.conf.{iif}.rp_filter=2")];
+    let fix =
+        vec![Kind::RpFilterLoose.fix(format!("{ns}sysctl -w net.ipv4.conf.{iif}.rp_filter=2"))];
     let mut fix_or = Vec::new();
     // A table whose way to the client leaves by the input interface: a rule
     // for the packet's destination ahead of the deciding one sends replies
@@ -288,12 +289,12 @@ fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) ->
         .find(|&tb| lookup(&t.routes, tb, d.src).is_some_and(|r| r.oif == Some(d.iif)));
     if let (Some(tb), Some(r)) = (back_via_iif, rule) {
         if r.priority > 1 {
-            fix_or.push(vec![format!(
+            fix_or.push(vec![Kind::RpFilterPolicyRule.fix(format!(
                 "{ns}ip rule add from {} lookup {} priority {}",
                 d.dst,
                 table_name(tb),
                 r.priority - 1
-            )]);
+            ))]);
         }
     }
     Finding {
@@ -352,7 +353,7 @@ fn no_way_back(
     );
     let neigh = format!("{ns}ip neigh show dev {iif}");
     let (fix, note) = match w.command(iif, route, &neigh) {
-        Ok(cmd) => (vec![cmd], passes),
+        Ok(cmd) => (vec![Kind::RouteBack.fix(cmd)], passes),
         Err(how) => (Vec::new(), format!("{passes}; {how}")),
     };
     let summary = format!(
@@ -415,17 +416,18 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
     let (what, fix) = match (addr, local_route) {
         (Some(a), _) => (
             format!("a local address of this host (local table, on dev {dev})"),
-            vec![format!(
+            vec![Kind::LocalAddressDelete.fix(format!(
                 "{ns}ip addr del {}/{} dev {dev}",
                 d.src, a.prefix_len
-            )],
+            ))],
         ),
         (None, Some(r)) => (
             format!(
                 "local to this host by a route, not an address: {} (table local)",
                 route_text(r, t)
             ),
-            vec![format!("{ns}ip route del {} table local", route_text(r, t))],
+            vec![Kind::LocalRouteDelete
+                .fix(format!("{ns}ip route del {} table local", route_text(r, t)))],
         ),
         (None, None) => (
             format!("local to this host (local table, on dev {dev})"),

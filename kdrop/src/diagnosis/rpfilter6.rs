@@ -19,12 +19,13 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use super::{
+    fix_kinds::Kind,
     netfilter::matching::in_prefix,
     routes::{rule_text, table_name, RT_TABLE_LOCAL},
     way_back::{self, Sender},
 };
 use crate::model::{
-    finding::Finding,
+    finding::{Finding, Fix},
     netfilter::{Attribution, Backend},
     routing::{RouteAnswer, RouteLookup, RouteQuery, Rule, Tables, FR_ACT_TO_TBL},
 };
@@ -202,7 +203,7 @@ fn free_table(t: &Tables) -> u32 {
 /// The rule changed to loose mode, where a route back through any device
 /// passes: `ip6tables -R` of the rule with `--loose`, or the nft rule
 /// replaced without its `. iif` key.
-fn loosen(a: &Attribution, ns: &str) -> Option<String> {
+fn loosen(a: &Attribution, ns: &str) -> Option<Fix> {
     let table = a.table.as_deref()?;
     let chain = a.chain.as_deref()?;
     let text = a.rule.as_deref()?;
@@ -211,9 +212,9 @@ fn loosen(a: &Attribution, ns: &str) -> Option<String> {
             let family = a.family?.name();
             let h = a.handle?;
             let body = text.replacen(" . iif", "", 1);
-            Some(format!(
+            Some(Kind::Rpfilter6NftLoose.fix(format!(
                 "{ns}nft replace rule {family} {table} {chain} handle {h} {body}"
-            ))
+            )))
         }
         b => {
             let tool = match b {
@@ -223,7 +224,10 @@ fn loosen(a: &Attribution, ns: &str) -> Option<String> {
             let n = a.rule_number?;
             let spec = text.strip_prefix(&format!("-A {chain} "))?;
             let spec = spec.replacen("-m rpfilter", "-m rpfilter --loose", 1);
-            Some(format!("{ns}{tool} -t {table} -R {chain} {n} {spec}"))
+            Some(
+                Kind::Rpfilter6Ip6tablesLoose
+                    .fix(format!("{ns}{tool} -t {table} -R {chain} {n} {spec}")),
+            )
         }
     }
 }
@@ -328,7 +332,13 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
     );
     let neigh = format!("{ns}ip -6 neigh show dev {iif}");
     let (fix, first_note) = match w.command(&iif, route, &neigh) {
-        Ok(cmd) => (vec![cmd, policy], sends),
+        Ok(cmd) => (
+            vec![
+                Kind::Rpfilter6Route.fix(cmd),
+                Kind::Rpfilter6Rule.fix(policy),
+            ],
+            sends,
+        ),
         Err(how) => (Vec::new(), format!("{sends}; {how}; then `{policy}`")),
     };
     let mut fix_or = Vec::new();

@@ -118,7 +118,7 @@ async fn rp_filter_lab(json: bool) -> Result<ExitCode> {
 
     // Prove the fix: apply kdrop's first fix command, connect again.
     if let Some(fix) = r.finding.as_ref().and_then(|f| f.fix.first()) {
-        netlab::run("sh", &["-c", fix])?;
+        netlab::run("sh", &["-c", fix.cmd()])?;
         let client = lab.client.path();
         let connected = in_netns(&client, move || {
             TcpStream::connect_timeout(&target, Duration::from_secs(3))

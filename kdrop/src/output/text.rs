@@ -192,14 +192,20 @@ mod tests {
         );
     }
 
+    /// A repair command (loose rp_filter on `dev`), as findings make them.
+    fn rp(dev: &str) -> crate::model::finding::Fix {
+        crate::diagnosis::fix_kinds::Kind::RpFilterLoose
+            .fix(format!("sysctl -w net.ipv4.conf.{dev}.rp_filter=2"))
+    }
+
     #[test]
     fn fixes_alternatives_notes_and_inspections_have_their_own_lines() {
         let f = Finding {
             cause: "c",
             summary: "s".into(),
             evidence: vec![],
-            fix: vec!["a".into(), "b".into()],
-            fix_or: vec![vec!["x".into(), "y".into()]],
+            fix: vec![rp("a"), rp("b")],
+            fix_or: vec![vec![rp("x"), rp("y")]],
             fix_notes: vec!["n".into()],
             inspect: vec!["i".into()],
         };
@@ -207,10 +213,10 @@ mod tests {
             finding_lines(&f),
             [
                 "  why: s [c]",
-                "    fix: a",
-                "    fix: b",
-                "    or: x",
-                "        y",
+                "    fix: sysctl -w net.ipv4.conf.a.rp_filter=2",
+                "    fix: sysctl -w net.ipv4.conf.b.rp_filter=2",
+                "    or: sysctl -w net.ipv4.conf.x.rp_filter=2",
+                "        sysctl -w net.ipv4.conf.y.rp_filter=2",
                 "    note: n",
                 "    inspect: i",
             ]
@@ -251,7 +257,7 @@ mod tests {
             cause: "rp_filter_strict",
             summary: "strict".into(),
             evidence: vec!["e".into()],
-            fix: vec!["f".into()],
+            fix: vec![rp("f")],
             ..Finding::default()
         });
         let mut other = r.clone();
@@ -278,7 +284,11 @@ mod tests {
             2,
             "{text}"
         );
-        assert_eq!(text.matches("    fix: f").count(), 2);
+        assert_eq!(
+            text.matches("    fix: sysctl -w net.ipv4.conf.f.rp_filter=2")
+                .count(),
+            2
+        );
         // JSON lines always carry the whole finding.
         let mut out = Vec::new();
         rep.write(&mut out, &r, true).unwrap();

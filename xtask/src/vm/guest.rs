@@ -36,10 +36,11 @@ pub(super) fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// Test files that must not run beside another: nf_verdicts shrinks the
-/// global nf_conntrack_max to the count of its own namespace, and a SYN of
-/// another test meanwhile could meet a full table.
-const ALONE: &[&str] = &["nf_verdicts"];
+/// Test files that must not run beside another: nf_verdicts and
+/// conntrack_table shrink the global nf_conntrack_max to the count of their
+/// own namespace, and a SYN of another test meanwhile could meet a full
+/// table.
+const ALONE: &[&str] = &["nf_verdicts", "conntrack_table"];
 
 /// How many test files a guest runs at once after the `ALONE` ones. The
 /// tests wait on retransmissions between kdrop starts that keep the vCPUs

@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 
 use super::tracker::{errno, CtBits, Flow, GaveUp, Reset};
+use crate::diagnosis::fix_kinds::Kind;
 use crate::model::{
     finding::Finding,
     packet::{Ct, Tuple},
@@ -210,14 +211,14 @@ pub fn asymmetric(ct: &Ct, dev: &str, mut seen: Vec<String>, dnat_ns: &str) -> F
         ),
         evidence: seen,
         fix: vec![
-            format!(
+            Kind::ReturnPathMasquerade.fix(format!(
                 "{dnat_ns}{} -t nat -A POSTROUTING -d {}/{} -p tcp --dport {} -j MASQUERADE",
                 iptables_for(backend.ip()),
                 backend.ip(),
                 host_prefix(backend.ip()),
                 backend.port()
-            ),
-            clear_entry(dnat_ns, &ct.orig),
+            )),
+            Kind::ConntrackDeleteEntry.fix(clear_entry(dnat_ns, &ct.orig)),
         ],
         fix_notes: vec![
             format!(

@@ -9,6 +9,7 @@ use super::{
     findings::{clear_entry, host_prefix, iptables_for, show_entry, transmissions},
     tracker::Flow,
 };
+use crate::diagnosis::fix_kinds::Kind;
 use crate::model::{finding::Finding, packet::Tuple, routing::Tables};
 
 /// One looped-back handshake, however kdrop saw it.
@@ -44,15 +45,19 @@ pub fn lb_loopback(l: &Loopback, ns: &str) -> Finding {
     // Short-circuit the VIP on the node, as kube-proxy does for a Service's
     // status.loadBalancer.ingress IPs; the client's retries of the same port
     // keep the entry made without it until it is deleted.
-    let mut fix = vec![format!(
+    let mut fix = vec![Kind::LoopbackDnat.fix(format!(
         "{ns}{} -t nat -I PREROUTING -s {}/{p} -d {}/{p} -p tcp --dport {} -j DNAT --to-destination {backend}",
         iptables_for(vip.ip()),
         client.ip(),
         vip.ip(),
         vip.port(),
         p = host_prefix(vip.ip()),
-    )];
-    fix.extend(l.stale.as_ref().map(|t| clear_entry(ns, t)));
+    ))];
+    fix.extend(
+        l.stale
+            .as_ref()
+            .map(|t| Kind::ConntrackDeleteEntry.fix(clear_entry(ns, t))),
+    );
     Finding {
         cause: "lb_loopback_without_snat",
         summary: format!(

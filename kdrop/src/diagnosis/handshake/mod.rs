@@ -23,6 +23,7 @@ pub(crate) mod tests {
         tracker::{SynAckSeen, FORGET_AFTER_NS, RESET_GRACE_NS},
         *,
     };
+    use crate::diagnosis::fix_kinds::Kind;
     use crate::model::{
         finding::Finding,
         packet::{Abandon, Ct, Packet, Tuple},
@@ -596,12 +597,16 @@ pub(crate) mod tests {
                         .into(),
                 ],
                 fix: vec![
-                    "ip netns exec nodeb iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp \
-                     --dport 80 -j MASQUERADE"
-                        .into(),
-                    "ip netns exec nodeb conntrack -D -p tcp --orig-src 172.16.0.50 \
-                     --orig-port-src 40000 --orig-dst 10.0.58.158 --orig-port-dst 80"
-                        .into(),
+                    Kind::ReturnPathMasquerade.fix(
+                        "ip netns exec nodeb iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p \
+                         tcp --dport 80 -j MASQUERADE"
+                            .into(),
+                    ),
+                    Kind::ConntrackDeleteEntry.fix(
+                        "ip netns exec nodeb conntrack -D -p tcp --orig-src 172.16.0.50 \
+                         --orig-port-src 40000 --orig-dst 10.0.58.158 --orig-port-dst 80"
+                            .into(),
+                    ),
                 ],
                 fix_or: vec![],
                 fix_notes: vec![
@@ -659,12 +664,17 @@ pub(crate) mod tests {
                         .into(),
                 ],
                 fix: vec![
-                    "ip netns exec node iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d \
-                     203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination 10.244.2.9:80"
-                        .into(),
-                    "ip netns exec node conntrack -D -p tcp --orig-src 10.244.2.5 \
-                     --orig-port-src 41000 --orig-dst 203.0.113.80 --orig-port-dst 80"
-                        .into(),
+                    Kind::LoopbackDnat.fix(
+                        "ip netns exec node iptables -t nat -I PREROUTING -s 10.244.2.5/32 -d \
+                         203.0.113.80/32 -p tcp --dport 80 -j DNAT --to-destination \
+                         10.244.2.9:80"
+                            .into(),
+                    ),
+                    Kind::ConntrackDeleteEntry.fix(
+                        "ip netns exec node conntrack -D -p tcp --orig-src 10.244.2.5 \
+                         --orig-port-src 41000 --orig-dst 203.0.113.80 --orig-port-dst 80"
+                            .into(),
+                    ),
                 ],
                 fix_or: vec![],
                 fix_notes: vec![

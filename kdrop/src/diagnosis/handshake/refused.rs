@@ -16,6 +16,7 @@ use super::{
     loopback::{lb_loopback, Loopback},
     tracker::{CtBits, Flow},
 };
+use crate::diagnosis::fix_kinds::Kind;
 use crate::model::{
     finding::Finding,
     packet::{Ct, Tuple},
@@ -250,12 +251,12 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
     ];
     let mut fix = Vec::new();
     if !bridge.br_netfilter_loaded && bridge.call_for(client.ip()).is_none() {
-        fix.push("modprobe br_netfilter".to_string());
+        fix.push(Kind::ModprobeBrNetfilter.fix("modprobe br_netfilter".to_string()));
     }
-    fix.push(format!(
+    fix.push(Kind::BridgeNfCall.fix(format!(
         "{dnat_ns}sysctl -w net.bridge.bridge-nf-call-{}=1",
         call_sysctl(client.ip())
-    ));
+    )));
     Finding {
         cause: "hairpin_no_reverse_nat",
         summary: format!(
@@ -266,15 +267,15 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
         evidence,
         fix,
         fix_or: vec![vec![
-            format!(
+            Kind::HairpinMasquerade.fix(format!(
                 "{dnat_ns}{} -t nat -A POSTROUTING -s {} -d {}/{} -p tcp --dport {} -j MASQUERADE",
                 iptables_for(backend.ip()),
                 client.ip(),
                 backend.ip(),
                 host_prefix(backend.ip()),
                 backend.port()
-            ),
-            clear_entry(dnat_ns, &ct.orig),
+            )),
+            Kind::ConntrackDeleteEntry.fix(clear_entry(dnat_ns, &ct.orig)),
         ]],
         fix_notes: vec![
             format!(

@@ -4,13 +4,16 @@
 //! would drop them too, or the rule deleted), and the commands that show the
 //! counters. Each repair is of a kind in `fixes`.
 use super::{
-    fixes::{IPTABLES_ESTABLISHED, NFT_ESTABLISHED},
+    fixes::{FixKind, IPTABLES_ESTABLISHED, NFT_ESTABLISHED},
     matching::{TCP_ACK, TCP_SYN},
 };
 use crate::{
-    diagnosis::reason::{reason_evidence, DropFacts},
+    diagnosis::{
+        fix_kinds::Kind,
+        reason::{reason_evidence, DropFacts},
+    },
     model::{
-        finding::Finding,
+        finding::{Finding, Fix},
         netfilter::{Attribution, Backend, DroppedBy, Family},
     },
 };
@@ -33,8 +36,8 @@ fn split_endpoint(e: &str) -> (&str, &str) {
 
 /// How to let this packet's connection through, and how to look.
 struct Repair {
-    fix: Vec<String>,
-    fix_or: Vec<Vec<String>>,
+    fix: Vec<Fix>,
+    fix_or: Vec<Vec<Fix>>,
     notes: Vec<String>,
     inspect: Vec<String>,
 }
@@ -154,13 +157,33 @@ fn repair(a: &Attribution, f: &DropFacts, ns: &str) -> Repair {
             Backend::Nftables => nft_accept(a, &s, at, what, v6),
             b => iptables_accept(a, b, &s, at, what),
         };
-        r.fix.extend(cmd);
+        r.fix
+            .extend(cmd.map(|c| Kind::Netfilter(kind_of(b, at, what)).fix(c)));
     }
     if let Some(del) = delete_rule(a, b, &s) {
-        r.fix_or.push(vec![del]);
+        let kind = match b {
+            Backend::Nftables => FixKind::NftDeleteRule,
+            _ => FixKind::IptablesDeleteRule,
+        };
+        r.fix_or.push(vec![Kind::Netfilter(kind).fix(del)]);
     }
     notes(a, f, &wanted, &mut r);
     r
+}
+
+/// The kind of the ACCEPT `what` placed `at` with backend `b`.
+fn kind_of(b: Backend, at: At, what: Accept) -> FixKind {
+    let nft = b == Backend::Nftables;
+    match (what, at, nft) {
+        (Accept::Service(..), At::Rule, false) => FixKind::IptablesAcceptBeforeRule,
+        (Accept::Service(..), At::Rule, true) => FixKind::NftAcceptBeforeRule,
+        (Accept::Service(..), _, false) => FixKind::IptablesAcceptAtPolicy,
+        (Accept::Service(..), _, true) => FixKind::NftAcceptAtPolicy,
+        (Accept::Established, _, false) => FixKind::IptablesAcceptEstablished,
+        (Accept::Established, _, true) => FixKind::NftAcceptEstablished,
+        (Accept::Replies(..), _, false) => FixKind::IptablesAcceptReplies,
+        (Accept::Replies(..), _, true) => FixKind::NftAcceptReplies,
+    }
 }
 
 /// The commands that show the chain with its counters.
