@@ -230,7 +230,7 @@ fn udp_beside(
             if tx.send_to(b"healthy", to).is_ok() {
                 sent += 1;
             }
-            if sent % 64 == 0 {
+            if sent.is_multiple_of(64) {
                 std::thread::yield_now();
             }
         }
