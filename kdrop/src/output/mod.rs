@@ -86,6 +86,7 @@ pub(crate) mod tests {
             ct: None,
             finding: None,
             netfilter: None,
+            network_policy: None,
             handshake: None,
         }
     }
