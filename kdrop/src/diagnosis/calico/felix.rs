@@ -65,18 +65,32 @@ impl FelixRule {
     }
 }
 
+/// The tier Calico before 3.30 had alone, unnamed in its rules.
+const ONLY_TIER: &str = "default";
+
 /// `End of tier default. Drop if no policies passed packet` → `default`
-/// (the action word is `Drop` or `Reject`, as Felix's deny action is set).
+/// (the action word is `Drop` or `Reject`, as Felix's deny action is set);
+/// before 3.30, `Drop if no policies passed packet` alone.
 pub fn end_of_tier(comment: &str) -> Option<&str> {
-    let rest = comment.strip_prefix("End of tier ")?;
-    let (tier, tail) = rest.split_once(". ")?;
-    tail.ends_with(" if no policies passed packet")
-        .then_some(tier)
+    let denied = |s: &str| {
+        s.split_once(' ').is_some_and(|(a, t)| {
+            matches!(a, "Drop" | "Reject") && t == "if no policies passed packet"
+        })
+    };
+    match comment.strip_prefix("End of tier ") {
+        Some(rest) => {
+            let (tier, tail) = rest.split_once(". ")?;
+            denied(tail).then_some(tier)
+        }
+        None => denied(comment).then_some(ONLY_TIER),
+    }
 }
 
-/// `Start of tier default` → `default`.
+/// `Start of tier default` → `default`; before 3.30, `Start of policies`.
 pub fn start_of_tier(comment: &str) -> Option<&str> {
-    comment.strip_prefix("Start of tier ")
+    comment
+        .strip_prefix("Start of tier ")
+        .or_else(|| (comment == "Start of policies").then_some(ONLY_TIER))
 }
 
 /// `Drop if no profiles matched` (or `Reject ...`).

@@ -22,8 +22,12 @@ const DENY_EGRESS: &str = "cali-po-_4PMH1fmZQsaPNytqfJK";
 
 /// The fixture as a table (rule text is all the diagnosis reads).
 fn tables(backend: Backend) -> Vec<Table> {
+    table_of(FELIX, backend)
+}
+
+fn table_of(text: &str, backend: Backend) -> Vec<Table> {
     let mut chains: Vec<NfChain> = Vec::new();
-    for line in FELIX.lines().filter(|l| l.starts_with("-A ")) {
+    for line in text.lines().filter(|l| l.starts_with("-A ")) {
         let name = line.split_whitespace().nth(1).unwrap().to_string();
         let rule = Rule {
             text: line.to_string(),
@@ -375,4 +379,42 @@ fn finding_in_kubernetes_terms() {
         "{:?}",
         f.fix_notes
     );
+}
+
+/// Calico before 3.30 (one tier, unnamed): "Start of policies", "Drop if
+/// no policies passed packet", `Policy <ns>/<tier>.<name>` comments
+/// (felix/rules/endpoints.go and policy.go before projectcalico/calico
+/// 4ff3cb0427, which names the tier).
+#[test]
+fn before_calico_3_30() {
+    let text = r#"-A cali-tw-cali1234567890a -m comment --comment "cali:Hb5Q7zm6Hv7nQbYq" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A cali-tw-cali1234567890a -m comment --comment "cali:QfMo6j0VZPeOlQ9Z" -m conntrack --ctstate INVALID -j DROP
+-A cali-tw-cali1234567890a -m comment --comment "cali:2aJBFoHWk1yWRyX4" -j MARK --set-xmark 0x0/0x30000
+-A cali-tw-cali1234567890a -m comment --comment "cali:Ha0SKmGxPVYqtt5n" -m comment --comment "Start of policies" -j MARK --set-xmark 0x0/0x20000
+-A cali-tw-cali1234567890a -m comment --comment "cali:YTlJDIcIWb4AdKkE" -m mark --mark 0x0/0x20000 -j cali-pi-_Fl4UZX5G15XFWYBmGCP
+-A cali-tw-cali1234567890a -m comment --comment "cali:QvlMvBETv_UgVB7Y" -m comment --comment "Return if policy accepted" -m mark --mark 0x10000/0x10000 -j RETURN
+-A cali-tw-cali1234567890a -m comment --comment "cali:bO3vdhZM4CUUvR2P" -m comment --comment "Drop if no policies passed packet" -m mark --mark 0x0/0x20000 -j DROP
+-A cali-pi-_Fl4UZX5G15XFWYBmGCP -m comment --comment "cali:4Ja0fLqo6D0vPRjt" -m comment --comment "Policy data/knp.default.allow-web ingress" -p tcp -m multiport --dports 5432 -j MARK --set-xmark 0x10000/0x10000
+"#;
+    let mut a = attributed("cali-tw-calib3b2b0cd317", 11);
+    a.chain = Some("cali-tw-cali1234567890a".into());
+    a.rule = text.lines().nth(6).map(String::from);
+    a.rule_number = Some(7);
+    let d = classify(&a, &table_of(text, Backend::IptablesNft), "eth0", None).unwrap();
+    assert_eq!(d.iface.as_deref(), Some("cali1234567890a"));
+    assert_eq!(
+        d.ended,
+        Ended::NoPolicyPassed {
+            tier: "default".into(),
+            policies: vec![Chain {
+                chain: "cali-pi-_Fl4UZX5G15XFWYBmGCP".into(),
+                owner: owner("Policy", "data/knp.default.allow-web"),
+            }],
+        }
+    );
+    assert_eq!(
+        felix::end_of_tier("Reject if no policies passed packet"),
+        Some("default")
+    );
+    assert_eq!(felix::end_of_tier("Drop if no profiles matched"), None);
 }
