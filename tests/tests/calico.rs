@@ -235,6 +235,18 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         "{e}"
     );
     assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
+    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.starts_with(&format!(
+            "pod {} → pod {}: Calico network policy, ingress of pod {} from pod {}: no policy \
+             of tier default",
+            cart.pod, db.pod, db.pod, cart.pod
+        )),
+        "{summary}"
+    );
+    // The runtime's records give no labels: the selectors say so.
+    let notes = e["finding"]["fix_notes"].to_string();
+    assert!(notes.contains("do not give the pods' labels"), "{notes}");
     let inspect = e["finding"]["inspect"].to_string();
     assert!(
         inspect.contains("kubectl get networkpolicy -n kdt-db"),

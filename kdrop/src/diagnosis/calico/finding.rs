@@ -151,12 +151,17 @@ fn notes(d: &CalicoDrop, c: &Conn) -> Vec<String> {
     match c.protected {
         Some(w) => {
             let yaml = network_policy(d.direction, w, c.peer, c.port);
-            notes.push(format!(
-                "apply this NetworkPolicy (kubectl apply -f -) to allow exactly this \
-                 connection:\n{yaml}"
-            ));
             let unlabelled =
                 w.labels.is_none() || matches!(c.peer, Peer::Pod(p) if p.labels.is_none());
+            let exactly = if unlabelled {
+                "this connection (and, with its `{}` selectors, the same from and to every pod \
+                 of these namespaces)"
+            } else {
+                "exactly this connection"
+            };
+            notes.push(format!(
+                "apply this NetworkPolicy (kubectl apply -f -) to allow {exactly}:\n{yaml}"
+            ));
             if unlabelled {
                 notes.push(
                     "the container runtime's records on this node do not give the pods' \
@@ -210,8 +215,7 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
         Direction::Egress => "to",
     };
     let summary = format!(
-        "Calico network policy denied the connection at the {} of {protected}, {prep} {}: \
-         {ended}",
+        "Calico network policy, {} of {protected} {prep} {}: {ended}",
         d.direction.name(),
         peer_phrase(c.peer),
     );

@@ -328,8 +328,8 @@ fn finding_in_kubernetes_terms() {
     assert!(f.fix.is_empty());
     assert!(
         f.summary.starts_with(
-            "Calico network policy denied the connection at the ingress of pod data/db-0, \
-             from pod shop/cart: no policy of tier default"
+            "Calico network policy, ingress of pod data/db-0 from pod shop/cart: no policy of \
+             tier default"
         ),
         "{}",
         f.summary
@@ -341,6 +341,11 @@ fn finding_in_kubernetes_terms() {
     );
     assert!(
         f.fix_notes[0].contains("kind: NetworkPolicy"),
+        "{:?}",
+        f.fix_notes
+    );
+    assert!(
+        f.fix_notes[0].contains("to allow exactly this connection:"),
         "{:?}",
         f.fix_notes
     );
