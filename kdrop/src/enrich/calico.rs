@@ -26,14 +26,15 @@ use crate::{
     },
 };
 
-/// A pod the runtime named, as a policy selects it. The runtime's records
-/// on the node (OCI bundles) do not hold the pod's labels.
+/// A pod the runtime named, as a policy selects it, with its labels when
+/// the runtime's records on the node hold them.
 fn workload(p: Option<Pod>) -> Option<Workload> {
-    match p?.id {
+    let p = p?;
+    match p.id {
         PodId::Named { namespace, name } => Some(Workload {
             namespace,
             name,
-            labels: None,
+            labels: p.labels,
         }),
         _ => None,
     }
