@@ -202,6 +202,11 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     let state = ctd.state().display().to_string();
     let env = [("KDROP_RUNTIME_DIRS", state.as_str())];
     let k = Kdrop::start_env(&["--json", "-p", "5432", "-p", "5433", "-p", "5434"], &env);
+    // The same session recorded: explained after the pods and the node
+    // are gone, from the bundle's answers alone.
+    let bundle = std::env::temp_dir().join(format!("kdrop-calico-{}.kdrop", std::process::id()));
+    let bundle_arg = bundle.display().to_string();
+    let rec = Kdrop::start_env(&["record", "-o", &bundle_arg, "-p", "5432"], &env);
     let syn = |sport: u16, dport: u16| {
         let src: SocketAddr = format!("{}:{sport}", cart.ip).parse().unwrap();
         let dst: SocketAddr = format!("{}:{dport}", db.ip).parse().unwrap();
@@ -335,5 +340,28 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
 
     let done = k.stop(libc::SIGTERM);
     assert!(done.status.success(), "{done:?}");
+    let done = rec.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
     drop(listeners);
+    let (db_pod, cart_pod) = (db.pod.clone(), cart.pod.clone());
+    drop(cri);
+    drop(ctd);
+    let out = Command::new(integration_tests::kdrop_bin())
+        .args(["explain", &bundle_arg, "--json"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&bundle);
+    assert!(out.status.success(), "{out:?}");
+    let replayed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let e = replayed
+        .iter()
+        .find(|e| e["sport"] == 41001 && e["finding"]["cause"] == "network_policy_denied")
+        .unwrap_or_else(|| panic!("the denial in the bundle: {replayed:?}"));
+    assert_eq!(policy(e, "verdict"), "no_policy_allowed", "{e}");
+    assert_eq!(policy(e, "protected_pod"), db_pod.as_str(), "{e}");
+    assert_eq!(policy(e, "peer_pod"), cart_pod.as_str(), "{e}");
+    assert_eq!(policy(e, "tier"), "default", "{e}");
 }
