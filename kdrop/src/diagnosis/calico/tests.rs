@@ -423,3 +423,41 @@ fn before_calico_3_30() {
     );
     assert_eq!(felix::end_of_tier("Drop if no profiles matched"), None);
 }
+
+/// Policies sharing a selector in one tier are grouped behind a
+/// `cali-gi-` chain (felix/rules/endpoints.go, policy groups): the tier's
+/// policies are read through it, and a deny in one of them finds the
+/// workload through it.
+#[test]
+fn policy_groups() {
+    let text = r#"-A cali-tw-cali1234567890a -m comment --comment "cali:Ha0SKmGxPVYqtt5n" -m comment --comment "Start of tier default" -j MARK --set-xmark 0x0/0x20000
+-A cali-tw-cali1234567890a -m comment --comment "cali:YTlJDIcIWb4AdKkE" -m mark --mark 0x0/0x20000 -j cali-gi-Xy8pQ2mN4bV6cR1t
+-A cali-tw-cali1234567890a -m comment --comment "cali:QvlMvBETv_UgVB7Y" -m comment --comment "Return if policy accepted" -m mark --mark 0x10000/0x10000 -j RETURN
+-A cali-tw-cali1234567890a -m comment --comment "cali:bO3vdhZM4CUUvR2P" -m comment --comment "End of tier default. Drop if no policies passed packet" -m mark --mark 0x0/0x20000 -j DROP
+-A cali-gi-Xy8pQ2mN4bV6cR1t -m comment --comment "cali:aa" -m mark --mark 0x0/0x20000 -j cali-pi-knp/data/a
+-A cali-gi-Xy8pQ2mN4bV6cR1t -m comment --comment "cali:bb" -m comment --comment "Return if policy accepted" -m mark --mark 0x10000/0x10000 -j RETURN
+-A cali-gi-Xy8pQ2mN4bV6cR1t -m comment --comment "cali:cc" -m mark --mark 0x0/0x20000 -j cali-pi-np/data/b
+-A cali-pi-knp/data/a -m comment --comment "cali:dd" -m comment --comment "KubernetesNetworkPolicy data/a ingress" -p tcp -m multiport --dports 80 -j MARK --set-xmark 0x10000/0x10000
+-A cali-pi-np/data/b -m comment --comment "cali:ee" -m comment --comment "NetworkPolicy data/b ingress" -p tcp -m multiport --dports 5432 -j DROP
+"#;
+    let t = table_of(text, Backend::IptablesNft);
+    let mut a = attributed("cali-tw-calib3b2b0cd317", 11);
+    a.chain = Some("cali-tw-cali1234567890a".into());
+    a.rule = text.lines().nth(3).map(String::from);
+    a.rule_number = Some(4);
+    let d = classify(&a, &t, "eth0", None).unwrap();
+    let Ended::NoPolicyPassed { tier, policies } = d.ended else {
+        panic!("{d:?}")
+    };
+    assert_eq!(tier, "default");
+    let chains: Vec<_> = policies.iter().map(|p| p.chain.as_str()).collect();
+    assert_eq!(chains, ["cali-pi-knp/data/a", "cali-pi-np/data/b"]);
+    a.chain = Some("cali-pi-np/data/b".into());
+    a.rule = text.lines().nth(8).map(String::from);
+    a.rule_number = Some(1);
+    let d = classify(&a, &t, "eth0", Some("cali1234567890a")).unwrap();
+    assert_eq!(d.endpoint_chain, "cali-tw-cali1234567890a");
+    assert!(
+        matches!(d.ended, Ended::Denied { ref tier, .. } if tier.as_deref() == Some("default"))
+    );
+}
