@@ -5,7 +5,7 @@
 //! namespace the runtime pinned for the pod (/var/run/netns/cni-..., which
 //! any user may stat: no ptrace of the pod's processes is needed).
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
@@ -23,6 +23,9 @@ pub struct Bundle {
     pub pod_uid: Option<String>,
     /// The container's name in the pod spec (None for the sandbox).
     pub container: Option<String>,
+    /// The pod's labels, when the runtime recorded them in the bundle
+    /// (CRI-O does; containerd keeps them in its own database only).
+    pub labels: Option<BTreeMap<String, String>>,
     /// The network namespace the OCI spec joins, when given by path.
     pub netns: Option<PathBuf>,
     /// Where the runtime wrote the pid of the container's first process
@@ -54,6 +57,29 @@ const CONTAINER_NAME: [&str; 2] = [
     "io.kubernetes.container.name",
 ];
 
+/// CRI-O's copy of the pod's labels, as the kubelet passed them (a JSON
+/// object in one annotation).
+const LABELS: &str = "io.kubernetes.cri-o.Labels";
+
+/// The labels the kubelet adds to every sandbox's for the runtime (its
+/// `newPodLabels`): not the pod's own, `kubectl get pod --show-labels`
+/// does not show them and no selector matches on them.
+const KUBELET_LABELS: [&str; 3] = [
+    "io.kubernetes.pod.name",
+    "io.kubernetes.pod.namespace",
+    "io.kubernetes.pod.uid",
+];
+
+fn labels_of(annotations: &serde_json::Value) -> Option<BTreeMap<String, String>> {
+    let raw = annotations.get(LABELS)?.as_str()?;
+    let all: BTreeMap<String, String> = serde_json::from_str(raw).ok()?;
+    Some(
+        all.into_iter()
+            .filter(|(k, _)| !KUBELET_LABELS.contains(&k.as_str()))
+            .collect(),
+    )
+}
+
 /// Parses a bundle's config.json; None when it is not JSON or carries no
 /// CRI annotations (a container outside Kubernetes).
 pub fn parse(id: &str, config_json: &str) -> Option<Bundle> {
@@ -84,6 +110,7 @@ pub fn parse(id: &str, config_json: &str) -> Option<Bundle> {
         pod,
         pod_uid: get(POD_UID),
         container: if sandbox { None } else { get(CONTAINER_NAME) },
+        labels: labels_of(a),
         netns,
         pid_file: None,
     })
@@ -277,6 +304,26 @@ mod tests {
             Some("cart")
         );
         assert_eq!(containers_of(&all, "other"), None);
+    }
+
+    #[test]
+    fn crio_labels() {
+        let labelled = CRIO_SANDBOX.replace(
+            r#""annotations":{"#,
+            r#""annotations":{"io.kubernetes.cri-o.Labels":"{\"app\":\"db\",\"io.kubernetes.pod.name\":\"db-0\",\"io.kubernetes.pod.namespace\":\"data\",\"io.kubernetes.pod.uid\":\"0f3c5a8e\",\"tier\":\"true\"}","#,
+        );
+        let s = parse("aa11", &labelled).unwrap();
+        let want: BTreeMap<String, String> = [("app", "db"), ("tier", "true")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        assert_eq!(s.labels, Some(want));
+        // containerd's bundles carry none; a broken annotation is none.
+        assert_eq!(parse("aa11", CRIO_SANDBOX).unwrap().labels, None);
+        let broken = CRIO_SANDBOX.replace(
+            r#""annotations":{"#,
+            r#""annotations":{"io.kubernetes.cri-o.Labels":"{not json","#,
+        );
+        assert_eq!(parse("aa11", &broken).unwrap().labels, None);
     }
 
     #[test]

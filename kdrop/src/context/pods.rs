@@ -145,7 +145,11 @@ fn pod_of_sandbox(all: &[Bundle], s: &Bundle) -> Option<Pod> {
         .sandbox_id
         .as_deref()
         .and_then(|id| bundles::containers_of(all, id));
-    Some(Pod { id, containers })
+    Some(Pod {
+        id,
+        containers,
+        labels: s.labels.clone(),
+    })
 }
 
 /// The pods of the node, from the runtimes' records, cached: by network
@@ -304,6 +308,7 @@ impl Pods {
             None => Some(Pod {
                 id: pod_of_cgroup(&r, own.and_then(|b| b.pod.clone()))?,
                 containers: own.and_then(|b| b.container.clone()),
+                labels: None,
             }),
         }
     }
@@ -444,6 +449,7 @@ mod tests {
         let named = Pod {
             id: pod_of_cgroup(&r, Some(("shop".into(), "web".into()))).unwrap(),
             containers: None,
+            labels: None,
         };
         assert_eq!(
             (named.label(), named.phrase()),

@@ -8,11 +8,13 @@
 //! - `handshake`: handshakes followed through NAT that died silently;
 //! - `netfilter`: which rule, policy or conntrack drop it was;
 //! - `kube`: Kubernetes names from kube-proxy's rules, and its own drops;
+//! - `calico`: Calico's network policy drops, in Kubernetes terms;
 //! - `rpfilter6`: an IPv6 rpfilter / fib rule's drop with the way back;
 //! - `way_back`: the next hop of a repair route through the input device
 //!   (the neighbour the packet came from);
 //! - `names`: the pods a connection involves, named in the summary;
 //! - `fix_kinds`: every kind of repair command, and the test that applies it.
+pub mod calico;
 pub mod conntrack;
 pub mod fix_kinds;
 pub mod forwarding;

@@ -102,6 +102,7 @@ mod tests {
                 name: name.into(),
             },
             containers: Some("c".into()),
+            labels: None,
         })
     }
 

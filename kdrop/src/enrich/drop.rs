@@ -89,10 +89,13 @@ impl<N: Node> Enricher<N> {
             ct: d.ct.as_ref().map(|c| self.ct_record(c)),
             finding: None,
             netfilter,
+            network_policy: None,
             handshake: None,
         };
-        r.finding = self
-            .explain_routing(d, &r)
+        let (calico, policy) = self.explain_calico(d, &r).unzip();
+        r.network_policy = policy;
+        r.finding = calico
+            .or_else(|| self.explain_routing(d, &r))
             .or_else(|| self.explain_forwarding(d, &r))
             .or_else(|| self.explain_refused(d, &r))
             .or_else(|| self.explain_conntrack_drop(d, &r))

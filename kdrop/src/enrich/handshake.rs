@@ -86,6 +86,7 @@ impl<N: Node> Enricher<N> {
                 .or(flow.ct.as_ref())
                 .map(|c| self.ct_record(c)),
             netfilter: None,
+            network_policy: None,
             handshake: None,
             finding: Some(finding),
         };
@@ -137,6 +138,7 @@ impl<N: Node> Enricher<N> {
             route_lookups: Vec::new(),
             ct: None,
             netfilter: None,
+            network_policy: None,
             handshake: None,
             finding: Some(finding),
         };
@@ -206,6 +208,7 @@ impl<N: Node> Enricher<N> {
                 .and_then(|f| f.ct.as_ref())
                 .map(|c| self.ct_record(c)),
             netfilter: None,
+            network_policy: None,
             handshake: None,
             finding: Some(finding),
         };

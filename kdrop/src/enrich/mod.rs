@@ -1,6 +1,7 @@
 //! Events in, records out: each kernel event gets its names (reason,
 //! namespace, interface, code location, time) and its finding. The node is
 //! asked through [`Node`] (I/O, cached); the reasoning is `diagnosis`'s.
+mod calico;
 mod drop;
 mod handshake;
 mod listen;

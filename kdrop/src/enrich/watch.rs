@@ -236,6 +236,7 @@ impl<N: Node> Enricher<N> {
             route_lookups: Vec::new(),
             ct: None,
             netfilter: None,
+            network_policy: None,
             handshake: None,
             finding: Some(finding),
         };

@@ -8,6 +8,7 @@ pub mod neighbour;
 pub mod netfilter;
 pub mod packet;
 pub mod pod;
+pub mod policy;
 pub mod progs;
 pub mod record;
 pub mod routing;

@@ -20,6 +20,11 @@ pub struct Pod {
     /// The pod's containers by name, sorted, `,` between several (they
     /// share the pod's network namespace); None when none is running.
     pub containers: Option<String>,
+    /// The pod's labels when the runtime's records on the node hold them
+    /// (CRI-O's bundles do, containerd's do not): a network policy's
+    /// selectors are written from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl Pod {

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use super::{finding::Finding, netfilter::Attribution, pod::ConnPods};
+use super::{finding::Finding, netfilter::Attribution, pod::ConnPods, policy::PolicyDrop};
 
 /// A drop with everything userspace learned about it. Field names are the JSON
 /// schema (README): add fields, never rename these.
@@ -48,6 +48,10 @@ pub struct DropRecord {
     pub finding: Option<Finding>,
     /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
     pub netfilter: Option<Attribution>,
+    /// A connection a network policy denied (Calico's chains), in
+    /// Kubernetes terms; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<PolicyDrop>,
     /// The connection attempt this record belongs to: every record of one
     /// handshake (its drops, its retransmissions counted, the RST that
     /// refused it, its conntrack entry dying) has the same id and the same

@@ -86,6 +86,7 @@ pub(crate) mod tests {
             ct: None,
             finding: None,
             netfilter: None,
+            network_policy: None,
             handshake: None,
         }
     }
@@ -150,6 +151,7 @@ pub(crate) mod tests {
                 name: name.into(),
             },
             containers: containers.map(String::from),
+            labels: None,
         };
         r.pods.pod = Some(pod("shop", "cart-7d9f", Some("cart")));
         r.pods.backend = Some(pod("data", "mysql-0", None));

@@ -173,6 +173,7 @@ mod tests {
                 name: name.into(),
             },
             containers: containers.map(String::from),
+            labels: None,
         };
         r.pods.pod = Some(pod("shop", "cart-7d9f", Some("cart")));
         assert!(

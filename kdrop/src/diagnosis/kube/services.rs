@@ -118,7 +118,7 @@ pub struct KubeRule {
 }
 
 /// Splits like iptables-save quotes (`"..."`, `\"` inside).
-fn tokens(s: &str) -> Vec<String> {
+pub(crate) fn tokens(s: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut chars = s.chars().peekable();
     loop {

@@ -1,0 +1,367 @@
+//! Calico's network policy, iptables dataplane, on two pods containerd
+//! ran through CRI: their host veths made Calico's (renamed `cali*`, off
+//! the bridge, a /32 route each, proxy ARP: pod-to-pod traffic is routed
+//! by the node, FORWARD -i cali... -o cali...), the filter table in the
+//! shape Felix renders it (tests/fixtures/calico/two-pods.rules.in). kdrop,
+//! told only the service's port, names the pods as kubectl does, the
+//! direction, port, tier and chain, and writes a NetworkPolicy that passes
+//! Kubernetes' schema (kubernetes-validate --strict); Felix's rendering of
+//! that policy lets a new connection through.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use integration_tests::{
+    containerd::{Containerd, BUSYBOX_IMAGE},
+    cri::{recorded, ContainerSpec, Cri, PodSpec, Recorded},
+    send_syn_at, wait_connected, Kdrop,
+};
+use kdrop::context::netns::in_netns;
+use serde_json::Value;
+
+const DB_IF: &str = "calid8e0b7a1c42";
+const CART_IF: &str = "cali5f3a9e6b210";
+const RULES: &str = include_str!("../fixtures/calico/two-pods.rules.in");
+
+fn pod(cri: &mut Cri, ns: &str, name: &str, uid: &str, app: &str) -> Recorded {
+    let p = cri.run_pod(&PodSpec {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: uid.into(),
+        labels: vec![("app".into(), app.into())],
+        host_network: false,
+        host_pid: false,
+    });
+    let id = cri.start_container(
+        &p,
+        &ContainerSpec {
+            name: app.into(),
+            image: BUSYBOX_IMAGE.into(),
+            args: vec!["sleep".into(), "600".into()],
+            ..Default::default()
+        },
+    );
+    recorded(cri, &p, &id)
+}
+
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The host side of a pod's veth: `eth0@ifN` in the pod names its peer's
+/// index in the node.
+fn host_veth(ctd: &Containerd, pod_netns: &Path) -> String {
+    let pin = pod_netns.file_name().unwrap().to_str().unwrap();
+    let eth0 = sh(&["ip", "-n", pin, "-o", "link", "show", "eth0"]);
+    let peer = eth0
+        .split_once("@if")
+        .and_then(|(_, r)| r.split(':').next())
+        .expect("eth0@ifN");
+    let node = sh(&["ip", "-n", &ctd.node.name, "-o", "link"]);
+    node.lines()
+        .find(|l| l.starts_with(&format!("{peer}: ")))
+        .and_then(|l| l.split(": ").nth(1))
+        .and_then(|n| n.split('@').next())
+        .expect("the pod's peer in the node")
+        .to_string()
+}
+
+/// What Calico's CNI plugin makes of a pod's host veth: named `cali*`,
+/// no bridge, a /32 route to the pod, proxy ARP for everything else.
+fn calico_veth(ctd: &Containerd, veth: &str, name: &str, ip: &str) {
+    let n = ctd.node.name.as_str();
+    for args in [
+        vec!["link", "set", veth, "nomaster"],
+        vec!["link", "set", veth, "down"],
+        vec!["link", "set", veth, "name", name],
+        vec!["link", "set", name, "up"],
+    ] {
+        let mut all = vec!["ip", "-n", n];
+        all.extend(args);
+        sh(&all);
+    }
+    ctd.node
+        .sysctl(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")
+        .unwrap();
+    sh(&[
+        "ip",
+        "-n",
+        n,
+        "route",
+        "add",
+        &format!("{ip}/32"),
+        "dev",
+        name,
+    ]);
+}
+
+fn restore(ctd: &Containerd, text: &str, file: &Path) {
+    std::fs::write(file, text).unwrap();
+    let f = file.display().to_string();
+    ctd.node
+        .exec("iptables-restore", &["--noflush", &f])
+        .unwrap_or_else(|e| panic!("iptables-restore {f}: {e:#}\n{text}"));
+}
+
+fn rules(db: &Recorded, cart: &Recorded, allow: &str) -> String {
+    RULES
+        .replace("{DB_INGRESS_ALLOW}", allow)
+        .replace("{DB_IF}", DB_IF)
+        .replace("{CART_IF}", CART_IF)
+        .replace("{DB_IP}", &db.ip)
+        .replace("{CART_IP}", &cart.ip)
+        .replace("{DB}", &db.pod)
+        .replace("{CART}", &cart.pod)
+}
+
+fn venv_tool(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.tools/venv/bin")
+        .join(name)
+}
+
+/// The NetworkPolicy in kdrop's notes, validated against Kubernetes'
+/// schema for it (strict: no unknown field).
+fn validated_policy(e: &Value, dir: &Path) -> String {
+    let note = e["finding"]["fix_notes"][0].as_str().unwrap_or_default();
+    let yaml = note
+        .split_once(":\n")
+        .map(|(_, y)| y.to_string())
+        .unwrap_or_else(|| panic!("no NetworkPolicy in {note}"));
+    let file = dir.join("policy.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let out = Command::new(venv_tool("kubernetes-validate"))
+        .args(["--strict", "--no-warn"])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate (cargo xtask bootstrap)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}\n{yaml}");
+    assert!(
+        text.contains(" passed for resource networkpolicy/"),
+        "{text}"
+    );
+    yaml
+}
+
+fn policy<'a>(e: &'a Value, field: &str) -> &'a Value {
+    &e["network_policy"][field]
+}
+
+#[test]
+fn calico_iptables_policy_denials_in_kubernetes_terms() {
+    let ctd = Containerd::start("calico");
+    ctd.import_test_images();
+    let mut cri = ctd.cri();
+    let db = pod(
+        &mut cri,
+        "kdt-db",
+        "db-0",
+        "3c1e9a4b-7d2f-4e8a-b5c6-0a1b2c3d4e5f",
+        "db",
+    );
+    let cart = pod(
+        &mut cri,
+        "kdt-shop",
+        "cart-5d8c7b9f4-q7xkz",
+        "9f8e7d6c-5b4a-4c3d-8e2f-1a0b9c8d7e6f",
+        "cart",
+    );
+    let db_veth = host_veth(&ctd, &db.netns_path);
+    let cart_veth = host_veth(&ctd, &cart.netns_path);
+    calico_veth(&ctd, &db_veth, DB_IF, &db.ip);
+    calico_veth(&ctd, &cart_veth, CART_IF, &cart.ip);
+    ctd.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
+    for k in ["all", "default", DB_IF, CART_IF] {
+        ctd.node
+            .sysctl(&format!("net/ipv4/conf/{k}/rp_filter"), "0")
+            .unwrap();
+    }
+    restore(&ctd, &rules(&db, &cart, ""), &ctd.dir.join("felix.rules"));
+
+    let listeners: Vec<_> = [5432u16, 5433, 5434]
+        .iter()
+        .map(|p| {
+            let a: SocketAddr = format!("{}:{p}", db.ip).parse().unwrap();
+            in_netns(&db.netns_path, move || std::net::TcpListener::bind(a))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+
+    let state = ctd.state().display().to_string();
+    let env = [("KDROP_RUNTIME_DIRS", state.as_str())];
+    let k = Kdrop::start_env(&["--json", "-p", "5432", "-p", "5433", "-p", "5434"], &env);
+    // The same session recorded: explained after the pods and the node
+    // are gone, from the bundle's answers alone.
+    let bundle = std::env::temp_dir().join(format!("kdrop-calico-{}.kdrop", std::process::id()));
+    let bundle_arg = bundle.display().to_string();
+    let rec = Kdrop::start_env(&["record", "-o", &bundle_arg, "-p", "5432"], &env);
+    let syn = |sport: u16, dport: u16| {
+        let src: SocketAddr = format!("{}:{sport}", cart.ip).parse().unwrap();
+        let dst: SocketAddr = format!("{}:{dport}", db.ip).parse().unwrap();
+        send_syn_at(&cart.netns_path, src, dst)
+    };
+    let denied = |what: &str, sport: u16| {
+        k.expect_event(what, |e| {
+            e["sport"] == sport && e["finding"]["cause"] == "network_policy_denied"
+        })
+    };
+
+    // No policy of tier default allows cart → db-0:5432 (ingress).
+    let _s = syn(41001, 5432);
+    let e = denied("the end of tier default", 41001);
+    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
+    assert_eq!(policy(&e, "direction"), "ingress", "{e}");
+    assert_eq!(policy(&e, "protected_pod"), db.pod.as_str(), "{e}");
+    assert_eq!(policy(&e, "peer_pod"), cart.pod.as_str(), "{e}");
+    assert_eq!(policy(&e, "port"), 5432, "{e}");
+    assert_eq!(policy(&e, "protocol"), "TCP", "{e}");
+    assert_eq!(policy(&e, "tier"), "default", "{e}");
+    assert_eq!(
+        policy(&e, "chain"),
+        format!("cali-tw-{DB_IF}").as_str(),
+        "{e}"
+    );
+    assert_eq!(policy(&e, "interface"), DB_IF, "{e}");
+    assert_eq!(
+        policy(&e, "evaluated")[0],
+        "KubernetesNetworkPolicy kdt-db/allow-monitoring (cali-pi-_3lTDF2a_ZC7H2weaLbk)",
+        "{e}"
+    );
+    assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
+    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.starts_with(&format!(
+            "pod {} → pod {}: Calico network policy, ingress of pod {} from pod {}: no policy \
+             of tier default",
+            cart.pod, db.pod, db.pod, cart.pod
+        )),
+        "{summary}"
+    );
+    // The runtime's records give no labels: the selectors say so.
+    let notes = e["finding"]["fix_notes"].to_string();
+    assert!(notes.contains("do not give the pods' labels"), "{notes}");
+    let inspect = e["finding"]["inspect"].to_string();
+    assert!(
+        inspect.contains("kubectl get networkpolicy -n kdt-db"),
+        "{inspect}"
+    );
+    let yaml = validated_policy(&e, &ctd.dir);
+    assert!(yaml.contains("  namespace: \"kdt-db\"\n"), "{yaml}");
+    assert!(yaml.contains("  - Ingress\n"), "{yaml}");
+    assert!(
+        yaml.contains("\"kubernetes.io/metadata.name\": \"kdt-shop\""),
+        "{yaml}"
+    );
+    assert!(yaml.contains("      port: 5432\n"), "{yaml}");
+
+    // A deny rule of tier security's policy, for 5433.
+    let _s = syn(41002, 5433);
+    let e = denied("the explicit deny", 41002);
+    assert_eq!(policy(&e, "verdict"), "denied_by_rule", "{e}");
+    assert_eq!(policy(&e, "direction"), "ingress", "{e}");
+    assert_eq!(policy(&e, "tier"), "security", "{e}");
+    assert_eq!(policy(&e, "chain"), "cali-pi-_cS5Lb0y8WoQRLr489lA", "{e}");
+    assert_eq!(
+        policy(&e, "policy"),
+        "NetworkPolicy kdt-db/security.deny-kdt-shop",
+        "{e}"
+    );
+    assert_eq!(
+        policy(&e, "endpoint_chain"),
+        format!("cali-tw-{DB_IF}").as_str(),
+        "{e}"
+    );
+    validated_policy(&e, &ctd.dir);
+
+    // cart's own egress policy allows db-0 on 5432 and 5433 only.
+    let _s = syn(41003, 5434);
+    let e = denied("the end of cart's egress tier", 41003);
+    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
+    assert_eq!(policy(&e, "direction"), "egress", "{e}");
+    assert_eq!(policy(&e, "protected_pod"), cart.pod.as_str(), "{e}");
+    assert_eq!(policy(&e, "peer_pod"), db.pod.as_str(), "{e}");
+    assert_eq!(
+        policy(&e, "chain"),
+        format!("cali-fw-{CART_IF}").as_str(),
+        "{e}"
+    );
+    let yaml = validated_policy(&e, &ctd.dir);
+    assert!(yaml.contains("  namespace: \"kdt-shop\"\n"), "{yaml}");
+    assert!(yaml.contains("  - Egress\n"), "{yaml}");
+
+    // The first policy applied: Felix renders it in tier default after
+    // allow-monitoring (same order, names sorted), its peer selector's
+    // ipset written as cart's address. A new connection goes through.
+    let allow = format!(
+        "-A cali-tw-{DB_IF} -m comment --comment \"cali:kD7rPq2sXv9wYz0A\" -m mark --mark \
+         0x0/0x20000 -j cali-pi-kdrop-allow\n-A cali-tw-{DB_IF} -m comment --comment \
+         \"cali:Lm3nB5vC7xZ9aQ1w\" -m comment --comment \"Return if policy accepted\" -m mark \
+         --mark 0x10000/0x10000 -j RETURN\n"
+    );
+    let chain = format!(
+        "*filter\n:cali-pi-kdrop-allow - [0:0]\n-A cali-pi-kdrop-allow -m comment --comment \
+         \"cali:Pq8rS2tU4vW6xY8z\" -m comment --comment \"KubernetesNetworkPolicy \
+         kdt-db/kdrop-allow ingress\" -p tcp -s {}/32 -m multiport --dports 5432 -j MARK \
+         --set-xmark 0x10000/0x10000\n-A cali-pi-kdrop-allow -m comment --comment \
+         \"cali:Hj4kL6mN8pQ0rS2t\" -m mark --mark 0x10000/0x10000 -j RETURN\nCOMMIT\n",
+        cart.ip
+    );
+    restore(&ctd, &chain, &ctd.dir.join("felix-allow-chain.rules"));
+    // Only the endpoint chain again, as Felix rewrites one chain.
+    let tw: String = rules(&db, &cart, &allow)
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("-A cali-tw-{DB_IF} ")) || l.starts_with("*") || *l == "COMMIT"
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let tw = tw.replacen(
+        "*filter\n",
+        &format!("*filter\n:cali-tw-{DB_IF} - [0:0]\n"),
+        1,
+    );
+    restore(&ctd, &tw, &ctd.dir.join("felix-tw.rules"));
+    let s = syn(41004, 5432);
+    wait_connected(&s, Duration::from_secs(3))
+        .expect("a new connection once the NetworkPolicy's allow is rendered");
+    let (_conn, _) = listeners[0].accept().unwrap();
+
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+    let done = rec.stop(libc::SIGINT);
+    assert!(done.status.success(), "{done:?}");
+    drop(listeners);
+    let (db_pod, cart_pod) = (db.pod.clone(), cart.pod.clone());
+    drop(cri);
+    drop(ctd);
+    let out = Command::new(integration_tests::kdrop_bin())
+        .args(["explain", &bundle_arg, "--json"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&bundle);
+    assert!(out.status.success(), "{out:?}");
+    let replayed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let e = replayed
+        .iter()
+        .find(|e| e["sport"] == 41001 && e["finding"]["cause"] == "network_policy_denied")
+        .unwrap_or_else(|| panic!("the denial in the bundle: {replayed:?}"));
+    assert_eq!(policy(e, "verdict"), "no_policy_allowed", "{e}");
+    assert_eq!(policy(e, "protected_pod"), db_pod.as_str(), "{e}");
+    assert_eq!(policy(e, "peer_pod"), cart_pod.as_str(), "{e}");
+    assert_eq!(policy(e, "tier"), "default", "{e}");
+}
