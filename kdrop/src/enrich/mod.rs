@@ -103,9 +103,16 @@ pub struct Enricher<N: Node> {
 }
 
 /// How long a drop that explains nothing by itself waits for its
-/// handshake's verdict: the SYN-ACK the client refuses comes within tens of
-/// milliseconds of the server's answer.
-const HOLD_NS: u64 = 250_000_000;
+/// handshake's verdict. The SYN-ACK the client refuses comes within tens of
+/// milliseconds of the server's answer; but a repeated SYN (`duplicate_syn`)
+/// can come before the SYN-ACK it provokes by up to the request socket's
+/// rate limit (tcp_check_req answers it through tcp_oow_rate_limited,
+/// net.ipv4.tcp_invalid_ratelimit, 500 ms by default, v6.18
+/// https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_minisocks.c)
+/// or its timer: incident 4 traced everywhere printed the duplicate 288 ms
+/// before the refused SYN-ACK that names the loop, two causes for one
+/// handshake with 250 ms.
+const HOLD_NS: u64 = 1_000_000_000;
 /// At most this many overdue handshakes are checked against conntrack per
 /// call of `due` (every 100 ms at least): 640 queries a second at most.
 const OVERDUE_PER_CALL: usize = 64;
