@@ -278,7 +278,7 @@ fn sysctl(setting: &str) -> Option<Kind> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
 
@@ -304,23 +304,30 @@ mod tests {
                     continue;
                 }
             };
-            let (file, func) = test.split_once("::").unwrap();
-            let path = dir.join(format!("{file}.rs"));
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {} for {}", path.display(), e, kind.name()));
-            assert!(
-                text.contains(&format!("#[test]\nfn {func}()")),
-                "{}: no #[test] fn {func} for {}",
-                path.display(),
-                kind.name()
-            );
-            assert!(
-                text.contains(&format!("Kind::{kind:?}")),
-                "{}: {} is never checked as applied",
-                path.display(),
-                kind.name()
-            );
+            assert_applied_by(&dir, test, &format!("Kind::{kind:?}"), kind.name());
         }
+    }
+
+    /// `test` (`file::function`) is a `#[test] fn` in `dir/<file>.rs`, and
+    /// that file names `marker` (the kind, as it checks the commands it
+    /// applied).
+    pub(crate) fn assert_applied_by(dir: &Path, test: &str, marker: &str, name: &str) {
+        let (file, func) = test.split_once("::").unwrap();
+        let path = dir.join(format!("{file}.rs"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {} for {}", path.display(), e, name));
+        assert!(
+            text.contains(&format!("#[test]\nfn {func}()")),
+            "{}: no #[test] fn {func} for {}",
+            path.display(),
+            name
+        );
+        assert!(
+            text.contains(marker),
+            "{}: {} is never checked as applied",
+            path.display(),
+            name
+        );
     }
 
     /// Only `Kind::fix` makes a `Fix`: no other source file calls its

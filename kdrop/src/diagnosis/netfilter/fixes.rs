@@ -137,21 +137,11 @@ mod tests {
     fn every_fix_kind_has_an_integration_test_that_applies_it() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
         for kind in FixKind::ALL {
-            let (file, func) = kind.test().split_once("::").unwrap();
-            let path = dir.join(format!("{file}.rs"));
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {} for {}", path.display(), e, kind.name()));
-            assert!(
-                text.contains(&format!("#[test]\nfn {func}()")),
-                "{}: no #[test] fn {func} for {}",
-                path.display(),
-                kind.name()
-            );
-            assert!(
-                text.contains(&format!("FixKind::{kind:?}")),
-                "{}: {} is never checked as applied",
-                path.display(),
-                kind.name()
+            crate::diagnosis::fix_kinds::tests::assert_applied_by(
+                &dir,
+                kind.test(),
+                &format!("FixKind::{kind:?}"),
+                kind.name(),
             );
         }
     }
