@@ -15,7 +15,7 @@ use crate::{
             policy::{Peer, Workload},
             Direction,
         },
-        names, DropFacts,
+        names,
     },
     model::{
         finding::Finding,
@@ -81,16 +81,7 @@ impl<N: Node> Enricher<N> {
             peer_addr,
             port,
         };
-        let facts = DropFacts {
-            reason: r.reason.as_deref(),
-            ifname: &r.ifname,
-            netns: r.netns_name.as_deref(),
-            src: r.src(),
-            dst: r.dst(),
-            location: Some(&r.location),
-            tcp_flags: d.tcp_flags,
-            netfilter: Some(a),
-        };
+        let facts = super::drop::facts(r, d.tcp_flags, Some(a));
         Some(calico::finding::explain(&drop, &conn, a, &facts))
     }
 

@@ -102,18 +102,7 @@ impl<N: Node> Enricher<N> {
             .or_else(|| self.explain_kube(d, &r))
             .or_else(|| self.explain_program(d, &r))
             .or_else(|| self.explain_listen(d, &r))
-            .or_else(|| {
-                diagnosis::explain(&DropFacts {
-                    reason: r.reason.as_deref(),
-                    ifname: &r.ifname,
-                    netns: r.netns_name.as_deref(),
-                    src: r.src(),
-                    dst: r.dst(),
-                    location: Some(&r.location),
-                    tcp_flags: d.tcp_flags,
-                    netfilter: r.netfilter.as_ref(),
-                })
-            });
+            .or_else(|| diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_ref())));
         if let Some(f) = self.explain_rpfilter6(d, &r) {
             r.finding = Some(f);
         }
@@ -167,16 +156,7 @@ impl<N: Node> Enricher<N> {
         Some(kube::finding::explain(
             &k,
             a,
-            &DropFacts {
-                reason: r.reason.as_deref(),
-                ifname: &r.ifname,
-                netns: r.netns_name.as_deref(),
-                src: r.src(),
-                dst: r.dst(),
-                location: Some(&r.location),
-                tcp_flags: d.tcp_flags,
-                netfilter: Some(a),
-            },
+            &facts(r, d.tcp_flags, Some(a)),
         ))
     }
 
@@ -437,5 +417,24 @@ impl<N: Node> Enricher<N> {
         }
         self.findings.insert(key, f.clone());
         f
+    }
+}
+
+/// What the explanations from the drop reason read of a drop's record,
+/// with `netfilter` the attribution they explain.
+pub(super) fn facts<'a>(
+    r: &'a DropRecord,
+    tcp_flags: u8,
+    netfilter: Option<&'a Attribution>,
+) -> DropFacts<'a> {
+    DropFacts {
+        reason: r.reason.as_deref(),
+        ifname: &r.ifname,
+        netns: r.netns_name.as_deref(),
+        src: r.src(),
+        dst: r.dst(),
+        location: Some(&r.location),
+        tcp_flags,
+        netfilter,
     }
 }
