@@ -95,6 +95,25 @@ pub fn build_filter(
     Ok(f)
 }
 
+/// Adds `extra` to the filter's ports, as many as fit; returns those
+/// that did not.
+pub fn add_ports(f: &mut Filter, extra: &[u16]) -> Vec<u16> {
+    let mut left = Vec::new();
+    for &p in extra {
+        let n = f.n_ports as usize;
+        if f.ports[..n].contains(&p) {
+            continue;
+        }
+        if n == MAX_PORTS {
+            left.push(p);
+            continue;
+        }
+        f.ports[n] = p;
+        f.n_ports += 1;
+    }
+    left
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +140,16 @@ mod tests {
         );
         assert_eq!(build_filter(&[], &[], 0, 0, true).unwrap().tcp_flags_any, 0);
         assert!(build_filter(&[1; 17], &[], 0, 0, false).is_err());
+    }
+
+    #[test]
+    fn added_ports_fit_or_come_back() {
+        let mut f = build_filter(&[80], &[], 0, 0, false).unwrap();
+        assert!(add_ports(&mut f, &[30080, 80, 30080]).is_empty());
+        assert_eq!(&f.ports[..f.n_ports as usize], &[80, 30080]);
+        let more: Vec<u16> = (1..=MAX_PORTS as u16).collect();
+        let left = add_ports(&mut f, &more);
+        assert_eq!(f.n_ports as usize, MAX_PORTS);
+        assert_eq!(left, [15, 16]);
     }
 }

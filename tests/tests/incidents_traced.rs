@@ -206,10 +206,32 @@ fn incident2_node_alone_client_giving_up_after_3s() {
     );
 }
 
+/// How incident 4's node DNATs its node port 30080 to pod B.
+#[derive(Clone, Copy, PartialEq)]
+enum NodeNat {
+    /// One `-j DNAT` rule: nothing on the node ties 30080 to port 80.
+    Plain,
+    /// kube-proxy's rules for the Service `web/web:http` (port 80, node
+    /// port 30080, externalTrafficPolicy Local), restored whole:
+    /// tests/fixtures/kube-proxy/incident4.rules.
+    KubeProxy,
+}
+
+fn incident4(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
+    incident4_on(test, args, sport, client_does, node_only, NodeNat::Plain);
+}
+
 /// Incident 4: pod A -> the LB's VIP:80; the LB DNATs it to the node's
 /// NodePort 30080 keeping the client's address; the node DNATs it to pod B
 /// (routed pods, no bridge) without SNAT.
-fn incident4(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
+fn incident4_on(
+    test: &str,
+    args: &[&str],
+    sport: u16,
+    client_does: Client,
+    node_only: bool,
+    nat: NodeNat,
+) {
     let node = ns(test, "node");
     let lb = ns(test, "lb");
     let a = ns(test, "a");
@@ -229,10 +251,20 @@ fn incident4(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
         .unwrap();
     pods_routed(&node, "10.245.2", &[(&a, 5), (&b, 9)]);
     node.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    ipt(
-        &node,
-        "-t nat -A PREROUTING -d 10.71.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.245.2.9:8080",
-    );
+    match nat {
+        NodeNat::Plain => ipt(
+            &node,
+            "-t nat -A PREROUTING -d 10.71.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.245.2.9:8080",
+        ),
+        NodeNat::KubeProxy => {
+            let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/kube-proxy/incident4.rules");
+            // The backend kdrop's fix writes with (`iptables`), as
+            // kube-proxy's own rules are.
+            node.exec("iptables-restore", &[rules.to_str().unwrap()])
+                .unwrap_or_else(|e| panic!("{e:#}"));
+        }
+    }
     lb.ip(&["addr", "add", "10.71.0.1/24", "dev", "lb0"])
         .unwrap();
     lb.ip(&["route", "add", "10.245.2.0/24", "via", "10.71.0.10"])
@@ -249,6 +281,13 @@ fn incident4(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
     let dst: SocketAddr = format!("203.0.113.81:{SERVICE}").parse().unwrap();
     let (k, syn, args) = attempt(args, &node, node_only, &a, (src, dst), client_does);
     let args = &args.iter().map(String::as_str).collect::<Vec<_>>()[..];
+    if nat == NodeNat::KubeProxy {
+        let ready = k.stderr_seen.last().unwrap();
+        assert!(
+            ready.contains("node port 30080 of web/web:80 beside --port"),
+            "{ready}"
+        );
+    }
     // From the node alone the client's socket is out of sight: the pod's
     // RST refusing the SYN-ACK decides the handshake, no "unanswered".
     let recs = if node_only {
@@ -257,10 +296,15 @@ fn incident4(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
         records(k, src)
     };
     let f = one_verdict(&recs, "lb_loopback_without_snat");
+    // kube-proxy's rules name the Service of the node port.
+    let service = match nat {
+        NodeNat::Plain => "",
+        NodeNat::KubeProxy => "to service web/web:80: ",
+    };
     assert_eq!(
         f["summary"],
         format!(
-            "SYN 10.245.2.5:{sport} -> 203.0.113.81:80 left by eth0 to the load balancer, came \
+            "{service}SYN 10.245.2.5:{sport} -> 203.0.113.81:80 left by eth0 to the load balancer, came \
              back as 10.245.2.5:{sport} -> 10.71.0.10:30080 and was DNAT'd to 10.245.2.9:8080 \
              without SNAT: the reply goes straight to 10.245.2.5 and bypasses the load balancer"
         )
@@ -345,6 +389,34 @@ fn incident4_node_alone_client_giving_up_after_1s() {
         46705,
         Client::GivesUp(t),
         true,
+    );
+}
+
+/// The node alone traced with the Service's port, the one the user knows:
+/// kube-proxy's rules tie node port 30080 to it, so kdrop follows both.
+#[test]
+fn incident4_node_alone_by_the_service_port_with_kube_proxy() {
+    let t = std::time::Duration::from_secs(3);
+    incident4_on(
+        "tr4k",
+        &["--json", "--port", "80"],
+        46706,
+        Client::GivesUp(t),
+        true,
+        NodeNat::KubeProxy,
+    );
+}
+
+#[test]
+fn incident4_node_alone_by_the_service_port_with_kube_proxy_1s() {
+    let t = std::time::Duration::from_secs(1);
+    incident4_on(
+        "tr4l",
+        &["--json", "--port", "80"],
+        46707,
+        Client::GivesUp(t),
+        true,
+        NodeNat::KubeProxy,
     );
 }
 

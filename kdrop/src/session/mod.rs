@@ -4,6 +4,7 @@
 //! source (ring, sockets, held records) the same way.
 pub mod arming;
 mod capture;
+mod node_ports;
 mod recording;
 pub use self::recording::Recording;
 pub mod replay;
@@ -115,6 +116,8 @@ pub struct Session {
     capture: Option<capture::Capture>,
     /// Listeners refusing SYNs, from their namespaces' counters.
     watch: ListenWatch,
+    /// The node ports `--port` also follows.
+    node_ports: node_ports::NodePorts,
     pub started: Instant,
     // Installed before the readiness line: a signal right after it must
     // still take the orderly way out (summary, detach).
@@ -131,6 +134,15 @@ impl Session {
         let setup = KernelSetup::read()?;
         let mut filter = o.filter;
         filter.final_ack_reason = final_ack_reason(&setup.reasons);
+        let mut live = Live::new()?;
+        let traced = match o.filter.netns {
+            0 => live.own_netns(),
+            n => n,
+        };
+        // The "before" of the first netfilter drop, and the rules the node
+        // ports are read from.
+        live.prime_netfilter(traced);
+        let node_ports = node_ports::follow(&mut live, traced, &mut filter);
         let mut probes = probes::load(
             &setup,
             &probes::Config {
@@ -150,12 +162,6 @@ impl Session {
                 Some((f.name, r.chosen()?.to_string()))
             })
             .collect();
-        let mut live = Live::new()?;
-        let traced = match o.filter.netns {
-            0 => live.own_netns(),
-            n => n,
-        };
-        live.prime_netfilter(traced);
         let enricher = Enricher::new(
             Recorder::new(live, o.record.is_some()),
             Facts {
@@ -170,7 +176,7 @@ impl Session {
         let ct_events = if o.conntrack_events {
             CtEvents::open(
                 &followed_namespaces(o.filter.netns)?,
-                &o.filter.ports[..o.filter.n_ports as usize],
+                &filter.ports[..filter.n_ports as usize],
                 StatusBits::from_names(&enricher.facts.ct_names),
                 o.filter.netns != 0,
             )
@@ -185,7 +191,8 @@ impl Session {
             enricher,
             tape: None,
             capture: None,
-            watch: ListenWatch::new(o.filter.netns, &o.filter.ports[..o.filter.n_ports as usize]),
+            watch: ListenWatch::new(filter.netns, &filter.ports[..filter.n_ports as usize]),
+            node_ports,
             started: Instant::now(),
             sigint,
             sigterm,
@@ -206,6 +213,9 @@ impl Session {
     /// namespaces`: what the readiness line says is attached.
     pub fn describe(&self) -> String {
         let mut s = self.probes.describe();
+        for p in &self.node_ports.followed {
+            s.push_str(&format!(", {p} beside --port"));
+        }
         let n = self.ct_events.len();
         if n != 0 {
             s.push_str(&format!(
@@ -220,6 +230,7 @@ impl Session {
     pub fn missing(&self) -> Vec<String> {
         let mut m = self.probes.missing();
         m.extend(self.ct_events.notes.iter().cloned());
+        m.extend(self.node_ports.left.iter().cloned());
         m
     }
 

@@ -364,6 +364,22 @@ impl Services {
             .or_else(|| local.then(|| self.node_ports.get(&addr.port())).flatten())
     }
 
+    /// The node ports of the Services whose port is one of `ports`, by
+    /// node port, leaving out those already among `ports`: where a load
+    /// balancer sends what its clients sent to the Service's port, so
+    /// `--port 80` follows them too. A node port whose Service's port no
+    /// cluster IP rule gave is left out (its port is unknown).
+    pub fn node_ports_of(&self, ports: &[u16]) -> Vec<(u16, &SvcPort)> {
+        let mut found: Vec<(u16, &SvcPort)> = self
+            .node_ports
+            .iter()
+            .filter(|(np, f)| !ports.contains(np) && f.svc.port.is_some_and(|p| ports.contains(&p)))
+            .map(|(np, f)| (*np, &f.svc))
+            .collect();
+        found.sort_by_key(|(np, _)| *np);
+        found
+    }
+
     /// The Service port a backend endpoint (`10.180.0.1:80`) serves.
     pub fn serving(&self, endpoint: SocketAddr) -> Option<&SvcPort> {
         self.endpoints.get(&endpoint)

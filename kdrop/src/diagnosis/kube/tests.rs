@@ -342,6 +342,34 @@ fn v131_names() {
     }
 }
 
+/// `--port 80` follows the node ports of the Services on port 80, and
+/// nothing for a port no Service has.
+#[test]
+fn node_ports_of_a_service_port() {
+    for text in [V131_SAVE, V131_RULES] {
+        let s = services(text);
+        let of = |ports: &[u16]| {
+            s.node_ports_of(ports)
+                .into_iter()
+                .map(|(np, svc)| (np, svc.display()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            of(&[80]),
+            [
+                (3001, "ns2/svc2:80".to_string()),
+                (3002, "ns5/svc5:80".to_string()),
+                (3003, "ns3/svc3:80".to_string())
+            ]
+        );
+        // A node port asked for already is not added again; the health
+        // check node port (30000) is no Service's node port.
+        assert_eq!(of(&[80, 3002]).len(), 2);
+        assert!(of(&[443, 30000]).is_empty());
+        assert!(of(&[]).is_empty());
+    }
+}
+
 #[test]
 fn v122_names() {
     let s = services(V122_SAVE);
@@ -668,6 +696,9 @@ mod nftables {
             "ns2/svc2:80"
         );
         assert_eq!(s.endpoints.len(), 3);
+        // The node ports `--port 80` follows, from the nftables mode too.
+        let of80: Vec<u16> = s.node_ports_of(&[80]).iter().map(|(p, _)| *p).collect();
+        assert_eq!(of80, [3001, 3003]);
     }
 
     #[test]
