@@ -74,6 +74,24 @@ fn duration_stops_by_itself() {
     );
 }
 
+/// A namespace that forwards hides what is not NAT'd there: kdrop says so
+/// at start, and only there.
+#[test]
+fn a_forwarding_namespace_says_what_it_does_not_follow() {
+    let ns = integration_tests::Ns::new(&integration_tests::ns_name("fwd")).unwrap();
+    let without = |forward: &str| {
+        ns.sysctl("net/ipv4/ip_forward", forward).unwrap();
+        let k = Kdrop::start(&["--duration", "0.3", "--port", "5508", "--netns", &ns.name]);
+        let done = k.wait(Duration::from_secs(10));
+        assert!(done.status.success(), "{done:?}");
+        done.stderr
+            .iter()
+            .any(|l| l.starts_with("kdrop: without forwarded handshakes not NAT'd here"))
+    };
+    assert!(without("1"));
+    assert!(!without("0"));
+}
+
 /// Runs kdrop to completion and returns (exit code, stderr lines).
 fn refused(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<String>) {
     let done = Kdrop::spawn(args, env).wait(Duration::from_secs(10));

@@ -142,7 +142,11 @@ impl Session {
         // The "before" of the first netfilter drop, and the rules the node
         // ports are read from.
         live.prime_netfilter(traced);
-        let node_ports = node_ports::follow(&mut live, traced, &mut filter);
+        let mut node_ports = node_ports::follow(&mut live, traced, &mut filter);
+        let namespaces = followed_namespaces(o.filter.netns)?;
+        node_ports
+            .left
+            .extend(namespaces.first().and_then(node_ports::unfollowed));
         let mut probes = probes::load(
             &setup,
             &probes::Config {
@@ -175,7 +179,7 @@ impl Session {
         // then on are followed, and reported if they die unreplied.
         let ct_events = if o.conntrack_events {
             CtEvents::open(
-                &followed_namespaces(o.filter.netns)?,
+                &namespaces,
                 &filter.ports[..filter.n_ports as usize],
                 StatusBits::from_names(&enricher.facts.ct_names),
                 o.filter.netns != 0,

@@ -4,19 +4,23 @@
 //! filter also takes the node ports of the Services on the asked ports,
 //! from kube-proxy's rules of the traced namespace (or of the node's, for a
 //! pod's), read once at start: a Service created later is not followed.
+//! What a forwarding namespace hides from the filter is said at start.
 use kdrop_common::{Filter, MAX_PORTS};
 
 use crate::{
-    context::{Live, Node as _},
+    context::{
+        netns::{in_netns, Netns},
+        Live, Node as _,
+    },
     filter::add_ports,
 };
 
-/// The node ports added to the filter, and those that did not fit.
+/// The node ports added to the filter, and what is not followed.
 #[derive(Debug, Default)]
 pub struct NodePorts {
     /// `node port 30080 of web/web:80`, each followed.
     pub followed: Vec<String>,
-    /// Why a node port is not followed.
+    /// What is not followed, and why (`kdrop: without ...` lines).
     pub left: Vec<String>,
 }
 
@@ -44,4 +48,22 @@ pub fn follow(live: &mut Live, traced: u32, filter: &mut Filter) -> NodePorts {
         }
     }
     n
+}
+
+/// Said when the traced namespace forwards: a handshake forwarded without
+/// NAT here is followed by its drops alone, since following it needs a
+/// probe on every forwarded packet (incident 4 from the node alone, with a
+/// plain DNAT of the node port, is such a case).
+pub fn unfollowed(ns: &Netns) -> Option<String> {
+    let forwards = in_netns(&ns.path, || {
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() == "1")
+    })
+    .unwrap_or(false);
+    forwards.then(|| {
+        "forwarded handshakes not NAT'd here (net.ipv4.ip_forward=1): their drops are \
+         reported, but one from another host that is never answered is not (that would take \
+         a probe on every forwarded packet), nor a port a load balancer maps --port to unless \
+         kube-proxy's rules name it as a node port (add it: --port <node port>)"
+            .to_string()
+    })
 }
