@@ -14,6 +14,44 @@ pub fn rfc3339(epoch_ns: u64) -> String {
     )
 }
 
+/// Microseconds since the epoch of a timestamp `rfc3339` wrote; `None` for
+/// any other text. The text output's repeat window runs on it: the time a
+/// record says, not when it was printed, so a replay folds the same lines.
+pub fn epoch_micros(ts: &str) -> Option<u64> {
+    let b = ts.as_bytes();
+    let shape = b.len() == 27
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            26 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        });
+    if !shape {
+        return None;
+    }
+    let num = |from: usize, to: usize| ts[from..to].parse::<u64>().ok();
+    let (y, m, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, min, s, micros) = (num(11, 13)?, num(14, 16)?, num(17, 19)?, num(20, 26)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 23 || min > 59 || s > 59 {
+        return None;
+    }
+    let days = u64::try_from(days_from_civil(y as i64, m as u32, d as u32)).ok()?;
+    Some(((days * 86_400 + h * 3600 + min * 60 + s) * 1_000_000) + micros)
+}
+
+/// Howard Hinnant's civil-to-days algorithm, `civil_from_days`' inverse.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from(if m > 2 { m - 3 } else { m + 9 });
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
@@ -43,5 +81,29 @@ mod tests {
             rfc3339(1_795_240_987_123_456_789),
             "2026-11-21T06:03:07.123456Z"
         );
+    }
+
+    #[test]
+    fn timestamps_read_back() {
+        for ns in [
+            0,
+            951_782_400_000_001_000,
+            951_868_799_999_999_000,
+            1_795_240_987_123_456_000,
+            4_102_444_800_000_000_000,
+        ] {
+            assert_eq!(epoch_micros(&rfc3339(ns)), Some(ns / 1000), "{ns}");
+        }
+        for bad in [
+            "",
+            "2026-11-21 06:03:07.123456Z",
+            "2026-13-21T06:03:07.123456Z",
+            "2026-11-21T24:03:07.123456Z",
+            "2026-11-21T06:03:07.12345+Z",
+            "1969-12-31T23:59:59.999999Z",
+            "2026-11-21T06:03:07.123456",
+        ] {
+            assert_eq!(epoch_micros(bad), None, "{bad}");
+        }
     }
 }

@@ -1,13 +1,9 @@
 //! Text output: one headline per record, its finding indented below; in a
 //! flood, a repeated finding is printed in full once.
-use std::{
-    collections::HashMap,
-    io::Write,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, io::Write, time::Duration};
 
 use super::write_record;
-use crate::model::{finding::Finding, pod::Pod, record::DropRecord};
+use crate::model::{finding::Finding, pod::Pod, record::DropRecord, time::epoch_micros};
 
 /// `14:03:07.123456 netns=node if=eth1 198.51.100.7:40000 -> 10.0.2.20:8080 [SYN] reason=IP_RPFILTER at=ip_rcv_finish_core+0x1a3`,
 /// with ` pod=shop/cart-7d9f container=cart` after the namespace when it is
@@ -64,10 +60,14 @@ pub fn text_line(r: &DropRecord) -> String {
 
 /// Text output in a flood: a finding is printed in full once, then, while
 /// the same finding repeats within `REPEAT_WINDOW`, its headlines carry one
-/// line pointing back to it (JSON always carries the whole finding).
+/// line pointing back to it (JSON always carries the whole finding). The
+/// window is measured in the records' own times (`DropRecord::ts`), never
+/// the wall clock: `kdrop explain` replays a run in milliseconds and must
+/// fold exactly the lines the live run folded.
 #[derive(Debug, Default)]
 pub struct Repeats {
-    printed: HashMap<(&'static str, String), Instant>,
+    /// Each finding printed in full: its record's time, µs since the epoch.
+    printed: HashMap<(&'static str, String), u64>,
     /// The verdict printed for each handshake.
     verdicts: HashMap<u64, (&'static str, String)>,
 }
@@ -87,7 +87,6 @@ impl Repeats {
         let Some(f) = r.finding.as_ref().filter(|_| !json) else {
             return write_record(out, r, json);
         };
-        let now = Instant::now();
         let key = (f.cause, f.summary.clone());
         // A further packet of a handshake whose verdict was printed: one line.
         if let Some(id) = r.handshake {
@@ -104,19 +103,25 @@ impl Repeats {
             }
             self.verdicts.insert(id, key.clone());
         }
-        if let Some(at) = self.printed.get(&key) {
-            if now.duration_since(*at) < REPEAT_WINDOW {
-                return writeln!(
-                    out,
-                    "{}  (the same finding: [{}] above)",
-                    text_line(r),
-                    f.cause
-                );
-            }
+        // A record whose time cannot be read (none kdrop makes) is printed
+        // in full and starts no window.
+        let Some(now) = epoch_micros(&r.ts) else {
+            return write_record(out, r, json);
+        };
+        // Records arrive slightly out of time order (rings of different
+        // CPUs, held drops released later): one older than the print it
+        // repeats is within the window.
+        let within = |at: u64| Duration::from_micros(now.saturating_sub(at)) < REPEAT_WINDOW;
+        if self.printed.get(&key).is_some_and(|at| within(*at)) {
+            return writeln!(
+                out,
+                "{}  (the same finding: [{}] above)",
+                text_line(r),
+                f.cause
+            );
         }
         if self.printed.len() >= REPEATS_KEPT {
-            self.printed
-                .retain(|_, at| now.duration_since(*at) < REPEAT_WINDOW);
+            self.printed.retain(|_, at| within(*at));
         }
         self.printed.insert(key, now);
         write_record(out, r, json)
@@ -142,7 +147,82 @@ pub fn finding_lines(f: &Finding) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::pod::PodId, output::tests::record};
+    use crate::{
+        model::{pod::PodId, time::rfc3339},
+        output::tests::record,
+    };
+
+    /// `record()`'s time plus `ms` milliseconds, as records carry it.
+    fn ms_after(ms: u64) -> String {
+        rfc3339(1_795_240_987_123_456_789 + ms * 1_000_000)
+    }
+
+    /// For records of one finding at these times (ms after `record()`'s),
+    /// written in this order: whether each was folded into one line.
+    fn folded(times: &[u64]) -> Vec<bool> {
+        let mut r = record();
+        r.finding = Some(Finding {
+            cause: "rp_filter_strict",
+            summary: "strict".into(),
+            ..Finding::default()
+        });
+        let mut rep = Repeats::default();
+        times
+            .iter()
+            .map(|ms| {
+                r.ts = ms_after(*ms);
+                let mut out = Vec::new();
+                rep.write(&mut out, &r, false).unwrap();
+                let text = String::from_utf8(out).unwrap();
+                let one = text.ends_with("  (the same finding: [rp_filter_strict] above)\n");
+                assert_eq!(text.lines().count(), if one { 1 } else { 2 }, "{text}");
+                one
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_repeat_within_10_s_of_the_print_in_record_time_is_folded() {
+        // Written at once, as a replay does: only the records' times count.
+        assert_eq!(folded(&[0, 1, 5_000, 9_999]), [false, true, true, true]);
+    }
+
+    #[test]
+    fn a_repeat_10_s_or_more_after_the_print_is_printed_in_full_again() {
+        // The window runs from the last full print, not from each repeat.
+        assert_eq!(
+            folded(&[0, 6_000, 10_000, 19_999, 20_000, 45_000]),
+            [false, true, false, true, false, false]
+        );
+    }
+
+    #[test]
+    fn a_record_whose_time_cannot_be_read_is_printed_in_full() {
+        let mut r = record();
+        r.ts = "yesterday".into();
+        r.finding = Some(Finding {
+            cause: "rp_filter_strict",
+            summary: "strict".into(),
+            ..Finding::default()
+        });
+        let mut rep = Repeats::default();
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            rep.write(&mut out, &r, false).unwrap();
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("  why: strict").count(), 2, "{text}");
+    }
+
+    #[test]
+    fn a_repeat_older_than_its_print_is_within_the_window() {
+        // Another CPU's ring, or a drop held for its handshake's verdict:
+        // earlier than the print, however much, folds (no underflow).
+        assert_eq!(
+            folded(&[60_000, 59_000, 0, 69_999, 70_000]),
+            [false, true, true, true, false]
+        );
+    }
 
     #[test]
     fn a_listener_refusing_has_no_client_in_its_headline() {
@@ -236,8 +316,10 @@ mod tests {
         let mut rep = Repeats::default();
         let mut out = Vec::new();
         rep.write(&mut out, &r, false).unwrap();
+        // The verdict stands for the whole handshake, however long after.
         let mut later = r.clone();
         later.kind = "unanswered";
+        later.ts = ms_after(30_000);
         rep.write(&mut out, &later, false).unwrap();
         let text = String::from_utf8(out).unwrap();
         let why: Vec<_> = text.lines().filter(|l| l.starts_with("  why")).collect();
