@@ -1,6 +1,6 @@
 //! `kdrop record` on a real drop lab, the lab torn down, then `kdrop
 //! explain` as an unprivileged user: the same records, byte for byte in
-//! JSON, and the loss before them.
+//! JSON and in text, and the loss before them.
 use std::{
     net::{Ipv4Addr, SocketAddr},
     os::unix::fs::PermissionsExt as _,
@@ -84,6 +84,21 @@ fn lines_until(k: &Kdrop, what: &str, want: impl Fn(&Value) -> bool) -> Vec<Stri
         }
     }
     panic!("no event for {what}; saw {seen:?}")
+}
+
+/// Text lines of stdout until one contains `has` (bounded), all kept.
+fn text_until(k: &Kdrop, what: &str, has: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Some(line) = k.next_line(left) else { break };
+        let done = line.contains(has);
+        seen.push(line);
+        if done {
+            return seen;
+        }
+    }
+    panic!("no line for {what}; saw {seen:?}")
 }
 
 #[test]
@@ -298,17 +313,7 @@ fn netfilter_rule_recorded_in_text_then_explained() {
     ]);
     let (src, dst) = (p.client_v4(42201), p.server_v4(6201));
     let syn = send_syn(&p.client, src, dst);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut live = Vec::new();
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Some(line) = k.next_line(left) else { break };
-        let done = line.contains(rule);
-        live.push(line);
-        if done {
-            break;
-        }
-    }
-    assert!(live.iter().any(|l| l.contains(rule)), "{live:?}");
+    let mut live = text_until(&k, "the rule's drop", rule);
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{:?}", done.stderr);
     live.extend(done.stdout.iter().cloned());
@@ -338,6 +343,68 @@ fn netfilter_rule_recorded_in_text_then_explained() {
     let before = first["netfilter"]["packets_before"].as_u64().unwrap();
     let after = first["netfilter"]["packets_after"].as_u64().unwrap();
     assert!(after > before, "{first}");
+}
+
+/// One finding repeated over 11 s, each time by a new connection: printed
+/// in full, then one line while it repeats within 10 s of that print, then
+/// in full again. `explain` replays the run in milliseconds and still
+/// prints the same lines: the window runs on the records' own times.
+#[test]
+fn repeats_over_more_than_10_s_folded_the_same_when_explained() {
+    let p = Pair::new("recrep", 63);
+    let scratch = Scratch::new("recrep");
+    let bundle = scratch.0.join("rep.kdrop");
+    p.server
+        .exec(
+            "iptables-legacy",
+            &["-A", "INPUT", "-p", "tcp", "--dport", "6301", "-j", "DROP"],
+        )
+        .unwrap();
+    let server = p.server.name.clone();
+    let k = Kdrop::start(&[
+        "record",
+        "-o",
+        bundle.to_str().unwrap(),
+        "--netns",
+        &server,
+        "-p",
+        "6301",
+    ]);
+    let start = Instant::now();
+    let mut live = Vec::new();
+    // The print, a repeat 5 s later (folded), one 11 s later (past the
+    // window): the spacing in time is what is tested.
+    for (port, at) in [(42301, 0), (42302, 5), (42303, 11)] {
+        let due = start + Duration::from_secs(at);
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        let src = p.client_v4(port);
+        let syn = send_syn(&p.client, src, p.server_v4(6301));
+        live.extend(text_until(&k, "the drop", &format!(" {src} -> ")));
+        // Closed unanswered: no retransmission in the way.
+        drop(syn);
+    }
+    let done = k.stop(libc::SIGINT);
+    assert!(done.status.success(), "{:?}", done.stderr);
+    live.extend(done.stdout.iter().cloned());
+    drop(p);
+    assert!(!netns_exists(&server));
+
+    let full = live
+        .iter()
+        .filter(|l| l.starts_with("  why: ") && l.ends_with(" [netfilter_rule]"))
+        .count();
+    let folded = live
+        .iter()
+        .filter(|l| l.ends_with("  (the same finding: [netfilter_rule] above)"))
+        .count();
+    assert!(full >= 2 && folded >= 1, "{live:#?}");
+    let text = explain_unprivileged(&bundle, &[]);
+    let replayed: Vec<String> = String::from_utf8(text.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(replayed, live, "explain differs from the live run");
 }
 
 #[test]
