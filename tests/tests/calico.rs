@@ -17,6 +17,7 @@ use std::{
 use integration_tests::{
     containerd::{Containerd, BUSYBOX_IMAGE},
     cri::{recorded, ContainerSpec, Cri, PodSpec, Recorded},
+    scrape::{http_get, metrics_addr, scrape_until, value},
     send_syn_at, wait_connected, Kdrop,
 };
 use kdrop::context::netns::in_netns;
@@ -207,6 +208,22 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     let bundle = std::env::temp_dir().join(format!("kdrop-calico-{}.kdrop", std::process::id()));
     let bundle_arg = bundle.display().to_string();
     let rec = Kdrop::start_env(&["record", "-o", &bundle_arg, "-p", "5432"], &env);
+    // And monitored: the denials counted per protected pod and direction.
+    let mon = Kdrop::start_env(
+        &[
+            "monitor",
+            "-p",
+            "5432",
+            "-p",
+            "5433",
+            "-p",
+            "5434",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &env,
+    );
+    let mon_addr = metrics_addr(&mon);
     let syn = |sport: u16, dport: u16| {
         let src: SocketAddr = format!("{}:{sport}", cart.ip).parse().unwrap();
         let dst: SocketAddr = format!("{}:{dport}", db.ip).parse().unwrap();
@@ -301,6 +318,44 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert!(yaml.contains("  namespace: \"kdt-shop\"\n"), "{yaml}");
     assert!(yaml.contains("  - Egress\n"), "{yaml}");
 
+    // The monitor's series, one per protected pod, direction, port,
+    // verdict and policy, as the test built them.
+    let want = [
+        (db.pod.as_str(), "ingress", "5432", "no_policy_allowed", ""),
+        (
+            db.pod.as_str(),
+            "ingress",
+            "5433",
+            "denied_by_rule",
+            "NetworkPolicy kdt-db/security.deny-kdt-shop",
+        ),
+        (cart.pod.as_str(), "egress", "5434", "no_policy_allowed", ""),
+    ];
+    let series =
+        |m: &str, (pod, direction, port, verdict, policy): (&str, &str, &str, &str, &str)| {
+            value(
+                m,
+                "kdrop_network_policy_denials_total",
+                &[
+                    ("pod", pod),
+                    ("direction", direction),
+                    ("port", port),
+                    ("verdict", verdict),
+                    ("policy", policy),
+                ],
+            )
+        };
+    let m = scrape_until(
+        || http_get(mon_addr, "/metrics"),
+        "the three denials",
+        |m| want.iter().all(|w| series(m, *w).is_some()),
+    );
+    let n = m
+        .lines()
+        .filter(|l| l.starts_with("kdrop_network_policy_denials_total{"))
+        .count();
+    assert_eq!(n, want.len(), "{m}");
+
     // The first policy applied: Felix renders it in tier default after
     // allow-monitoring (same order, names sorted), its peer selector's
     // ipset written as cart's address. A new connection goes through.
@@ -342,6 +397,27 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert!(done.status.success(), "{done:?}");
     let done = rec.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
+    // Every series counts sampled denials, and the monitor wrote each one.
+    let done = mon.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+    for w in want {
+        let (pod, direction, port, ..) = w;
+        let lines = done
+            .events()
+            .iter()
+            .filter(|e| {
+                let p = &e["network_policy"];
+                p["protected_pod"] == pod
+                    && p["direction"] == direction
+                    && p["port"].as_u64().map(|p| p.to_string()).as_deref() == Some(port)
+            })
+            .count() as u64;
+        let counted = series(&m, w).unwrap();
+        assert!(
+            counted >= 1 && lines >= counted,
+            "{w:?}: {counted} counted, {lines} written"
+        );
+    }
     drop(listeners);
     let (db_pod, cart_pod) = (db.pod.clone(), cart.pod.clone());
     drop(cri);

@@ -225,7 +225,7 @@ fn alert_rules_pass_promtool_and_fire_on_kdrops_series() {
         "",
     );
     assert!(
-        ok && text.contains("SUCCESS: 6 rules found"),
+        ok && text.contains("SUCCESS: 7 rules found"),
         "promtool check rules: {text}"
     );
 
@@ -274,6 +274,31 @@ tests:
             exp_annotations:
               summary: "kdrop on n2 is not scraped"
               description: "Drops on that node go uncounted while its kdrop pod is down."
+  # A pod's ingress newly denied by network policy: the series of
+  # kdt-db/db-0:5432 appears at 70m; 5433's has existed all along and the
+  # egress one is not ingress.
+  - interval: 1m
+    input_series:
+      - series: 'kdrop_network_policy_denials_total{{pod="kdt-db/db-0",direction="ingress",port="5432",verdict="no_policy_allowed",policy="",node="n1"}}'
+        values: '_x70 1+1x90'
+      - series: 'kdrop_network_policy_denials_total{{pod="kdt-db/db-0",direction="ingress",port="5433",verdict="denied_by_rule",policy="NetworkPolicy kdt-db/security.deny-kdt-shop",node="n1"}}'
+        values: '1+1x160'
+      - series: 'kdrop_network_policy_denials_total{{pod="kdt-shop/cart-1",direction="egress",port="5434",verdict="no_policy_allowed",policy="",node="n1"}}'
+        values: '_x70 1x90'
+    alert_rule_test:
+      - eval_time: 60m
+        alertname: KdropPodIngressNewlyDenied
+        exp_alerts: []
+      - eval_time: 80m
+        alertname: KdropPodIngressNewlyDenied
+        exp_alerts:
+          - exp_labels: {{severity: warning, node: n1, pod: kdt-db/db-0, port: "5432", verdict: no_policy_allowed}}
+            exp_annotations:
+              summary: "Pod kdt-db/db-0: ingress on port 5432 newly denied by network policy"
+              description: "Connections to pod kdt-db/db-0 on port 5432 are denied by network policy on node n1 (no_policy_allowed), for the first time in an hour. kdrop's JSON lines (kubectl logs -n kdrop on that node's pod) name the refused pod and carry a NetworkPolicy that would allow it; kubectl get networkpolicy -n <the pod's namespace> shows what selects it."
+      - eval_time: 140m
+        alertname: KdropPodIngressNewlyDenied
+        exp_alerts: []
 "#,
         rules = rules.display()
     );

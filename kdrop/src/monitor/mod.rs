@@ -25,8 +25,8 @@ use crate::{
     output::{
         self,
         metrics::{
-            self, EgressCounts, EventCounts, FollowCounts, ListenCounts, ListenLabels, ProbeState,
-            Snapshot,
+            self, EgressCounts, EventCounts, FollowCounts, ListenCounts, ListenLabels,
+            PolicyLabels, ProbeState, Snapshot,
         },
     },
     probes::{self, Outcome, Probes},
@@ -40,6 +40,8 @@ const MAX_CAUSES: usize = 64;
 /// Listeners kept as their own `kdrop_listen_*_total` series; later ones
 /// count into one whose labels are all `overflow`.
 const MAX_LISTENERS: usize = 1024;
+/// The same for `kdrop_network_policy_denials_total`'s protected pods.
+const MAX_POLICY_SERIES: usize = 1024;
 
 /// JSON lines out (while the output stays open), findings counted, scrapes
 /// answered from the kernel's maps.
@@ -49,6 +51,8 @@ struct Monitor {
     findings: BTreeMap<String, u64>,
     /// The listen watch's refusals, by listener.
     listen: BTreeMap<ListenLabels, ListenCounts>,
+    /// Network policy denials, by protected pod and direction.
+    policy: BTreeMap<PolicyLabels, u64>,
     labels: Labels,
 }
 
@@ -62,6 +66,19 @@ impl Monitor {
             metrics::OVERFLOW
         };
         *self.findings.entry(cause.to_string()).or_insert(0) += 1;
+        if let Some(p) = &r.network_policy {
+            let mut labels = PolicyLabels {
+                pod: p.protected_pod.clone().unwrap_or_default(),
+                direction: p.direction.into(),
+                port: p.port.to_string(),
+                verdict: p.verdict.into(),
+                policy: p.policy.clone().unwrap_or_default(),
+            };
+            if !self.policy.contains_key(&labels) && self.policy.len() + 1 >= MAX_POLICY_SERIES {
+                labels = PolicyLabels::overflow();
+            }
+            *self.policy.entry(labels).or_insert(0) += 1;
+        }
     }
 
     /// Everything a scrape shows, read from the kernel now.
@@ -98,6 +115,7 @@ impl Monitor {
             drops,
             findings: self.findings.clone(),
             listen: self.listen.clone(),
+            policy: self.policy.clone(),
             events: EventCounts {
                 matched: c.matched,
                 emitted: c.emitted,
@@ -199,6 +217,7 @@ pub async fn run(args: &MonitorArgs) -> Result<ExitCode> {
         writing: true,
         findings: BTreeMap::new(),
         listen: BTreeMap::new(),
+        policy: BTreeMap::new(),
         labels: Labels::new(
             args.max_series as usize,
             session.enricher.facts.reasons.clone(),

@@ -76,6 +76,33 @@ pub struct ListenLabels {
     pub port: String,
 }
 
+/// Labels of `kdrop_network_policy_denials_total`: the pod whose network
+/// policy denied the connection (`namespace/name`, empty when its address
+/// is no pod's), the direction of that pod's traffic, the server's port,
+/// the verdict and the policy whose rule denied it (empty when no policy
+/// allowed it). No peer label: the refused clients are unbounded.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyLabels {
+    pub pod: String,
+    pub direction: String,
+    pub port: String,
+    pub verdict: String,
+    pub policy: String,
+}
+
+impl PolicyLabels {
+    pub fn overflow() -> Self {
+        let o = || OVERFLOW.to_string();
+        Self {
+            pod: o(),
+            direction: o(),
+            port: o(),
+            verdict: o(),
+            policy: o(),
+        }
+    }
+}
+
 /// SYNs a listener refused (its accept queue or SYN queue full) and SYNs
 /// answered with cookies, from its namespace's TcpExt counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,6 +151,8 @@ pub struct Snapshot {
     pub drops: BTreeMap<DropLabels, u64>,
     pub findings: BTreeMap<String, u64>,
     pub listen: BTreeMap<ListenLabels, ListenCounts>,
+    /// Network policy denials among the findings, by protected pod.
+    pub policy: BTreeMap<PolicyLabels, u64>,
     pub events: EventCounts,
     pub egress: EgressCounts,
     /// SYN and SYN-ACK retransmissions of local sockets.
@@ -200,6 +229,29 @@ pub fn render(s: &Snapshot) -> String {
     );
     for (cause, v) in &s.findings {
         sample(&mut out, "kdrop_findings_total", &[("cause", cause)], *v);
+    }
+    header(
+        &mut out,
+        "kdrop_network_policy_denials_total",
+        "counter",
+        "Sampled drops diagnosed as network_policy_denied, by the pod whose policy denied them \
+         (namespace/name), the direction of that pod's traffic (ingress, egress), the server's \
+         port, the verdict (no_policy_allowed, denied_by_rule, no_profile_matched) and the \
+         denying policy (empty when no policy allowed the connection).",
+    );
+    for (l, v) in &s.policy {
+        sample(
+            &mut out,
+            "kdrop_network_policy_denials_total",
+            &[
+                ("pod", &l.pod),
+                ("direction", &l.direction),
+                ("port", &l.port),
+                ("verdict", &l.verdict),
+                ("policy", &l.policy),
+            ],
+            *v,
+        );
     }
     header(
         &mut out,
@@ -381,6 +433,16 @@ mod tests {
             admitted: 9,
         };
         s.retrans.matched = 2;
+        s.policy.insert(
+            PolicyLabels {
+                pod: "kdt-db/db-0".into(),
+                direction: "ingress".into(),
+                port: "5432".into(),
+                verdict: "no_policy_allowed".into(),
+                policy: String::new(),
+            },
+            2,
+        );
         let text = render(&s);
         assert!(text.contains("kdrop_followed_connections_total{state=\"map_full\"} 1\n"));
         assert!(text.contains("kdrop_followed_connections_total{state=\"admitted\"} 9\n"));
@@ -391,6 +453,8 @@ mod tests {
             "kdrop_drops_total{reason=\"NO_SOCKET\",netns=\"4026531840\",pod=\"\",container=\"\",ifname=\"eth0\",port=\"80\"} 3",
             "# TYPE kdrop_findings_total counter",
             "kdrop_findings_total{cause=\"no_socket\"} 2",
+            "# TYPE kdrop_network_policy_denials_total counter",
+            "kdrop_network_policy_denials_total{pod=\"kdt-db/db-0\",direction=\"ingress\",port=\"5432\",verdict=\"no_policy_allowed\",policy=\"\"} 2",
             "kdrop_events_total{state=\"matched\"} 3",
             "kdrop_events_total{state=\"sampled_out\"} 1",
             "kdrop_events_total{state=\"capped\"} 0",
@@ -406,6 +470,7 @@ mod tests {
         for name in [
             "kdrop_drops_total",
             "kdrop_findings_total",
+            "kdrop_network_policy_denials_total",
             "kdrop_events_total",
             "kdrop_handshake_packets_total",
             "kdrop_probe_attached",
