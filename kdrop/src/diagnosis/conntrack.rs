@@ -24,6 +24,7 @@ use super::{
     handshake::{findings::ct_text, CtBits},
     netfilter::describe::stats_moved,
 };
+use crate::model::cause::Cause;
 use crate::model::{
     finding::Finding,
     netfilter::{Backend, ConntrackMoved, Family, Table},
@@ -210,7 +211,7 @@ fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
             .into(),
     };
     Finding {
-        cause: "conntrack_insert_failed",
+        cause: Cause::ConntrackInsertFailed,
         summary,
         evidence,
         fix,
@@ -294,7 +295,7 @@ fn widen_fix(r: &NatRule, ns: &str) -> Option<String> {
 fn chain_too_long(d: &CtDrop, stats: String) -> Finding {
     let a = &d.moved.after;
     Finding {
-        cause: "conntrack_insert_failed",
+        cause: Cause::ConntrackInsertFailed,
         summary: format!(
             "conntrack refused the packet's entry: a hash chain of the conntrack table was too \
              long (chaintoolong) in netns {}",
@@ -338,7 +339,7 @@ fn table_full(d: &CtDrop, stats: String) -> Finding {
     }
     let new_max = if max > 0 { max * 2 } else { 262_144 };
     Finding {
-        cause: "conntrack_table_full",
+        cause: Cause::ConntrackTableFull,
         summary: format!(
             "conntrack table full in netns {}: {}; new connections are dropped",
             d.netns,
@@ -657,7 +658,7 @@ mod tests {
                 max: Some(max),
                 ..b
             };
-            explain(&drop(&moved(b, a), None, &[])).map(|f| f.cause)
+            explain(&drop(&moved(b, a), None, &[])).map(|f| f.cause.id())
         };
         assert_eq!(at(0, 0), None);
         assert_eq!(at(50, 100), None);

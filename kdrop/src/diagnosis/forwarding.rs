@@ -10,6 +10,7 @@
 //! for a neighbour whose resolution failed is NEIGH_FAILED in
 //! `neigh_invalidate` (net/core/neighbour.c), with skb->dev the egress
 //! device.
+use crate::model::cause::Cause;
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::fix_kinds::Kind;
@@ -313,7 +314,7 @@ fn no_route(s: &Stuck, t: &Tables) -> Finding {
         (None, _) => "and none holds a route for it".into(),
     };
     Finding {
-        cause: "no_route",
+        cause: Cause::NoRoute,
         summary: format!(
             "no route to {} in netns {}: {} -> {} {}; rule{} {} looked in table{} {}, {outcome}",
             s.dst,
@@ -426,7 +427,7 @@ fn neighbour_failed(s: &Stuck, t: &Tables) -> Finding {
         inspect.insert(0, format!("{ns}ip neigh show dev {dev} to {}", h.addr));
     }
     Finding {
-        cause: "neighbour_failed",
+        cause: Cause::NeighbourFailed,
         summary,
         evidence,
         fix_notes: notes,

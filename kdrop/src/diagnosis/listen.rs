@@ -10,6 +10,7 @@
 //! Also the duplicate SYN a listener frees while the handshake's request
 //! socket waits for its final ACK.
 use super::fix_kinds::Kind;
+use crate::model::cause::Cause;
 use crate::model::{
     finding::{Finding, Fix},
     listen::{ListenCounters, ListenerFound, ProcessRef},
@@ -176,7 +177,7 @@ pub fn overflow(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Option<Finding> {
     let (fix, fix_notes) = repair(f, &who);
     let port = l.local.port();
     Some(Finding {
-        cause: "listen_overflow",
+        cause: Cause::ListenOverflow,
         summary,
         evidence,
         fix,
@@ -283,7 +284,7 @@ pub fn duplicate_syn_freed(
         None => {}
     }
     Finding {
-        cause: "duplicate_syn",
+        cause: Cause::DuplicateSyn,
         summary: format!(
             "SYN {} -> {} repeated while the server's SYN-ACK for it was outstanding: the \
              server resent its SYN-ACK, so the SYN-ACK or the client's final ACK is being lost \

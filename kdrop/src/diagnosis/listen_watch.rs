@@ -5,6 +5,7 @@
 //! v6.18 https://github.com/torvalds/linux/blob/v6.18/net/ipv4/tcp_input.c),
 //! so only ListenOverflows, ListenDrops, TCPReqQFullDrop and
 //! TCPReqQFullDoCookies (`tcp_syn_flood_action`) show it.
+use crate::model::cause::Cause;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use super::listen::{counters_line_since, overflow, owner_text, Seen};
@@ -156,7 +157,7 @@ pub fn watched(w: &Watched) -> Option<Finding> {
     );
     if m.req_q_full_drop > 0 {
         return Some(Finding {
-            cause: "syn_queue_overflow",
+            cause: Cause::SynQueueOverflow,
             summary: format!(
                 "SYN queue of {who} on {} is full ({sq}/{b}) and SYN cookies are off: {} \
                  dropped {}",
@@ -183,7 +184,7 @@ pub fn watched(w: &Watched) -> Option<Finding> {
     }
     if m.req_q_full_do_cookies > 0 {
         return Some(Finding {
-            cause: "syn_cookies",
+            cause: Cause::SynCookies,
             summary: format!(
                 "SYN queue of {who} on {} overflowed ({sq}/{b}): {} answered with SYN cookies \
                  {}; those connections open, but a cookie keeps only some TCP options",

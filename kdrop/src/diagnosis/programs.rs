@@ -7,6 +7,7 @@
 //! device, hook, filter and program, and the agent that owns it; a fix only
 //! when no agent does (it would put the program back).
 use super::fix_kinds::Kind;
+use crate::model::cause::Cause;
 use crate::model::{
     finding::Finding,
     packet::Tuple,
@@ -184,7 +185,7 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
         ),
     };
     Finding {
-        cause: "bpf_cgroup",
+        cause: Cause::BpfCgroup,
         summary: format!(
             "{packet} dropped by the cgroup {} BPF program of {who}: {}",
             c.hook,
@@ -308,7 +309,7 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
         summary
     };
     Finding {
-        cause: "tc_filter",
+        cause: Cause::TcFilter,
         summary,
         evidence,
         fix,
@@ -367,7 +368,7 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
         })
         .collect();
     Finding {
-        cause: "xdp_program",
+        cause: Cause::XdpProgram,
         summary: if names.is_empty() {
             format!(
                 "{packet} dropped by XDP on {dev} in netns {ns}, by a program no longer attached"
@@ -391,24 +392,24 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
 fn unnamed(d: &ProgDrop, packet: &str) -> Finding {
     let (cause, summary, inspect) = match d.reason {
         "BPF_CGROUP_EGRESS" => (
-            "bpf_cgroup",
+            Cause::BpfCgroup,
             format!("{packet} dropped by a cgroup egress BPF program of the sending socket's cgroup"),
             vec!["bpftool cgroup tree".to_string()],
         ),
         "SOCKET_FILTER" => (
-            "socket_filter",
+            Cause::SocketFilter,
             format!("{packet} dropped by a socket filter (SO_ATTACH_FILTER / SO_ATTACH_BPF) of the receiving socket"),
             // ss cannot show a TCP socket's filter: it names the
             // listeners' processes, one of which attached it.
             vec![format!("{}ss -tlnp", d.netns_exec)],
         ),
         "XDP" => (
-            "xdp_program",
+            Cause::XdpProgram,
             format!("{packet} dropped by an XDP program in netns {}", d.netns),
             vec![format!("{}ip -d link", d.netns_exec)],
         ),
         hook => (
-            "tc_filter",
+            Cause::TcFilter,
             format!("{packet} dropped by a tc filter ({hook}) in netns {}", d.netns),
             // `tc filter show` needs a device; bpftool lists every one's.
             vec![format!("{}bpftool net show", d.netns_exec)],

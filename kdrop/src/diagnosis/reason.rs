@@ -1,6 +1,7 @@
 //! A finding from the kernel's drop reason alone, for drops no richer
 //! cause explains (the reverse-path lookup, the rule that dropped...).
 use super::fix_kinds::Kind;
+use crate::model::cause::Cause;
 use crate::model::{
     finding::{Finding, Fix},
     netfilter::Attribution,
@@ -43,10 +44,10 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
     let (src, dst) = (host(&f.src), host(&f.dst));
     // (cause, summary, fix, notes, inspect): the reason alone rarely says
     // enough to repair; where it does, the repair.
-    let (cause, summary, fix, notes, inspect): (&str, String, Vec<Fix>, Vec<String>, Vec<String>) =
+    let (cause, summary, fix, notes, inspect): (Cause, String, Vec<Fix>, Vec<String>, Vec<String>) =
         match reason {
             "IP_RPFILTER" => (
-                "rp_filter",
+                Cause::RpFilter,
                 format!("reverse-path filter on {iface}: the way back to {src} is not via {iface}"),
                 vec![Kind::RpFilterLoose
                     .fix(format!("{ns}sysctl -w net.ipv4.conf.{iface}.rp_filter=2"))],
@@ -62,7 +63,7 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 ],
             ),
             "NO_SOCKET" => (
-                "no_socket",
+                Cause::NoSocket,
                 format!(
                     "nothing listens on {} (or the packet matches no connection)",
                     f.dst
@@ -80,7 +81,7 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                     .map(|a| super::netfilter::finding::explain(a, f));
             }
             "NETFILTER_DROP" => (
-                "netfilter",
+                Cause::Netfilter,
                 format!("a netfilter rule or chain policy dropped it on {iface}"),
                 vec![],
                 vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
@@ -90,7 +91,7 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 ],
             ),
             "IP_LOCAL_SOURCE" => (
-                "martian_local_source",
+                Cause::MartianLocalSource,
                 format!(
                     "martian: source {src} is a local address of this host, arriving on {iface}"
                 ),
@@ -102,14 +103,14 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 vec![format!("{ns}ip route get {src} from {dst}")],
             ),
             "IP_INVALID_SOURCE" => (
-                "martian_source",
+                Cause::MartianSource,
                 format!("martian: source {src} is not a valid source address"),
                 vec![],
                 vec![],
                 vec![format!("{ns}ip route get {src} from {dst}")],
             ),
             "IP_LOCALNET" => (
-                "martian_localnet",
+                Cause::MartianLocalnet,
                 format!("127.0.0.0/8 address on {iface} without route_localnet"),
                 vec![Kind::RouteLocalnet.fix(format!(
                     "{ns}sysctl -w net.ipv4.conf.{iface}.route_localnet=1"
@@ -118,28 +119,28 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
             ),
             "OTHERHOST" => (
-                "otherhost",
+                Cause::Otherhost,
                 format!("frame on {iface} was addressed to another host's MAC"),
                 vec![],
                 vec![],
                 vec![format!("{ns}ip neigh show dev {iface}")],
             ),
             "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
-                "no_route",
+                Cause::NoRoute,
                 format!("no route for {dst}"),
                 vec![],
                 vec![],
                 vec![format!("{ns}ip route get {dst}")],
             ),
             "NEIGH_FAILED" => (
-                "neighbour_failed",
+                Cause::NeighbourFailed,
                 format!("neighbour resolution failed on {iface}"),
                 vec![],
                 vec![],
                 vec![format!("{ns}ip neigh show dev {iface}")],
             ),
             "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
-                "listen_overflow",
+                Cause::ListenOverflow,
                 format!(
                     "the listener on {} is overloaded (accept or SYN queue)",
                     f.dst
@@ -151,7 +152,7 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
                 )],
             ),
             "XFRM_POLICY" => (
-                "xfrm_policy",
+                Cause::XfrmPolicy,
                 "an IPsec policy refused it".into(),
                 vec![],
                 vec![],
@@ -205,7 +206,7 @@ fn no_reason(f: &DropFacts) -> Finding {
         evidence.push(format!("freed at {loc}"));
     }
     Finding {
-        cause: "no_reason",
+        cause: Cause::NoReason,
         summary: format!(
             "dropped on {}; this kernel does not say why, kdrop does not guess",
             f.ifname

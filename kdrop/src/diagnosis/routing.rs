@@ -12,6 +12,7 @@
 //! - fails with -EXDEV (IP_RPFILTER) under strict rp_filter when the result
 //!   does not leave by the input interface, or under any rp_filter when
 //!   there is no route back at all.
+use crate::model::cause::Cause;
 use std::net::{IpAddr, Ipv4Addr};
 
 pub use super::reverse_path::{RouteDrop, LOOPBACK_IFINDEX};
@@ -174,7 +175,7 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
             let all = c.all.route_localnet.unwrap_or(0);
             let dev = c.dev(&iif).route_localnet.unwrap_or(0);
             Some(Finding {
-                cause: "martian_localnet",
+                cause: Cause::MartianLocalnet,
                 summary: format!(
                     "martian on {iif}: {which} is in 127.0.0.0/8 and route_localnet is off"
                 ),
@@ -374,11 +375,11 @@ fn no_way_back(
     }
 }
 
-fn rp_cause(rp: u32) -> &'static str {
+fn rp_cause(rp: u32) -> Cause {
     if rp == 2 {
-        "rp_filter_loose"
+        Cause::RpFilterLoose
     } else {
-        "rp_filter_strict"
+        Cause::RpFilterStrict
     }
 }
 
@@ -435,7 +436,7 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
         ),
     };
     Finding {
-        cause: "martian_local_source",
+        cause: Cause::MartianLocalSource,
         summary: format!("martian source on {iif}: {} is {what}", d.src),
         evidence,
         fix,

@@ -16,6 +16,7 @@
 //! - `nft_fib6_eval` (https://github.com/torvalds/linux/blob/v6.18/net/ipv6/netfilter/nft_fib_ipv6.c):
 //!   with `. iif` the result counts only when its device is the input
 //!   device; `oif missing` is true when it does not.
+use crate::model::cause::Cause;
 use std::net::{IpAddr, Ipv6Addr};
 
 use super::{
@@ -356,7 +357,7 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
     let mut inspect = vec![asked, format!("{ns}ip -6 rule show")];
     inspect.extend(nf.inspect);
     Finding {
-        cause: "rpfilter6",
+        cause: Cause::Rpfilter6,
         summary: format!(
             "IPv6 reverse-path check failed on {iif}: {place} ({mode}) drops it: {why}: {rule}"
         ),
@@ -588,7 +589,7 @@ mod tests {
 
     fn nf() -> Finding {
         Finding {
-            cause: "netfilter_rule",
+            cause: Cause::NetfilterRule,
             evidence: vec!["kernel drop reason NETFILTER_DROP".into()],
             inspect: vec!["ip netns exec node ip6tables-nft -t raw -L PREROUTING".into()],
             ..Finding::default()

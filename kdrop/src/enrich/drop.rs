@@ -24,6 +24,47 @@ use crate::{
     },
 };
 
+/// The explanations of a drop, each asked in turn; the first that finds
+/// something is the record's finding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Explainer {
+    /// A Calico policy chain: in Kubernetes terms (pods, direction,
+    /// policy), before the netfilter rule it is made of.
+    Calico,
+    /// The kernel's reverse-path or martian check, with its lookups.
+    Routing,
+    /// A forwarded packet with no route or no neighbour.
+    Forwarding,
+    /// A SYN-ACK refused by TCP: the hairpin or the loop seen from the
+    /// NAT entry it belongs to.
+    Refused,
+    /// Conntrack's own drop (table full, insert clash).
+    ConntrackDrop,
+    /// A kube-proxy rule, named as its Service.
+    Kube,
+    /// A BPF program (tc, XDP, cgroup, socket filter).
+    Program,
+    /// A full accept queue, named from its listener.
+    Listen,
+    /// The drop reason alone (the netfilter rule, when attributed).
+    Reason,
+}
+
+/// Richer before poorer: what names the cause in the terms of the thing
+/// that decided (a policy, a route, a NAT entry, a Service, a program)
+/// before the generic reading of the reason, which is last.
+const PRECEDENCE: [Explainer; 9] = [
+    Explainer::Calico,
+    Explainer::Routing,
+    Explainer::Forwarding,
+    Explainer::Refused,
+    Explainer::ConntrackDrop,
+    Explainer::Kube,
+    Explainer::Program,
+    Explainer::Listen,
+    Explainer::Reason,
+];
+
 impl<N: Node> Enricher<N> {
     pub(super) fn drop_record(&mut self, d: &Drop) -> DropRecord {
         let ns = self.netns_name(d.netns);
@@ -92,17 +133,21 @@ impl<N: Node> Enricher<N> {
             network_policy: None,
             handshake: None,
         };
-        let (calico, policy) = self.explain_calico(d, &r).unzip();
+        let (mut calico, policy) = self.explain_calico(d, &r).unzip();
         r.network_policy = policy;
-        r.finding = calico
-            .or_else(|| self.explain_routing(d, &r))
-            .or_else(|| self.explain_forwarding(d, &r))
-            .or_else(|| self.explain_refused(d, &r))
-            .or_else(|| self.explain_conntrack_drop(d, &r))
-            .or_else(|| self.explain_kube(d, &r))
-            .or_else(|| self.explain_program(d, &r))
-            .or_else(|| self.explain_listen(d, &r))
-            .or_else(|| diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_ref())));
+        r.finding = PRECEDENCE.iter().find_map(|e| match e {
+            Explainer::Calico => calico.take(),
+            Explainer::Routing => self.explain_routing(d, &r),
+            Explainer::Forwarding => self.explain_forwarding(d, &r),
+            Explainer::Refused => self.explain_refused(d, &r),
+            Explainer::ConntrackDrop => self.explain_conntrack_drop(d, &r),
+            Explainer::Kube => self.explain_kube(d, &r),
+            Explainer::Program => self.explain_program(d, &r),
+            Explainer::Listen => self.explain_listen(d, &r),
+            Explainer::Reason => diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_ref())),
+        });
+        // Not a rival: the netfilter finding, refined with the way back
+        // an IPv6 rpfilter rule looked up.
         if let Some(f) = self.explain_rpfilter6(d, &r) {
             r.finding = Some(f);
         }
@@ -436,5 +481,24 @@ pub(super) fn facts<'a>(
         location: Some(&r.location),
         tcp_flags,
         netfilter,
+    }
+}
+
+#[cfg(test)]
+mod precedence {
+    use super::{Explainer, PRECEDENCE};
+
+    /// Every explanation is asked once (nine of nine), the generic reading
+    /// of the reason last, and a Calico policy before the kube-proxy rule
+    /// reading of the same netfilter drop.
+    #[test]
+    fn each_explanation_once_and_the_reason_last() {
+        for e in PRECEDENCE {
+            assert_eq!(PRECEDENCE.iter().filter(|x| **x == e).count(), 1, "{e:?}");
+        }
+        assert_eq!(PRECEDENCE.last(), Some(&Explainer::Reason));
+        let at = |e| PRECEDENCE.iter().position(|x| *x == e).unwrap();
+        assert!(at(Explainer::Calico) < at(Explainer::Kube));
+        assert!(at(Explainer::Routing) < at(Explainer::Forwarding));
     }
 }

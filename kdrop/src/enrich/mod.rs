@@ -17,7 +17,7 @@ use crate::{
     diagnosis::{
         handshake::{
             syn_ack::{self, SynAckRetransmits},
-            verdict::{self, Verdicts},
+            verdict::Verdicts,
             CtBits, Dead, Tracker,
         },
         names,
@@ -159,10 +159,7 @@ impl<N: Node> Enricher<N> {
                 // A drop that explains nothing by itself may belong to a
                 // handshake whose verdict is a moment away (the SYN-ACK the
                 // client refuses): held briefly, then filed under it.
-                let weak = r
-                    .finding
-                    .as_ref()
-                    .is_none_or(|f| verdict::rank(f.cause) == 0);
+                let weak = r.finding.as_ref().is_none_or(|f| f.cause.rank() == 0);
                 if weak && client_end(&r).is_some() && self.held.len() < HELD_MAX {
                     self.held.push_back((d.ts_ns, d.isn, r));
                     return None;

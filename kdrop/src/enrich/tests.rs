@@ -165,7 +165,7 @@ fn without_drop_reasons_only_a_pending_request_makes_a_duplicate() {
     let r = drained(&mut e);
     assert_eq!(r.len(), 1);
     assert_ne!(
-        r[0].finding.as_ref().map(|f| f.cause),
+        r[0].finding.as_ref().map(|f| f.cause.id()),
         Some("duplicate_syn")
     );
     assert_eq!(e.answered_by_tcp, 0);

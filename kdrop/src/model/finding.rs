@@ -1,11 +1,13 @@
 //! kdrop's answer for one failed handshake.
 use serde::{Serialize, Serializer};
 
+pub use super::cause::Cause;
+
 /// Why a packet died and what to do about it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Finding {
-    /// Stable identifier, e.g. `rp_filter_strict`, `no_socket`.
-    pub cause: &'static str,
+    /// Why, as a stable id in JSON (`rp_filter_strict`, `no_socket`).
+    pub cause: Cause,
     pub summary: String,
     pub evidence: Vec<String>,
     /// Commands that repair it, run as written, in order, on this node: a

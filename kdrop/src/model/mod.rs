@@ -2,6 +2,7 @@
 //! what the node looks like, what kdrop concluded. No I/O, no logic beyond
 //! what the data says about itself; `context` fills it, `diagnosis` reads
 //! it, `output` renders it.
+pub mod cause;
 pub mod finding;
 pub mod listen;
 pub mod neighbour;

@@ -59,9 +59,9 @@ struct Monitor {
 impl Monitor {
     fn count_finding(&mut self, r: &DropRecord) {
         let Some(f) = &r.finding else { return };
-        let known = self.findings.contains_key(f.cause);
+        let known = self.findings.contains_key(f.cause.id());
         let cause = if known || self.findings.len() < MAX_CAUSES - 1 {
-            f.cause
+            f.cause.id()
         } else {
             metrics::OVERFLOW
         };

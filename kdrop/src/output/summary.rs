@@ -24,7 +24,7 @@ impl Summary {
         };
         *self.by_reason.entry(reason).or_default() += 1;
         if let Some(svc) = &r.pods.service {
-            let cause = r.finding.as_ref().map_or("unexplained", |f| f.cause);
+            let cause = r.finding.as_ref().map_or("unexplained", |f| f.cause.id());
             *self
                 .by_service
                 .entry((svc.clone(), cause.to_string()))
@@ -154,7 +154,7 @@ mod tests {
         let mut r = record();
         r.pods.service = Some("ns6/svc6:80".into());
         r.finding = Some(crate::model::finding::Finding {
-            cause: "kube_no_endpoints",
+            cause: crate::model::cause::Cause::KubeNoEndpoints,
             ..Default::default()
         });
         s.add(&r);

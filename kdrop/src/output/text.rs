@@ -1,5 +1,6 @@
 //! Text output: one headline per record, its finding indented below; in a
 //! flood, a repeated finding is printed in full once.
+use crate::model::cause::Cause;
 use std::{collections::HashMap, io::Write, time::Duration};
 
 use super::write_record;
@@ -67,9 +68,9 @@ pub fn text_line(r: &DropRecord) -> String {
 #[derive(Debug, Default)]
 pub struct Repeats {
     /// Each finding printed in full: its record's time, µs since the epoch.
-    printed: HashMap<(&'static str, String), u64>,
+    printed: HashMap<(Cause, String), u64>,
     /// The verdict printed for each handshake.
-    verdicts: HashMap<u64, (&'static str, String)>,
+    verdicts: HashMap<u64, (Cause, String)>,
 }
 
 const REPEAT_WINDOW: Duration = Duration::from_secs(10);
@@ -162,7 +163,7 @@ mod tests {
     fn folded(times: &[u64]) -> Vec<bool> {
         let mut r = record();
         r.finding = Some(Finding {
-            cause: "rp_filter_strict",
+            cause: Cause::RpFilterStrict,
             summary: "strict".into(),
             ..Finding::default()
         });
@@ -201,7 +202,7 @@ mod tests {
         let mut r = record();
         r.ts = "yesterday".into();
         r.finding = Some(Finding {
-            cause: "rp_filter_strict",
+            cause: Cause::RpFilterStrict,
             summary: "strict".into(),
             ..Finding::default()
         });
@@ -282,7 +283,7 @@ mod tests {
     #[test]
     fn fixes_alternatives_notes_and_inspections_have_their_own_lines() {
         let f = Finding {
-            cause: "c",
+            cause: Cause::NoReason,
             summary: "s".into(),
             evidence: vec![],
             fix: vec![rp("a"), rp("b")],
@@ -293,7 +294,7 @@ mod tests {
         assert_eq!(
             finding_lines(&f),
             [
-                "  why: s [c]",
+                "  why: s [no_reason]",
                 "    fix: sysctl -w net.ipv4.conf.a.rp_filter=2",
                 "    fix: sysctl -w net.ipv4.conf.b.rp_filter=2",
                 "    or: sysctl -w net.ipv4.conf.x.rp_filter=2",
@@ -309,7 +310,7 @@ mod tests {
         let mut r = record();
         r.handshake = Some(7);
         r.finding = Some(Finding {
-            cause: "hairpin_no_reverse_nat",
+            cause: Cause::HairpinNoReverseNat,
             summary: "hairpin".into(),
             ..Finding::default()
         });
@@ -337,7 +338,7 @@ mod tests {
     fn a_repeated_finding_is_printed_in_full_once_in_text() {
         let mut r = record();
         r.finding = Some(Finding {
-            cause: "rp_filter_strict",
+            cause: Cause::RpFilterStrict,
             summary: "strict".into(),
             evidence: vec!["e".into()],
             fix: vec![rp("f")],

@@ -2,6 +2,7 @@
 //! record's `network_policy` field. `fix` stays empty: Felix rewrites its
 //! chains from the cluster's policies, so the repair is a policy object,
 //! given in `fix_notes`; `inspect` lists what selects the pod.
+use crate::model::cause::Cause;
 use std::net::IpAddr;
 
 use super::{
@@ -261,7 +262,7 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
         evaluated,
     };
     let finding = Finding {
-        cause: "network_policy_denied",
+        cause: Cause::NetworkPolicyDenied,
         summary,
         evidence,
         fix: Vec::new(),

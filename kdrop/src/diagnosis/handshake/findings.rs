@@ -1,5 +1,6 @@
 //! A dead handshake explained: hairpin without reverse NAT, asymmetric
 //! return path, LB loopback, unanswered, SYN-ACK answered by a RST.
+use crate::model::cause::Cause;
 use std::net::IpAddr;
 
 use super::tracker::{errno, CtBits, Flow, GaveUp, Reset};
@@ -137,7 +138,7 @@ pub fn reset(r: &Reset, seen: &str) -> Finding {
         None => format!("kdrop did not see a SYN {client} -> {server} leave any device it follows"),
     };
     Finding {
-        cause: "syn_ack_reset",
+        cause: Cause::SynAckReset,
         summary: format!(
             "the SYN-ACK {server} -> {client} was answered by a RST: {} has no socket waiting for it",
             client.ip()
@@ -177,7 +178,7 @@ pub fn unanswered(
             dnat_ns,
         ),
         _ => Finding {
-            cause: "unanswered",
+            cause: Cause::Unanswered,
             summary: format!(
                 "SYN {} -> {} sent {} out of {dev} without an answer",
                 flow.orig.src,
@@ -204,7 +205,7 @@ pub fn asymmetric(ct: &Ct, dev: &str, mut seen: Vec<String>, dnat_ns: &str) -> F
         client.ip()
     ));
     Finding {
-        cause: "asymmetric_return_path",
+        cause: Cause::AsymmetricReturnPath,
         summary: format!(
             "SYN {client} -> {service} was DNAT'd to {backend} and sent out {dev}, but no reply \
              came back through this host: asymmetric return path"

@@ -3,6 +3,7 @@
 //! address; this node DNATs it to a local backend without SNAT
 //! (externalTrafficPolicy: Local), so the backend answers the client
 //! directly and the load balancer never undoes its own DNAT.
+use crate::model::cause::Cause;
 use std::net::SocketAddr;
 
 use super::{
@@ -59,7 +60,7 @@ pub fn lb_loopback(l: &Loopback, ns: &str) -> Finding {
             .map(|t| Kind::ConntrackDeleteEntry.fix(clear_entry(ns, t))),
     );
     Finding {
-        cause: "lb_loopback_without_snat",
+        cause: Cause::LbLoopbackWithoutSnat,
         summary: format!(
             "SYN {client} -> {vip} {}came back as {client} -> {} and was DNAT'd to {backend} \
              without SNAT: the reply goes straight to {} and bypasses the load balancer",

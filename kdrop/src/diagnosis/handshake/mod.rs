@@ -24,6 +24,7 @@ pub(crate) mod tests {
         *,
     };
     use crate::diagnosis::fix_kinds::Kind;
+    use crate::model::cause::Cause;
     use crate::model::{
         finding::Finding,
         packet::{Abandon, Ct, Packet, Tuple},
@@ -565,7 +566,7 @@ pub(crate) mod tests {
                     "ip netns exec nodeb "
                 ),
                 Finding {
-                    cause: "unanswered",
+                    cause: Cause::Unanswered,
                     summary: summary.into(),
                     evidence: vec![sent.into()],
                     ..Finding::default()
@@ -582,7 +583,7 @@ pub(crate) mod tests {
         assert_eq!(
             unanswered(&f, &BITS, &status, &tables(), "ip netns exec nodeb "),
             Finding {
-                cause: "asymmetric_return_path",
+                cause: Cause::AsymmetricReturnPath,
                 summary: "SYN 172.16.0.50:40000 -> 10.0.58.158:80 was DNAT'd to 10.0.0.13:80 and \
                           sent out eth0, but no reply came back through this host: asymmetric \
                           return path"
@@ -644,7 +645,7 @@ pub(crate) mod tests {
         assert_eq!(
             lb_loopback(&l, "ip netns exec node "),
             Finding {
-                cause: "lb_loopback_without_snat",
+                cause: Cause::LbLoopbackWithoutSnat,
                 summary: "SYN 10.244.2.5:41000 -> 203.0.113.80:80 left by eth0 to the load \
                           balancer, came back as 10.244.2.5:41000 -> 10.70.0.10:30080 and was \
                           DNAT'd to 10.244.2.9:80 without SNAT: the reply goes straight to \

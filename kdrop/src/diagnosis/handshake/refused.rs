@@ -9,6 +9,7 @@
 //!   SNAT, so the reply is un-NAT'd at most to the NodePort;
 //! - asymmetric return (incident 5): the DNAT'd SYN left the namespace that
 //!   translated it, and the reply went to the client another way.
+use crate::model::cause::Cause;
 use std::net::{IpAddr, SocketAddr};
 
 use super::{
@@ -258,7 +259,7 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
         call_sysctl(client.ip())
     )));
     Finding {
-        cause: "hairpin_no_reverse_nat",
+        cause: Cause::HairpinNoReverseNat,
         summary: format!(
             "hairpin: the SYN-ACK from {} matches the reply side of a DNAT'd connection ({} -> \
              {} => {}) but arrived un-NAT'd: both ends are on bridge {br}",
@@ -578,7 +579,7 @@ mod tests {
             ..socket_gone
         };
         assert_ne!(
-            explain(&unknown, &BITS).map(|f| f.cause),
+            explain(&unknown, &BITS).map(|f| f.cause.id()),
             Some("lb_loopback_without_snat")
         );
         // The client waits for the address the node DNAT'd: no loop.

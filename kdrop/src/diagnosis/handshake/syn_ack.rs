@@ -9,6 +9,7 @@
 //! https://github.com/torvalds/linux/blob/v6.18/net/ipv4/inet_connection_sock.c
 //! and net/ipv4/tcp_minisocks.c), so a count reaching `DEAD_AFTER` is at
 //! least a second without it.
+use crate::model::cause::Cause;
 use std::collections::HashMap;
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
@@ -133,7 +134,7 @@ pub fn unanswered(s: &SynAckRetransmitted, a: &Around) -> Finding {
         ));
     }
     Finding {
-        cause: "syn_ack_unanswered",
+        cause: Cause::SynAckUnanswered,
         summary: format!(
             "SYN-ACK {server} -> {client} sent {sent} times{out} without the client's final \
              ACK: the SYN-ACK or the ACK is lost between this node and {}, or the client gave up",

@@ -18,20 +18,6 @@ const FORGET_AFTER_NS: u64 = 120_000_000_000;
 /// engineer can read folded, and a flood's repeats are one line anyway.
 const MAX_HANDSHAKES: usize = 2_048;
 
-/// How much a cause says, weakest first. A cause the kernel named for
-/// this very packet (a drop reason with its context) outranks one inferred
-/// from what did not happen (no reply), which outranks saying nothing.
-pub fn rank(cause: &str) -> u8 {
-    match cause {
-        // A repeated SYN or SYN-ACK only says an answer is being lost: it
-        // waits for the handshake's verdict.
-        "unanswered" | "no_reason" | "duplicate_syn" | "syn_ack_unanswered" => 0,
-        "no_socket" | "syn_ack_reset" | "netfilter" | "otherhost" => 1,
-        "asymmetric_return_path" => 2,
-        _ => 3,
-    }
-}
-
 #[derive(Clone, Debug)]
 struct Handshake {
     id: u64,
@@ -95,7 +81,7 @@ impl Verdicts {
         // The same cause again (a retransmission): the record keeps its own
         // evidence (the kernel's lookups for that packet), and it is the
         // newest word on the handshake.
-        if found.cause == h.verdict.cause || rank(found.cause) > rank(h.verdict.cause) {
+        if found.cause == h.verdict.cause || found.cause.rank() > h.verdict.cause.rank() {
             h.verdict = found.clone();
             return (h.id, found);
         }
@@ -156,10 +142,15 @@ impl Verdicts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::cause::Cause;
 
-    fn finding(cause: &'static str, summary: &str) -> Finding {
+    fn rank(cause: &str) -> u8 {
+        Cause::from_id(cause).unwrap().rank()
+    }
+
+    fn finding(cause: &str, summary: &str) -> Finding {
         Finding {
-            cause,
+            cause: Cause::from_id(cause).unwrap(),
             summary: summary.into(),
             evidence: vec!["own".into()],
             ..Finding::default()
@@ -171,7 +162,7 @@ mod tests {
         let mut v = Verdicts::default();
         let client: SocketAddr = "10.244.1.5:43534".parse().unwrap();
         let (id, f) = v.fold(client, 0, finding("hairpin_no_reverse_nat", "hairpin"), 1);
-        assert_eq!((id, f.cause), (1, "hairpin_no_reverse_nat"));
+        assert_eq!((id, f.cause.id()), (1, "hairpin_no_reverse_nat"));
         // The same handshake's SYN, counted unanswered three times later:
         // not a second, contradicting cause.
         let (id2, f) = v.fold(
@@ -191,7 +182,7 @@ mod tests {
         let (a, f) = v.fold(other, 0, finding("unanswered", "u"), 1);
         assert_eq!(f.cause, "unanswered");
         let (b, f) = v.fold(other, 0, finding("lb_loopback_without_snat", "lb"), 2);
-        assert_eq!((a, f.cause), (b, "lb_loopback_without_snat"));
+        assert_eq!((a, f.cause.id()), (b, "lb_loopback_without_snat"));
         assert_ne!(a, id);
         // The same cause again keeps the record's own evidence.
         let mut again = finding("lb_loopback_without_snat", "lb");
@@ -207,7 +198,7 @@ mod tests {
         assert_eq!(v.join(client, 0, 1), None, "no handshake yet");
         let (id, _) = v.fold(client, 0, finding("lb_loopback_without_snat", "lb"), 1);
         let (joined, f) = v.join(client, 0, 2).unwrap();
-        assert_eq!((joined, f.cause), (id, "lb_loopback_without_snat"));
+        assert_eq!((joined, f.cause.id()), (id, "lb_loopback_without_snat"));
         // Not a forgotten one.
         assert_eq!(v.join(client, 0, 2 + FORGET_AFTER_NS), None);
     }
@@ -335,7 +326,7 @@ mod tests {
         // Both at once (one port, two servers): a late record of the first
         // is still the first's, with its verdict.
         let (c, f) = v.fold(client, 7, finding("unanswered", "gave up"), 4);
-        assert_eq!((c, f.cause), (a, "netfilter"));
+        assert_eq!((c, f.cause.id()), (a, "netfilter"));
         // Unknown ISNs (bundles from before) fold into the most recent.
         assert_eq!(v.join(client, 0, 5).map(|(i, _)| i), Some(a));
         // A client end keeps PER_CLIENT handshakes, the least recent goes.

@@ -3,6 +3,7 @@
 //! change, so deleting one repairs nothing; the repair is a change to the
 //! Service or its pods, named in `fix_notes`, and `inspect` shows them.
 use super::{Kind, KubeDrop, SvcPort};
+use crate::model::cause::Cause;
 use crate::{
     diagnosis::reason::{reason_evidence, DropFacts},
     model::{
@@ -75,7 +76,7 @@ pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
                 svc.namespace
             ));
             (
-                "kube_no_endpoints",
+                Cause::KubeNoEndpoints,
                 format!(
                     "{} has no ready endpoints: kube-proxy rejects new connections to {}",
                     service(svc),
@@ -113,7 +114,7 @@ pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
                 ""
             };
             (
-                "kube_no_local_endpoints",
+                Cause::KubeNoLocalEndpoints,
                 format!(
                     "{} has no endpoint on this node and {policy} is Local: kube-proxy drops \
                      new connections to {} here{how}",
@@ -138,7 +139,7 @@ pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
                  spec.loadBalancerSourceRanges, or connect from an address it allows"
             ));
             (
-                "kube_source_ranges",
+                Cause::KubeSourceRanges,
                 format!(
                     "{} accepts its load-balancer IP only from spec.loadBalancerSourceRanges, \
                      and {client} is not in them",
@@ -157,7 +158,7 @@ pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
                     .into(),
             );
             (
-                "kube_forward_invalid",
+                Cause::KubeForwardInvalid,
                 "conntrack could not place this forwarded packet in a connection (state \
                  INVALID) and kube-proxy's KUBE-FORWARD chain drops INVALID packets"
                     .to_string(),
@@ -170,14 +171,14 @@ pub fn explain(k: &KubeDrop, a: &Attribution, f: &DropFacts) -> Finding {
                     .into(),
             );
             (
-                "kube_localnet",
+                Cause::KubeLocalnet,
                 "KUBE-FIREWALL blocks connections to 127.0.0.0/8 that do not come from it \
                  (\"block incoming localnet connections\", with route_localnet on)"
                     .to_string(),
             )
         }
         KubeDrop::Marked => (
-            "kube_marked_drop",
+            Cause::KubeMarkedDrop,
             "a kube-proxy chain in nat set the KUBE-MARK-DROP mark (0x8000) and KUBE-FIREWALL \
              dropped the marked packet; no rule found names the Service"
                 .to_string(),

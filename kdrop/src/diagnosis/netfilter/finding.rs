@@ -7,6 +7,7 @@ use super::{
     fixes::{FixKind, IPTABLES_ESTABLISHED, NFT_ESTABLISHED},
     matching::{TCP_ACK, TCP_SYN},
 };
+use crate::model::cause::Cause;
 use crate::{
     diagnosis::{
         fix_kinds::Kind,
@@ -355,18 +356,18 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
                     .into(),
             );
             (
-                "conntrack_invalid",
+                Cause::ConntrackInvalid,
                 format!(
                     "conntrack could not place this packet in a connection (state INVALID) and {backend} {which} in {table}/{chain} ({family}{hook}) drops INVALID packets: {rule}"
                 ),
             )
         }
         DroppedBy::Rule => (
-            "netfilter_rule",
+            Cause::NetfilterRule,
             format!("{backend} {which} in {table}/{chain} ({family}{hook}) dropped it: {rule}"),
         ),
         DroppedBy::Policy => (
-            "netfilter_policy",
+            Cause::NetfilterPolicy,
             format!(
                 "no rule accepted it: policy {} of {backend} chain {table}/{chain} ({family}{hook})",
                 a.target.as_deref().unwrap_or("DROP")
@@ -378,12 +379,12 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
                 "{ns}sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max"
             ));
             (
-                "conntrack_drop",
+                Cause::ConntrackDrop,
                 "conntrack itself dropped it (table full, or the entry could not be inserted)".into(),
             )
         }
         DroppedBy::Nat => (
-            "nat_drop",
+            Cause::NatDrop,
             format!(
                 "the NAT step dropped it ({family}{hook}{}): no address or port to map it to",
                 if table.is_empty() {
@@ -394,7 +395,7 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
             ),
         ),
         DroppedBy::Table => (
-            "netfilter_table",
+            Cause::NetfilterTable,
             format!(
                 "{} table {table}{} ({family}{hook}) dropped it: a rule or the chain policy; the counters do not say which",
                 if backend.is_empty() { "netfilter" } else { backend },
