@@ -63,5 +63,9 @@ fn shared_dir(out_dir: &std::path::Path) -> Option<std::path::PathBuf> {
             target = parent;
         }
     }
-    Some(target.join("kdrop-ebpf"))
+    // Per architecture: the programs read kprobe arguments from that
+    // architecture's pt_regs (aya-build passes `bpf_target_arch` from
+    // kdrop's target), so an aarch64 build must not take x86_64's object.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").ok()?;
+    Some(target.join(format!("kdrop-ebpf-{arch}")))
 }

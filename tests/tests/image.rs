@@ -269,3 +269,72 @@ fn dashboard_queries_return_series(ctd: &Containerd, metrics: SocketAddr) {
         println!("{q}: {} series", series.len());
     }
 }
+
+/// The archive is one manifest list with an image per architecture, each
+/// holding kdrop built for that architecture (its ELF header's machine,
+/// include/uapi/linux/elf-em.h), with the DaemonSet's file capabilities.
+#[test]
+fn the_image_is_one_manifest_list_for_amd64_and_arm64() {
+    let dir = std::env::temp_dir().join(format!("kdrop-oci-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tar = |args: &[&str]| {
+        let out = std::process::Command::new("tar")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tar {args:?}: {out:?}");
+    };
+    tar(&["-xf", image_archive().to_str().unwrap()]);
+    let blob = |digest: &str| {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        dir.join("blobs/sha256").join(hex)
+    };
+    let json =
+        |p: PathBuf| -> Value { serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap() };
+    let top = json(dir.join("index.json"));
+    let list = json(blob(top["manifests"][0]["digest"].as_str().unwrap()));
+    assert_eq!(
+        list["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{list}"
+    );
+    let mut arches = Vec::new();
+    for m in list["manifests"].as_array().unwrap() {
+        let arch = m["platform"]["architecture"].as_str().unwrap().to_string();
+        assert_eq!(m["platform"]["os"], "linux", "{m}");
+        let manifest = json(blob(m["digest"].as_str().unwrap()));
+        let layers = manifest["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 1, "{manifest}");
+        let layer = blob(layers[0]["digest"].as_str().unwrap());
+        let out = dir.join(&arch);
+        std::fs::create_dir_all(&out).unwrap();
+        tar(&[
+            "--xattrs",
+            "--xattrs-include=security.capability",
+            "-xf",
+            layer.to_str().unwrap(),
+            "-C",
+            out.to_str().unwrap(),
+        ]);
+        let bin = out.join("usr/local/bin/kdrop");
+        let elf = std::fs::read(&bin).unwrap();
+        let machine = u16::from_le_bytes([elf[18], elf[19]]);
+        let want = match arch.as_str() {
+            "amd64" => 62,
+            "arm64" => 183,
+            other => panic!("an image for {other}"),
+        };
+        assert_eq!(machine, want, "{arch}'s kdrop");
+        let caps = std::process::Command::new("getcap")
+            .arg(&bin)
+            .output()
+            .unwrap();
+        let caps = String::from_utf8_lossy(&caps.stdout);
+        assert!(caps.contains("cap_bpf"), "{arch}: {caps}");
+        arches.push(arch);
+    }
+    arches.sort();
+    assert_eq!(arches, ["amd64", "arm64"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

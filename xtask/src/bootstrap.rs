@@ -115,11 +115,16 @@ fn manifest_tools() -> Result<()> {
 /// The static binary of the container image (`cargo xtask image`) is built
 /// for musl; kdrop/build.rs builds the eBPF object whatever the target.
 fn musl_target() -> Result<()> {
+    rust_target(crate::image::MUSL)
+}
+
+/// rustup's std for `triple`, unless installed.
+pub fn rust_target(triple: &str) -> Result<()> {
     let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
-    if installed.lines().any(|l| l.trim() == crate::image::MUSL) {
+    if installed.lines().any(|l| l.trim() == triple) {
         return Ok(());
     }
-    run_cmd(Command::new("rustup").args(["target", "add", crate::image::MUSL]))
+    run_cmd(Command::new("rustup").args(["target", "add", triple]))
 }
 
 fn rust_src(tc: &Toolchain) -> Result<()> {

@@ -11,7 +11,11 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{bootstrap, cargo, root, run};
+use crate::{
+    bootstrap,
+    cross::{self, Target, TARGETS},
+    root, run,
+};
 
 pub const MUSL: &str = "x86_64-unknown-linux-musl";
 /// The name deploy/base/kustomization.yaml's `images:` maps `kdrop` to until the
@@ -23,17 +27,24 @@ pub struct Opts {
     /// Image name to build, e.g. registry.example.com/kdrop:0.1.0.
     #[arg(long, default_value = DEFAULT_TAG)]
     pub tag: String,
+    /// Architectures of the manifest list, `amd64` and/or `arm64`
+    /// (repeatable; default: both).
+    #[arg(long = "arch", value_name = "ARCH")]
+    pub arches: Vec<String>,
+}
+
+impl Opts {
+    /// The targets asked for, every one by default.
+    pub fn targets(&self) -> Result<Vec<&'static Target>> {
+        if self.arches.is_empty() {
+            return Ok(TARGETS.iter().collect());
+        }
+        self.arches.iter().map(|a| cross::target(a)).collect()
+    }
 }
 
 pub fn archive() -> PathBuf {
     root().join("target/image/kdrop.oci.tar")
-}
-
-/// The static binary: kdrop/build.rs builds and embeds the eBPF object
-/// whatever the host target.
-fn build_static() -> Result<PathBuf> {
-    run(cargo().args(["build", "--release", "--package", "kdrop", "--target", MUSL]))?;
-    Ok(static_bin())
 }
 
 /// Where `build_static` leaves the binary. `cargo xtask test` runs its
@@ -79,32 +90,45 @@ fn buildah(storage: Option<&Path>) -> Command {
     cmd
 }
 
-pub fn build(tag: &str, storage: Option<&Path>) -> Result<()> {
+/// One image per target, each `FROM scratch` around that target's static
+/// binary (no RUN step: nothing is emulated), gathered in the manifest
+/// list `tag`, written with every platform to the OCI archive.
+pub fn build(tag: &str, targets: &[&Target], storage: Option<&Path>) -> Result<()> {
     bootstrap::run()?;
-    let bin = build_static()?;
-    let ctx = root().join("target/image/context");
-    let _ = fs::remove_dir_all(&ctx);
-    fs::create_dir_all(&ctx)?;
-    let staged = ctx.join("kdrop");
-    fs::copy(&bin, &staged).with_context(|| format!("copying {}", bin.display()))?;
-    // Kubernetes gives a non-root container process no capabilities of
-    // its own: they come from the file (security.capability, which
-    // buildah keeps in the layer).
-    run(Command::new("setcap")
-        .arg(format!("{}+ep", manifest_caps()?.join(",")))
-        .arg(&staged))?;
-    run(buildah(storage)
-        .args(["build", "--quiet", "--file"])
-        .arg(root().join("deploy/Containerfile"))
-        .args(["--tag", tag])
-        .arg(&ctx))?;
+    // A list or image left under this name by an earlier build.
+    for what in [&["manifest", "rm"][..], &["rmi", "--force"][..]] {
+        let _ = buildah(storage).args(what).arg(tag).output();
+    }
+    run(buildah(storage).args(["manifest", "create", tag]))?;
+    for t in targets {
+        let bin = cross::build(t)?;
+        let ctx = root().join(format!("target/image/context-{}", t.oci_arch));
+        let _ = fs::remove_dir_all(&ctx);
+        fs::create_dir_all(&ctx)?;
+        let staged = ctx.join("kdrop");
+        fs::copy(&bin, &staged).with_context(|| format!("copying {}", bin.display()))?;
+        // Kubernetes gives a non-root container process no capabilities of
+        // its own: they come from the file (security.capability, which
+        // buildah keeps in the layer).
+        run(Command::new("setcap")
+            .arg(format!("{}+ep", manifest_caps()?.join(",")))
+            .arg(&staged))?;
+        run(buildah(storage)
+            .args(["build", "--quiet", "--platform"])
+            .arg(format!("linux/{}", t.oci_arch))
+            .args(["--manifest", tag, "--file"])
+            .arg(root().join("deploy/Containerfile"))
+            .arg(&ctx))?;
+    }
     let archive = archive();
     let _ = fs::remove_file(&archive);
     run(buildah(storage)
-        .args(["push", "--quiet", tag])
+        .args(["manifest", "push", "--all", "--quiet", tag])
         .arg(format!("oci-archive:{}:{tag}", archive.display())))?;
+    let arches: Vec<&str> = targets.iter().map(|t| t.oci_arch).collect();
     eprintln!(
-        "xtask: built image {tag} (and {}); push it with `buildah push {tag}`",
+        "xtask: built the manifest list {tag} ({}) and {}; push it with `buildah manifest push --all {tag} docker://{tag}`",
+        arches.join(", "),
         archive.display()
     );
     Ok(())
@@ -114,7 +138,8 @@ pub fn build(tag: &str, storage: Option<&Path>) -> Result<()> {
 /// storage under target/, for the image test.
 pub fn build_for_tests() -> Result<()> {
     let storage = root().join("target/image/storage");
-    let r = build(DEFAULT_TAG, Some(&storage));
+    let targets: Vec<&Target> = TARGETS.iter().collect();
+    let r = build(DEFAULT_TAG, &targets, Some(&storage));
     // The archive is what the tests use; vfs layers are whole copies.
     let _ = Command::new("buildah")
         .arg("--root")

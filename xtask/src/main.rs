@@ -8,6 +8,7 @@ mod allowed_skips;
 mod arch;
 mod bench;
 mod bootstrap;
+mod cross;
 mod fuzz;
 mod image;
 mod tally;
@@ -33,8 +34,14 @@ enum Cmd {
     /// Install what building and testing need: rust-src for the eBPF
     /// toolchain, bpf-linker (into .tools/), iproute2/iptables/bpftool.
     Bootstrap,
-    /// Bootstrap, then build the release binary at target/release/kdrop.
-    Build,
+    /// Bootstrap, then build the release binary at target/release/kdrop;
+    /// with `--target`, the static binary for that target instead
+    /// (x86_64-unknown-linux-musl or aarch64-unknown-linux-musl, cross-built).
+    Build {
+        /// A target triple (or `amd64`, `arm64`); repeatable.
+        #[arg(long = "target", value_name = "TRIPLE")]
+        targets: Vec<String>,
+    },
     /// Build, then run a built-in lab: a real incident traced by kdrop.
     Lab {
         /// Arguments for `kdrop lab` (default: the rp-filter lab).
@@ -96,7 +103,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Bootstrap => bootstrap::run(),
-        Cmd::Build => build(),
+        Cmd::Build { targets } if targets.is_empty() => build(),
+        Cmd::Build { targets } => build_for(&targets),
         Cmd::Lab { args } => lab(&args),
         Cmd::Lint => bootstrap::run().and_then(|()| lint()),
         Cmd::Test {
@@ -119,7 +127,9 @@ fn main() -> ExitCode {
         }),
         Cmd::Bench(opts) => bench::run(&opts),
         Cmd::Fuzz(opts) => fuzz::run_all(&opts),
-        Cmd::Image(opts) => image::build(&opts.tag, None),
+        Cmd::Image(opts) => opts
+            .targets()
+            .and_then(|t| image::build(&opts.tag, &t, None)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -216,6 +226,17 @@ fn build() -> Result<()> {
     bootstrap::run()?;
     run(cargo().args(["build", "--release", "--package", "kdrop"]))?;
     eprintln!("xtask: built {}", kdrop_bin().display());
+    Ok(())
+}
+
+/// `cargo xtask build --target ...`: each target's static binary.
+fn build_for(names: &[String]) -> Result<()> {
+    bootstrap::run()?;
+    for name in names {
+        let t = cross::target(name)?;
+        let bin = cross::build(t)?;
+        eprintln!("xtask: built {} ({})", bin.display(), t.triple);
+    }
     Ok(())
 }
 
