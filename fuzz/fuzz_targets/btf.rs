@@ -3,7 +3,7 @@
 //! for the parser and for the lookups kdrop makes in what it parsed.
 #![no_main]
 
-use kdrop::kernel::{btf::Btf, facts as kernel};
+use kdrop_core::kernel::{btf::Btf, facts as kernel};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

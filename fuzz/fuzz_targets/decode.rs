@@ -2,7 +2,7 @@
 //! an error, never panics, and a decoded event renders.
 #![no_main]
 
-use kdrop::{
+use kdrop_core::{
     event::decode,
     model::packet::{tcp_flags, Event},
 };

@@ -2,8 +2,8 @@
 //! a panic, in every backend and family.
 #![no_main]
 
-use kdrop::{
-    context::netfilter::iptables_save::parse_save,
+use kdrop_core::{
+    parse::iptables_save::parse_save,
     model::netfilter::{Backend, Family},
 };
 use libfuzzer_sys::fuzz_target;

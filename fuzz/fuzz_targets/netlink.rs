@@ -2,7 +2,7 @@
 //! returns a value or nothing, never panics.
 #![no_main]
 
-use kdrop::context::{ctevents::parse::parse as ct_parse, netlink};
+use kdrop_core::parse::{ctnetlink::parse as ct_parse, rtnetlink as netlink};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! never a panic.
 #![no_main]
 
-use kdrop::context::netfilter::nft_json::parse_ruleset;
+use kdrop_core::parse::nft_json::parse_ruleset;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -18,16 +18,17 @@ pub mod filter;
 pub mod session;
 
 // Kernel side: load-time facts, probes, decoding what the programs send.
-pub mod event;
 pub mod kernel;
 #[cfg(feature = "runtime")]
 pub mod probes;
 
-// The node, the reasoning, the records.
+// The pure core: the records, decoding, parsers and the reasoning, in a
+// crate of their own (no runtime, no I/O); the shell's paths stay.
+pub use kdrop_core::{diagnosis, event, model};
+
+// The node, and enrichment: the node's answers meet the reasoning.
 pub mod context;
-pub mod diagnosis;
 pub mod enrich;
-pub mod model;
 pub mod output;
 
 /// An error in what the user asked for (bad flag value, unknown namespace,

@@ -20,7 +20,7 @@ use kdrop::{
         netfilter::conntrack::reply_holder,
         Netns,
     },
-    kernel::{btf::Btf, facts::CtNames},
+    kernel::{btf_file, facts::CtNames},
     model::packet::{CtEvent, Tuple},
 };
 
@@ -287,7 +287,7 @@ impl Events {
             .enable_all()
             .build()
             .unwrap();
-        let btf = Btf::from_file(std::path::Path::new("/sys/kernel/btf/vmlinux")).unwrap();
+        let btf = btf_file::read(std::path::Path::new("/sys/kernel/btf/vmlinux")).unwrap();
         let bits = StatusBits::from_names(&CtNames::from_btf(&btf));
         let ev = {
             let _in_runtime = rt.enter();

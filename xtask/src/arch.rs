@@ -1,8 +1,10 @@
-//! `cargo xtask lint`'s check of the house (ARCHITECTURE.md): the module
-//! graph of `kdrop/src`, read from its `crate::` paths outside tests, has no
-//! cycle; `diagnosis` and `model` do no I/O; the modes reach no other
-//! mode's internals; no source file holds more than 600 lines of non-test
-//! code.
+//! `cargo xtask lint`'s check of the house (ARCHITECTURE.md): kdrop-core
+//! depends on nothing that runs or does I/O and none of its files uses
+//! std's I/O; the module graphs of `kdrop-core/src` and `kdrop/src`, read
+//! from their `crate::` paths outside tests, have no cycle, and kdrop's
+//! modules use only their own or lower layers (`LAYERS`); the modes reach
+//! no other mode's internals; no source file holds more than 600 lines of
+//! non-test code.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
@@ -171,12 +173,140 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// The module graph of a crate's `src/` (top-level modules and the
+/// `crate::` modules each names outside tests), with the problems found on
+/// the way: I/O in a pure module (`all_pure`: every module of the crate),
+/// a mode reaching into another.
+fn module_graph(
+    root: &Path,
+    krate: &str,
+    all_pure: bool,
+    problems: &mut Vec<String>,
+) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let src = root.join(krate).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files)?;
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap_or(f);
+        let top = top_module(rel);
+        let text = fs::read_to_string(f)?;
+        let code = non_test(&text);
+        if all_pure || PURE.contains(&top.as_str()) {
+            for pat in IO {
+                if code.contains(pat) {
+                    problems.push(format!(
+                        "{krate}/src/{}: {top} is pure, but uses {pat}",
+                        rel.display()
+                    ));
+                }
+            }
+        }
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let refs = crate_refs(code);
+        // Names that are items of the crate root, not modules.
+        let refs: BTreeSet<String> = refs
+            .into_iter()
+            .filter(|r| r != &top && r != "UserError")
+            .collect();
+        if MODES.contains(&top.as_str()) {
+            for other in refs.iter().filter(|r| MODES.contains(&r.as_str())) {
+                problems.push(format!(
+                    "{}: the {top} mode reaches into the {other} mode",
+                    rel.display()
+                ));
+            }
+        }
+        graph.entry(top).or_default().extend(refs);
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        problems.push(format!(
+            "{krate}/src: the modules form a cycle: {}",
+            cycle.join(" -> ")
+        ));
+    }
+    Ok(graph)
+}
+
+/// The layers of `kdrop/src`, lowest first: a module may use its own
+/// layer's modules (the graph has no cycle) and lower layers', never a
+/// higher one's. `model`, `event` and `diagnosis` are the core's, re-exported.
+const LAYERS: &[&[&str]] = &[
+    &["model", "event", "diagnosis"],
+    &["kernel", "context", "output"],
+    // cli: the flags' definitions, which the filter reads.
+    &["enrich", "probes", "filter", "cli"],
+    &["session"],
+    &["trace", "monitor", "lab", "check"],
+];
+
+fn layer_of(m: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&m))
+}
+
+/// Every edge of `graph` goes down (or across) the layers; a module no
+/// layer lists is a problem too, so a new module gets its place.
+fn check_layers(graph: &BTreeMap<String, BTreeSet<String>>, problems: &mut Vec<String>) {
+    for (m, to) in graph {
+        let Some(from) = layer_of(m) else {
+            problems.push(format!(
+                "kdrop/src: module {m} has no layer (xtask/src/arch.rs LAYERS)"
+            ));
+            continue;
+        };
+        for t in to {
+            if layer_of(t).is_some_and(|l| l > from) {
+                problems.push(format!(
+                    "kdrop/src: {m} (layer {from}) uses {t}, a higher layer's module"
+                ));
+            }
+        }
+    }
+}
+
+/// What kdrop-core may depend on: nothing that runs, loads or does I/O.
+const CORE_DEPS: &[&str] = &["kdrop-common", "anyhow", "log", "serde", "serde_json"];
+
+/// kdrop-core's `[dependencies]` are among `CORE_DEPS`, and kdrop-common
+/// comes without its `user` feature (aya's Pod).
+fn check_core_deps(root: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let path = root.join("kdrop-core/Cargo.toml");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let deps = text
+        .split("[dependencies]")
+        .nth(1)
+        .unwrap_or_default()
+        .split("\n[")
+        .next()
+        .unwrap_or_default();
+    for line in deps.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name = line.split(['=', ' ']).next().unwrap_or_default();
+        if !CORE_DEPS.contains(&name) {
+            problems.push(format!(
+                "kdrop-core/Cargo.toml: depends on {name}, not among {CORE_DEPS:?}"
+            ));
+        }
+        if name == "kdrop-common" && line.contains("features") {
+            problems.push(format!(
+                "kdrop-core/Cargo.toml: kdrop-common with features: {line}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The checks, over the workspace at `root`; every problem found is listed.
 pub fn check(root: &Path) -> Result<()> {
     let mut problems = Vec::new();
     // File sizes: every crate's sources.
     for krate in [
         "kdrop",
+        "kdrop-core",
         "kdrop-common",
         "kdrop-ebpf",
         "xtask",
@@ -196,64 +326,28 @@ pub fn check(root: &Path) -> Result<()> {
             }
         }
     }
-    // The module graph of kdrop/src.
-    let src = root.join("kdrop/src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files)?;
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap_or(f);
-        let top = top_module(rel);
-        if top == "lib" || top == "main" {
-            continue;
-        }
-        let text = fs::read_to_string(f)?;
-        let code = non_test(&text);
-        let refs = crate_refs(code);
-        // Names that are items of the crate root, not modules.
-        let refs: BTreeSet<String> = refs
-            .into_iter()
-            .filter(|r| r != &top && r != "UserError")
-            .collect();
-        if PURE.contains(&top.as_str()) {
-            for pat in IO {
-                if code.contains(pat) {
-                    problems.push(format!("{}: {top} is pure, but uses {pat}", rel.display()));
-                }
-            }
-        }
-        if MODES.contains(&top.as_str()) {
-            for other in refs.iter().filter(|r| MODES.contains(&r.as_str())) {
-                problems.push(format!(
-                    "{}: the {top} mode reaches into the {other} mode",
-                    rel.display()
-                ));
-            }
-        }
-        graph.entry(top).or_default().extend(refs);
-    }
-    if let Some(cycle) = find_cycle(&graph) {
-        problems.push(format!(
-            "kdrop/src: the modules form a cycle: {}",
-            cycle.join(" -> ")
-        ));
-    }
+    check_core_deps(root, &mut problems)?;
+    let core = module_graph(root, "kdrop-core", true, &mut problems)?;
+    let shell = module_graph(root, "kdrop", false, &mut problems)?;
+    check_layers(&shell, &mut problems);
     if !problems.is_empty() {
         bail!("the house is out of shape:\n  {}", problems.join("\n  "));
     }
-    let edges: Vec<String> = graph
-        .iter()
-        .map(|(m, to)| {
-            format!(
-                "{m} -> {}",
-                to.iter().cloned().collect::<Vec<_>>().join(" ")
-            )
-        })
-        .collect();
-    eprintln!(
-        "xtask: module graph of kdrop/src (no cycles):\n  {}",
-        edges.join("\n  ")
-    );
+    for (name, graph) in [("kdrop-core/src", &core), ("kdrop/src", &shell)] {
+        let edges: Vec<String> = graph
+            .iter()
+            .map(|(m, to)| {
+                format!(
+                    "{m} -> {}",
+                    to.iter().cloned().collect::<Vec<_>>().join(" ")
+                )
+            })
+            .collect();
+        eprintln!(
+            "xtask: module graph of {name} (no cycles, layers kept):\n  {}",
+            edges.join("\n  ")
+        );
+    }
     Ok(())
 }
 
@@ -300,6 +394,24 @@ mod tests {
                 .count(),
             3
         );
+    }
+
+    #[test]
+    fn layers_are_kept() {
+        let g = |edges: &[(&str, &str)]| {
+            let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for (a, b) in edges {
+                m.entry(a.to_string()).or_default().insert(b.to_string());
+            }
+            m
+        };
+        let mut p = Vec::new();
+        check_layers(&g(&[("session", "enrich"), ("enrich", "context")]), &mut p);
+        assert!(p.is_empty(), "{p:?}");
+        check_layers(&g(&[("context", "session"), ("newmod", "model")]), &mut p);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("context (layer 1) uses session"), "{p:?}");
+        assert!(p[1].contains("module newmod has no layer"), "{p:?}");
     }
 
     #[test]

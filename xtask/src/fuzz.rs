@@ -1,9 +1,9 @@
 //! `cargo xtask fuzz`: the fuzz targets in fuzz/ (libFuzzer, built as
 //! cargo-fuzz builds them),
 //! each for a bounded time. `cargo xtask test` runs each for a few seconds
-//! (`FUZZ_SECS_IN_TEST`) after the host's suite. The targets link kdrop
-//! without its `runtime` feature (the parsers and the diagnosis only): the
-//! sanitizer build takes about a minute on two cores.
+//! (`FUZZ_SECS_IN_TEST`) after the host's suite. The targets link
+//! kdrop-core alone (the parsers, decoding, BTF and the diagnosis; no aya,
+//! tokio or clap): the sanitizer build takes about a minute on two cores.
 use std::process::Command;
 
 use anyhow::Result;

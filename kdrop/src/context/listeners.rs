@@ -140,39 +140,36 @@ pub fn parse_netstat(text: &str) -> BTreeMap<String, u64> {
     out
 }
 
-impl ListenCounters {
-    pub fn from_netstat(m: &BTreeMap<String, u64>) -> Self {
-        let get = |k: &str| m.get(&format!("TcpExt.{k}")).copied();
-        ListenCounters {
-            listen_overflows: get("ListenOverflows"),
-            listen_drops: get("ListenDrops"),
-            syncookies_sent: get("SyncookiesSent"),
-            req_q_full_drop: get("TCPReqQFullDrop"),
-            req_q_full_do_cookies: get("TCPReqQFullDoCookies"),
-        }
-    }
-
-    /// Reads the calling thread's namespace. /proc/self/net would be the
-    /// thread-group leader's namespace, not this thread's.
-    pub fn read() -> Self {
-        let text = fs::read_to_string("/proc/thread-self/net/netstat").unwrap_or_default();
-        Self::from_netstat(&parse_netstat(&text))
+/// The listen counters among TcpExt's (`parse_netstat`'s keys).
+pub fn counters_from_netstat(m: &BTreeMap<String, u64>) -> ListenCounters {
+    let get = |k: &str| m.get(&format!("TcpExt.{k}")).copied();
+    ListenCounters {
+        listen_overflows: get("ListenOverflows"),
+        listen_drops: get("ListenDrops"),
+        syncookies_sent: get("SyncookiesSent"),
+        req_q_full_drop: get("TCPReqQFullDrop"),
+        req_q_full_do_cookies: get("TCPReqQFullDoCookies"),
     }
 }
 
-impl ListenSysctls {
-    /// /proc/sys/net is the calling thread's namespace.
-    pub fn read() -> Self {
-        let get = |k: &str| {
-            fs::read_to_string(format!("/proc/sys/net/{k}"))
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-        };
-        ListenSysctls {
-            somaxconn: get("core/somaxconn"),
-            tcp_max_syn_backlog: get("ipv4/tcp_max_syn_backlog"),
-            tcp_syncookies: get("ipv4/tcp_syncookies"),
-        }
+/// The calling thread's namespace's counters. /proc/self/net would be the
+/// thread-group leader's namespace, not this thread's.
+pub fn read_counters() -> ListenCounters {
+    let text = fs::read_to_string("/proc/thread-self/net/netstat").unwrap_or_default();
+    counters_from_netstat(&parse_netstat(&text))
+}
+
+/// /proc/sys/net is the calling thread's namespace.
+pub fn read_sysctls() -> ListenSysctls {
+    let get = |k: &str| {
+        fs::read_to_string(format!("/proc/sys/net/{k}"))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    };
+    ListenSysctls {
+        somaxconn: get("core/somaxconn"),
+        tcp_max_syn_backlog: get("ipv4/tcp_max_syn_backlog"),
+        tcp_syncookies: get("ipv4/tcp_syncookies"),
     }
 }
 
@@ -199,8 +196,8 @@ pub fn dump_sockets() -> Result<Vec<DiagSock>> {
 pub fn snapshot() -> Result<ListenSnapshot> {
     Ok(ListenSnapshot {
         listeners: assemble(&dump_sockets()?),
-        sysctls: ListenSysctls::read(),
-        counters: ListenCounters::read(),
+        sysctls: read_sysctls(),
+        counters: read_counters(),
     })
 }
 
@@ -227,7 +224,7 @@ pub fn listens_in(netns: &Path, ports: &[u16]) -> Result<bool> {
 
 /// The TcpExt counters of the namespace at `netns`: one file read.
 pub fn counters_in(netns: &Path) -> Result<ListenCounters> {
-    in_netns(netns, ListenCounters::read)
+    in_netns(netns, read_counters)
 }
 
 #[cfg(test)]
@@ -276,7 +273,7 @@ mod tests {
         let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPReqQFullDrop\n\
                     TcpExt: 1 7 8 0\nIpExt: InNoRoutes\nIpExt: 3\n";
         let m = parse_netstat(text);
-        let c = ListenCounters::from_netstat(&m);
+        let c = counters_from_netstat(&m);
         assert_eq!(c.listen_overflows, Some(7));
         assert_eq!(c.listen_drops, Some(8));
         assert_eq!(c.syncookies_sent, Some(1));
@@ -303,7 +300,7 @@ mod tests {
             "TcpExt: x\nTcpExt: y z\n",
             "\n\n\n",
         ] {
-            let _ = ListenCounters::from_netstat(&parse_netstat(text));
+            let _ = counters_from_netstat(&parse_netstat(text));
         }
         assert_eq!(parse_diag_msg(&[AF_INET, 10]), None);
     }

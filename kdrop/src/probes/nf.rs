@@ -179,7 +179,7 @@ impl NfSetup {
                 .or_insert_with(|| {
                     let path = Path::new("/sys/kernel/btf").join(m);
                     path.exists()
-                        .then(|| Btf::from_file_split(&path, vmlinux.clone()).ok())
+                        .then(|| crate::kernel::btf_file::read_split(&path, vmlinux.clone()).ok())
                         .flatten()
                         .map(Arc::new)
                 })

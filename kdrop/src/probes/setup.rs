@@ -60,7 +60,7 @@ impl KernelSetup {
             ))
             .into());
         }
-        let btf = Arc::new(Btf::from_file(&btf_path)?);
+        let btf = Arc::new(crate::kernel::btf_file::read(&btf_path)?);
         let mut offsets =
             facts::offsets(&btf).context("resolving kernel struct offsets from BTF")?;
         let conntrack = conntrack_offsets(&mut offsets, &btf);
@@ -107,7 +107,8 @@ fn conntrack_offsets(offsets: &mut Offsets, vmlinux: &Arc<Btf>) -> Result<String
     if !module.exists() {
         return Err("nf_conntrack is not loaded (no struct nf_conn in BTF)".into());
     }
-    let btf = Btf::from_file_split(module, vmlinux.clone()).map_err(|e| format!("{e:#}"))?;
+    let btf = crate::kernel::btf_file::read_split(module, vmlinux.clone())
+        .map_err(|e| format!("{e:#}"))?;
     facts::conntrack_offsets(offsets, &btf)
         .map(|()| format!("{} (module BTF)", module.display()))
         .map_err(|e| format!("{e:#}"))

@@ -69,13 +69,17 @@ use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
 
 pub mod cbpf;
-pub mod parse;
+// The messages' parser is the core's (no I/O there).
+pub use kdrop_core::parse::ctnetlink as parse;
+
+/// Event messages are small (~200-300 bytes); this holds a burst.
+const RCVBUF: libc::c_int = 4 << 20;
 
 use self::{
     cbpf::{attach, filter_program},
     parse::{
         parse, IPS_DST_NAT, IPS_SEEN_REPLY, IPS_SRC_NAT, NFNLGRP_CONNTRACK_DESTROY,
-        NFNLGRP_CONNTRACK_NEW, RCVBUF,
+        NFNLGRP_CONNTRACK_NEW,
     },
 };
 use super::netns::{in_netns, Netns};

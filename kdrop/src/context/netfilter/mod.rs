@@ -4,9 +4,8 @@
 //! when the event is read, or shared by every event of a batch that
 //! happened before it).
 pub mod conntrack;
-pub mod iptables_save;
-pub mod nft_json;
-pub mod nft_render;
+// Their parsers are the core's (no I/O there).
+pub use kdrop_core::parse::{iptables_save, nft_json, nft_render};
 pub mod snapshot;
 
 use std::{collections::HashMap, sync::Arc};

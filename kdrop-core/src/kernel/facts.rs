@@ -11,7 +11,7 @@ use super::btf::{Btf, Kind};
 
 /// Resolves `struct.path` to a byte offset and checks the member's size, so a
 /// kernel that changed a member's type is refused instead of misread.
-pub(crate) fn offset(btf: &Btf, strukt: &str, path: &str, size: u32) -> Result<u32> {
+pub fn offset(btf: &Btf, strukt: &str, path: &str, size: u32) -> Result<u32> {
     let id = btf
         .find(strukt, Kind::Struct)
         .with_context(|| format!("kernel BTF has no struct {strukt}"))?;

@@ -44,8 +44,6 @@ pub const NLMSG_HDRLEN: usize = 16;
 pub const ATTRS_AT: usize = NLMSG_HDRLEN + 4;
 pub const NLA_TYPE_MASK: u16 = 0x3fff;
 pub const IPPROTO_TCP: u8 = 6;
-/// Event messages are small (~200-300 bytes); this holds a burst.
-pub const RCVBUF: libc::c_int = 4 << 20;
 
 /// `(NFNL_SUBSYS_CTNETLINK << 8) | msg`: a ctnetlink nlmsg_type.
 pub const fn ct_type(msg: u16) -> u16 {

@@ -563,7 +563,7 @@ mod tests {
 
     #[test]
     fn nat_rules_are_found_in_both_backends() {
-        let t = crate::context::netfilter::iptables_save::parse_save(
+        let t = crate::parse::iptables_save::parse_save(
             "*nat\n:POSTROUTING ACCEPT [0:0]\n[0:0] -A POSTROUTING -o r1 -j SNAT --to-source 10.0.0.1:40000\n[0:0] -A POSTROUTING -j ACCEPT\nCOMMIT\n",
             Backend::IptablesLegacy,
             Family::Ip,

@@ -556,9 +556,9 @@ pub fn attribute_within(
 mod tests {
     use super::*;
     use crate::{
-        context::netfilter::{iptables_save::parse_save, nft_json::parse_ruleset},
         diagnosis::netfilter::matching::{TCP_ACK, TCP_SYN},
         model::netfilter::DroppedBy,
+        parse::{iptables_save::parse_save, nft_json::parse_ruleset},
     };
 
     const SERVER: &str = "10.7.0.2";

@@ -204,7 +204,7 @@ fn services_are_empty_only_without_any_address_named() {
 /// backends; kube-proxy-shaped rules elsewhere name nothing.
 #[test]
 fn from_tables_reads_only_the_iptables_nat_and_filter_tables() {
-    use crate::context::netfilter::iptables_save::parse_save;
+    use crate::parse::iptables_save::parse_save;
     let tables = parse_save(
         V131_SAVE,
         Backend::IptablesLegacy,

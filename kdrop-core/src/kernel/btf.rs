@@ -1,7 +1,7 @@
 //! A small reader for the kernel's BTF (vmlinux and split module BTF): just
 //! what kdrop needs to find struct member offsets, enum values and function
 //! prototypes at load time. Format: https://docs.kernel.org/bpf/btf.html
-use std::{fs, path::Path, sync::Arc};
+use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context as _, Result};
 
@@ -111,17 +111,6 @@ impl Member {
 }
 
 impl Btf {
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let data = fs::read(path).with_context(|| format!("reading BTF {}", path.display()))?;
-        Self::parse(&data, None).with_context(|| format!("parsing BTF {}", path.display()))
-    }
-
-    /// Module BTF from /sys/kernel/btf/<module>, on top of vmlinux's.
-    pub fn from_file_split(path: &Path, base: Arc<Btf>) -> Result<Self> {
-        let data = fs::read(path).with_context(|| format!("reading BTF {}", path.display()))?;
-        Self::parse(&data, Some(base)).with_context(|| format!("parsing BTF {}", path.display()))
-    }
-
     pub fn parse(data: &[u8], base: Option<Arc<Btf>>) -> Result<Self> {
         ensure!(data.len() >= 24, "too short for a BTF header");
         let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]);
