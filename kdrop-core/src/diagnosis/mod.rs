@@ -24,6 +24,7 @@ pub mod listen;
 pub mod listen_watch;
 pub mod names;
 pub mod netfilter;
+pub mod no_route;
 pub mod programs;
 pub mod reason;
 pub mod reverse_path;
