@@ -30,6 +30,7 @@ pub mod reason;
 pub mod reverse_path;
 pub mod routes;
 pub mod routing;
+pub mod rp_filter;
 pub mod rpfilter6;
 pub mod way_back;
 

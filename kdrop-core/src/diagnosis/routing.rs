@@ -17,11 +17,11 @@ use std::net::{IpAddr, Ipv4Addr};
 
 pub use super::reverse_path::{RouteDrop, LOOPBACK_IFINDEX};
 pub use super::routes::{lookup, route_text, rule_matches, rule_text, table_name, Flow};
-use super::{fix_kinds::Kind, reverse_path::reverse_evidence, routes::RT_TABLE_LOCAL, way_back};
+use super::{fix_kinds::Kind, reverse_path::reverse_evidence, routes::RT_TABLE_LOCAL};
 
 use crate::model::{
     finding::Finding,
-    routing::{Confs, RouteLookup, RouteType, Rule, Tables, FR_ACT_TO_TBL, RTN_LOCAL},
+    routing::{Confs, RouteLookup, RouteType, Tables, RTN_LOCAL},
 };
 
 /// Drop reasons this module explains.
@@ -140,17 +140,6 @@ fn is_local(t: &Tables, a: Ipv4Addr) -> bool {
         || lookup(&t.routes, RT_TABLE_LOCAL, a).is_some_and(|r| r.kind == RTN_LOCAL)
 }
 
-/// The policy rules the reverse lookup walked, in priority order, up to the
-/// one whose table answered.
-fn deciding_rule<'a>(t: &'a Tables, flow: &Flow, table: u32) -> Option<&'a Rule> {
-    let mut rules: Vec<&Rule> = t.rules.iter().collect();
-    rules.sort_by_key(|r| r.priority);
-    rules
-        .into_iter()
-        .filter(|r| r.action == FR_ACT_TO_TBL && rule_matches(r, flow))
-        .find(|r| r.table == table)
-}
-
 /// Explains an IPv4 drop from its route evidence, or `None` if it is not a
 /// reverse-path or martian drop.
 pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
@@ -167,7 +156,7 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
     };
     let ns = d.netns_exec;
     match reason {
-        "IP_RPFILTER" => Some(rp_filter(d, t, c, &iif, kernel)),
+        "IP_RPFILTER" => Some(super::rp_filter::finding(d, t, c, &iif, kernel)),
         "IP_LOCAL_SOURCE" => Some(local_source(d, t, c, &iif, kernel)),
         "IP_INVALID_SOURCE" if is_local(t, d.src) => Some(local_source(d, t, c, &iif, kernel)),
         "IP_LOCALNET" => {
@@ -196,190 +185,6 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
             })
         }
         _ => None,
-    }
-}
-
-fn rp_filter(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) -> Finding {
-    let ns = d.netns_exec;
-    let rp = c.rp_filter(iif);
-    let all = c.all.rp_filter.unwrap_or(0);
-    let dev = c.dev(iif).rp_filter.unwrap_or(0);
-    let vmark = c.or(iif, |c| c.src_valid_mark);
-    let flow = Flow {
-        src: d.dst,
-        dst: d.src,
-        mark: if vmark { d.mark } else { 0 },
-        iif: "lo",
-    };
-    let ev = reverse_evidence(d, t);
-    let mut evidence = vec![kernel];
-    evidence.extend(ev.lines);
-    let mode = match rp {
-        1 => "strict: the way back must use the input interface",
-        2 => "loose: any way back will do",
-        _ => "off",
-    };
-    evidence.push(format!(
-        "rp_filter: conf.all={all}, conf.{iif}={dev} → effective {rp} ({mode})"
-    ));
-    if d.mark != 0 {
-        evidence.push(format!(
-            "src_valid_mark={}: the packet's mark {:#x} {} the reverse lookup",
-            u8::from(vmark),
-            d.mark,
-            if vmark {
-                "takes part in"
-            } else {
-                "does not take part in"
-            }
-        ));
-    }
-
-    // The way back: the kernel's answer, else what the tables say now.
-    let answer = ev.answer.or_else(|| {
-        let mut rules: Vec<&Rule> = t.rules.iter().collect();
-        rules.sort_by_key(|r| r.priority);
-        rules
-            .iter()
-            .filter(|r| r.action == FR_ACT_TO_TBL && rule_matches(r, &flow))
-            .find_map(|r| {
-                let route = lookup(&t.routes, r.table, d.src)?;
-                let gw = match route.gateway {
-                    Some(IpAddr::V4(g)) => Some(g),
-                    _ => None,
-                };
-                Some((r.table, route.oif?, gw))
-            })
-    });
-    if ev.answer.is_none() && answer.is_some() {
-        evidence.push("no kernel route evidence for this packet: the way back below is computed from the current tables".into());
-    }
-
-    let Some((table, out_if, _)) = answer else {
-        return no_way_back(d, t, rp, iif, evidence);
-    };
-    let out_name = t.link_name(out_if);
-    let rule = deciding_rule(t, &flow, table);
-    let decided = match rule {
-        Some(r) => format!("rule {}", rule_text(r)),
-        None => format!("table {}", table_name(table)),
-    };
-    if let Some(r) = rule {
-        evidence.push(format!("policy rule that decided: {}", rule_text(r)));
-    }
-    if let Some(route) = lookup(&t.routes, table, d.src) {
-        evidence.push(format!(
-            "route in table {}: {}",
-            table_name(table),
-            route_text(route, t)
-        ));
-    }
-
-    let fix =
-        vec![Kind::RpFilterLoose.fix(format!("{ns}sysctl -w net.ipv4.conf.{iif}.rp_filter=2"))];
-    let mut fix_or = Vec::new();
-    // A table whose way to the client leaves by the input interface: a rule
-    // for the packet's destination ahead of the deciding one sends replies
-    // (and the reverse lookup) there.
-    let mut tables: Vec<u32> = t.routes.iter().map(|r| r.table).collect();
-    tables.sort_unstable();
-    tables.dedup();
-    let back_via_iif = tables
-        .into_iter()
-        .filter(|&tb| tb != RT_TABLE_LOCAL)
-        .find(|&tb| lookup(&t.routes, tb, d.src).is_some_and(|r| r.oif == Some(d.iif)));
-    if let (Some(tb), Some(r)) = (back_via_iif, rule) {
-        if r.priority > 1 {
-            fix_or.push(vec![Kind::RpFilterPolicyRule.fix(format!(
-                "{ns}ip rule add from {} lookup {} priority {}",
-                d.dst,
-                table_name(tb),
-                r.priority - 1
-            ))]);
-        }
-    }
-    Finding {
-        cause: rp_cause(rp),
-        summary: format!(
-            "{} reverse-path filter on {iif}: the way back to {} is via {out_name} ({decided})",
-            if rp == 2 { "loose" } else { "strict" },
-            d.src
-        ),
-        evidence,
-        fix,
-        fix_notes: if fix_or.is_empty() {
-            Vec::new()
-        } else {
-            vec![format!(
-                "the policy rule also sends the replies from {} back out of {iif}, where the \
-                 client's packets come in; loose mode only stops the check",
-                d.dst
-            )]
-        },
-        fix_or,
-        inspect: vec![
-            format!(
-                "{ns}ip route get {} from {}{}",
-                d.src,
-                d.dst,
-                if vmark && d.mark != 0 {
-                    format!(" mark {:#x}", d.mark)
-                } else {
-                    String::new()
-                }
-            ),
-            format!("{ns}ip rule show"),
-            format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iif}.rp_filter"),
-        ],
-    }
-}
-
-/// No route back at all: a host route to the client through the input
-/// device, with the next hop the client is reached through there
-/// (`way_back`); only in `fix_notes` when kdrop cannot tell it.
-fn no_way_back(
-    d: &RouteDrop,
-    t: &Tables,
-    rp: u32,
-    iif: &str,
-    mut evidence: Vec<String>,
-) -> Finding {
-    let ns = d.netns_exec;
-    let w = way_back::decide(IpAddr::V4(d.src), d.iif, &d.sender, None, t);
-    evidence.push(w.evidence.clone());
-    let route = |args: &str| format!("{ns}ip route add {}/32{args}", d.src);
-    let passes = format!(
-        "a route back to {} through {iif} lets the check pass",
-        d.src
-    );
-    let neigh = format!("{ns}ip neigh show dev {iif}");
-    let (fix, note) = match w.command(iif, route, &neigh) {
-        Ok(cmd) => (vec![Kind::RouteBack.fix(cmd)], passes),
-        Err(how) => (Vec::new(), format!("{passes}; {how}")),
-    };
-    let summary = format!(
-        "reverse-path filter on {iif}: there is no route back to {} at all",
-        d.src
-    );
-    Finding {
-        cause: rp_cause(rp),
-        summary,
-        evidence,
-        fix,
-        fix_notes: vec![note],
-        inspect: vec![
-            format!("{ns}ip route get {} from {} iif {iif}", d.src, d.dst),
-            neigh,
-        ],
-        ..Finding::default()
-    }
-}
-
-fn rp_cause(rp: u32) -> Cause {
-    if rp == 2 {
-        Cause::RpFilterLoose
-    } else {
-        Cause::RpFilterStrict
     }
 }
 
@@ -469,7 +274,8 @@ pub(crate) mod tests {
             neighbour::Neighbour,
             packet::Lookup,
             routing::{
-                Addr, Conf, Link, Route, RouteAnswer, RouteNextHop, RouteQuery, RTN_UNICAST,
+                Addr, Conf, Link, Route, RouteAnswer, RouteNextHop, RouteQuery, Rule,
+                FR_ACT_TO_TBL, RTN_UNICAST,
             },
         },
     };
