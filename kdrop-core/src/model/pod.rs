@@ -2,6 +2,10 @@
 //! them, and the pods (and Service) one connection involves.
 use serde::{ser::SerializeMap as _, Deserialize, Serialize, Serializer};
 
+/// A pod's labels (its own, as `kubectl get pod --show-labels` shows
+/// them), by key.
+pub type Labels = std::collections::BTreeMap<String, String>;
+
 /// Who a pod is, from the best record there was.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PodId {
@@ -21,10 +25,11 @@ pub struct Pod {
     /// share the pod's network namespace); None when none is running.
     pub containers: Option<String>,
     /// The pod's labels when the runtime's records on the node hold them
-    /// (CRI-O's bundles do, containerd's do not): a network policy's
+    /// (CRI-O's bundles do, containerd's do not: a finding that needs them
+    /// asks the runtime over CRI, `Node::pod_labels`): a network policy's
     /// selectors are written from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub labels: Option<std::collections::BTreeMap<String, String>>,
+    pub labels: Option<Labels>,
 }
 
 impl Pod {

@@ -11,6 +11,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::model::pod::Labels;
+
 /// One container (or pod sandbox) as its runtime recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bundle {
@@ -24,8 +26,8 @@ pub struct Bundle {
     /// The container's name in the pod spec (None for the sandbox).
     pub container: Option<String>,
     /// The pod's labels, when the runtime recorded them in the bundle
-    /// (CRI-O does; containerd keeps them in its own database only).
-    pub labels: Option<BTreeMap<String, String>>,
+    /// (CRI-O does; containerd gives them over CRI only, cri.rs).
+    pub labels: Option<Labels>,
     /// The network namespace the OCI spec joins, when given by path.
     pub netns: Option<PathBuf>,
     /// Where the runtime wrote the pid of the container's first process
@@ -62,22 +64,27 @@ const CONTAINER_NAME: [&str; 2] = [
 const LABELS: &str = "io.kubernetes.cri-o.Labels";
 
 /// The labels the kubelet adds to every sandbox's for the runtime (its
-/// `newPodLabels`): not the pod's own, `kubectl get pod --show-labels`
-/// does not show them and no selector matches on them.
+/// `newPodLabels`, pkg/kubelet/kuberuntime/labels.go; CRI-O's bundle and
+/// ListPodSandbox give them back with the pod's): not the pod's own,
+/// `kubectl get pod --show-labels` does not show them and no selector
+/// matches on them.
 const KUBELET_LABELS: [&str; 3] = [
     "io.kubernetes.pod.name",
     "io.kubernetes.pod.namespace",
     "io.kubernetes.pod.uid",
 ];
 
-fn labels_of(annotations: &serde_json::Value) -> Option<BTreeMap<String, String>> {
+/// The pod's own labels among those the kubelet gave its sandbox.
+pub fn own_labels(all: impl IntoIterator<Item = (String, String)>) -> Labels {
+    all.into_iter()
+        .filter(|(k, _)| !KUBELET_LABELS.contains(&k.as_str()))
+        .collect()
+}
+
+fn labels_of(annotations: &serde_json::Value) -> Option<Labels> {
     let raw = annotations.get(LABELS)?.as_str()?;
     let all: BTreeMap<String, String> = serde_json::from_str(raw).ok()?;
-    Some(
-        all.into_iter()
-            .filter(|(k, _)| !KUBELET_LABELS.contains(&k.as_str()))
-            .collect(),
-    )
+    Some(own_labels(all))
 }
 
 /// Parses a bundle's config.json; None when it is not JSON or carries no
@@ -186,6 +193,11 @@ impl Bundles {
             dirs,
             parsed: HashMap::new(),
         }
+    }
+
+    /// The runtimes' state directories this reads.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
     }
 
     /// What the runtimes' bundle directories look like now (each one's

@@ -32,7 +32,7 @@ use crate::{
         listen::ListenerFound,
         netfilter::Snapshot,
         packet::{CtSeen, Tuple},
-        pod::Pod,
+        pod::{Labels, Pod, PodId},
         progs::{CgroupProgs, HookProgs},
         routing::{NetnsContext, RouteLookup, RouteQuery},
     },
@@ -333,6 +333,10 @@ impl Node for Live {
 
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
         self.pods.of_addr(addr)
+    }
+
+    fn pod_labels(&mut self, pod: &PodId) -> Result<Labels, String> {
+        self.pods.labels(pod)
     }
 
     fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {

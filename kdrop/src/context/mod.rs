@@ -8,6 +8,7 @@
 pub mod bpf_progs;
 pub mod bundles;
 pub mod conntrack_lookup;
+pub mod cri;
 pub mod ctevents;
 pub mod kube;
 pub mod listeners;
@@ -43,7 +44,7 @@ use crate::model::{
     listen::{ListenCounters, ListenerFound},
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
-    pod::Pod,
+    pod::{Labels, Pod, PodId},
     progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
@@ -155,6 +156,11 @@ pub trait Node {
     /// The pod one of whose addresses `addr` is, among the pods the
     /// runtime recorded (never the node's own addresses).
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod>;
+    /// The labels of a pod whose runtime's records (`pod`, `pod_of_addr`)
+    /// gave none, asked of the container runtime over CRI; else why not
+    /// (no CRI socket, the call failed, no such sandbox), in words. Asked
+    /// only by findings that need them. Required, not defaulted, as `kube`.
+    fn pod_labels(&mut self, pod: &PodId) -> Result<Labels, String>;
     /// The Service names kube-proxy's rules give in `netns` (or, when it
     /// holds none, in kdrop's own namespace, the node's), with the
     /// namespace's own addresses (for node ports). None without kube-proxy.

@@ -16,9 +16,10 @@ use std::{
 
 use super::{
     bundles::{self, Bundle, Bundles},
+    cri::{self, Cri},
     pod_addrs,
 };
-use crate::model::pod::{Pod, PodId};
+use crate::model::pod::{Labels, Pod, PodId};
 
 /// A container as its cgroup path names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +176,8 @@ pub struct Pods {
     addrs_stamp: Vec<Option<(u64, u64, i64, i64)>>,
     /// When the directories were last looked at for a miss.
     stamp_checked: Option<Instant>,
+    /// The runtimes' sandboxes as their CRI last listed them.
+    cri: Cri,
 }
 
 const RETRY_MISS: Duration = Duration::from_secs(30);
@@ -209,7 +212,18 @@ impl Pods {
             addrs_read: None,
             addrs_stamp: Vec::new(),
             stamp_checked: None,
+            cri: Cri::default(),
         }
+    }
+
+    /// The pod's labels from its runtime over CRI (their bundles gave
+    /// none), or why not.
+    pub fn labels(&mut self, pod: &PodId) -> Result<Labels, String> {
+        let bundles = &mut self.bundles;
+        self.cri.labels(pod, || {
+            let all = bundles.scan();
+            cri::sockets(bundles.dirs(), &all)
+        })
     }
 
     /// The pod whose network namespace this is.

@@ -19,7 +19,7 @@ use crate::model::{
     neighbour::Neighbour,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
-    pod::Pod,
+    pod::{Labels, Pod, PodId},
     progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
@@ -224,6 +224,12 @@ impl<N: Node> Node for Recorder<N> {
     fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
         let a = self.inner.pod_of_addr(addr);
         self.keep(json!(["pod_of_addr", addr]), &a);
+        a
+    }
+
+    fn pod_labels(&mut self, pod: &PodId) -> Result<Labels, String> {
+        let a = self.inner.pod_labels(pod);
+        self.keep(json!(["pod_labels", pod]), &a);
         a
     }
 

@@ -19,7 +19,7 @@ use crate::model::{
     neighbour::Neighbour,
     netfilter::Snapshot,
     packet::{CtSeen, Tuple},
-    pod::Pod,
+    pod::{Labels, Pod, PodId},
     progs::{CgroupProgs, HookProgs},
     routing::{NetnsContext, RouteLookup, RouteQuery},
 };
@@ -202,6 +202,11 @@ impl Node for Replay {
             .flatten()
     }
 
+    fn pod_labels(&mut self, pod: &PodId) -> Result<Labels, String> {
+        self.answer::<Result<Labels, String>>(json!(["pod_labels", pod]))
+            .unwrap_or_else(|| Err("the recording holds no answer of the runtime".into()))
+    }
+
     fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
         self.answer::<Option<ListenerFound>>(json!(["listener", near, dst]))
             .flatten()
@@ -357,6 +362,9 @@ mod tests {
         fn kube(&mut self, _: u32) -> Option<Arc<Services>> {
             None
         }
+        fn pod_labels(&mut self, _: &PodId) -> Result<Labels, String> {
+            Ok([("app".to_string(), "db".to_string())].into())
+        }
         fn listener(&mut self, _: u32, _: SocketAddr) -> Option<ListenerFound> {
             None
         }
@@ -393,6 +401,12 @@ mod tests {
         rec.symbol(0x10);
         let mac = [2, 0, 0, 0, 0xe7, 3];
         let asked = rec.neighbours_with(7, 2, mac);
+        let db = PodId::Named {
+            namespace: "data".into(),
+            name: "db-0".into(),
+        };
+        let labels = rec.pod_labels(&db);
+        assert_eq!(rec.pod_labels(&db), labels);
         let lines = rec.take_lines();
         // Same answer twice: one line. One blob per distinct snapshot.
         let answers = lines
@@ -403,7 +417,7 @@ mod tests {
             .iter()
             .filter(|l| matches!(l, Line::Blob { .. }))
             .count();
-        assert_eq!((answers, blobs), (7, 3));
+        assert_eq!((answers, blobs), (8, 3));
         let mut replay = Replay::default();
         for l in &lines {
             replay.apply(l);
@@ -419,6 +433,11 @@ mod tests {
         assert_eq!(replay.symbol(0x10).as_deref(), Some("f+0x10"));
         assert_eq!(replay.neighbours_with(7, 2, mac), asked);
         assert_eq!(replay.neighbours_with(7, 3, mac), None, "never asked");
-        assert_eq!(replay.unanswered, 3);
+        assert_eq!(replay.pod_labels(&db), labels);
+        assert!(
+            replay.pod_labels(&PodId::Uid("u".into())).is_err(),
+            "never asked"
+        );
+        assert_eq!(replay.unanswered, 4);
     }
 }
