@@ -26,20 +26,6 @@ use crate::{
     },
 };
 
-/// A pod the runtime named, as a policy selects it, with its labels when
-/// the runtime's records on the node hold them.
-fn workload(p: Option<Pod>) -> Option<Workload> {
-    let p = p?;
-    match p.id {
-        PodId::Named { namespace, name } => Some(Workload {
-            namespace,
-            name,
-            labels: p.labels,
-        }),
-        _ => None,
-    }
-}
-
 impl<N: Node> Enricher<N> {
     pub(super) fn explain_calico(
         &mut self,
@@ -72,7 +58,10 @@ impl<N: Node> Enricher<N> {
             Direction::Ingress => (ends.server, ends.client),
             Direction::Egress => (ends.client, ends.server),
         };
-        let protected = workload(self.node.pod_of_addr(protected_addr));
+        let protected = self
+            .node
+            .pod_of_addr(protected_addr)
+            .and_then(|p| self.workload(p));
         let peer = self.peer(peer_addr);
         let conn = Conn {
             protected: protected.as_ref(),
@@ -86,6 +75,29 @@ impl<N: Node> Enricher<N> {
     }
 
     fn peer(&mut self, addr: IpAddr) -> Peer {
-        workload(self.node.pod_of_addr(addr)).map_or(Peer::Addr(addr), Peer::Pod)
+        self.node
+            .pod_of_addr(addr)
+            .and_then(|p| self.workload(p))
+            .map_or(Peer::Addr(addr), Peer::Pod)
+    }
+
+    /// A pod the runtime named, as a policy selects it, with its labels:
+    /// from the runtime's records on the node (CRI-O's bundles), else asked
+    /// of the runtime over CRI (containerd's), here only, where the
+    /// NetworkPolicy's selectors need them.
+    fn workload(&mut self, p: Pod) -> Option<Workload> {
+        let (namespace, name) = match &p.id {
+            PodId::Named { namespace, name } => (namespace.clone(), name.clone()),
+            _ => return None,
+        };
+        let labels = match p.labels {
+            Some(l) => Ok(l),
+            None => self.node.pod_labels(&p.id),
+        };
+        Some(Workload {
+            namespace,
+            name,
+            labels,
+        })
     }
 }

@@ -145,6 +145,38 @@ fn what(d: &CalicoDrop, port: &str) -> (String, Option<String>, Option<String>, 
     }
 }
 
+/// Why the policy's pod selectors cannot pick exactly these pods: labels
+/// kdrop could not read (and why not), pods that have none.
+fn inexact(pods: &[&Workload]) -> Vec<String> {
+    let mut unknown: Vec<&str> = Vec::new();
+    let mut bare = Vec::new();
+    for w in pods {
+        match &w.labels {
+            Err(why) if !unknown.contains(&why.as_str()) => unknown.push(why),
+            Ok(l) if l.is_empty() => bare.push(format!("pod {}/{}", w.namespace, w.name)),
+            _ => {}
+        }
+    }
+    let mut notes = Vec::new();
+    if !unknown.is_empty() {
+        notes.push(format!(
+            "the container runtime's records on this node do not give the pods' labels ({}): \
+             a selector written `{{}}` selects every pod of the namespace; replace it with the \
+             pod's labels (kubectl get pod --show-labels) to allow only this pod",
+            unknown.join("; ")
+        ));
+    }
+    if !bare.is_empty() {
+        notes.push(format!(
+            "{} {} no labels: its selector `{{}}` selects every pod of the namespace; label \
+             the pod and select it by that label to allow only this pod",
+            bare.join(" and "),
+            if bare.len() == 1 { "has" } else { "have" }
+        ));
+    }
+    notes
+}
+
 /// The repair: a NetworkPolicy allowing exactly this connection, and
 /// what else has to hold for it to work.
 fn notes(d: &CalicoDrop, c: &Conn) -> Vec<String> {
@@ -152,26 +184,21 @@ fn notes(d: &CalicoDrop, c: &Conn) -> Vec<String> {
     match c.protected {
         Some(w) => {
             let yaml = network_policy(d.direction, w, c.peer, c.port);
-            let unlabelled =
-                w.labels.is_none() || matches!(c.peer, Peer::Pod(p) if p.labels.is_none());
-            let exactly = if unlabelled {
+            let mut pods = vec![w];
+            if let Peer::Pod(p) = c.peer {
+                pods.push(p);
+            }
+            let inexact = inexact(&pods);
+            let exactly = if inexact.is_empty() {
+                "exactly this connection"
+            } else {
                 "this connection (and, with its `{}` selectors, the same from and to every pod \
                  of these namespaces)"
-            } else {
-                "exactly this connection"
             };
             notes.push(format!(
                 "apply this NetworkPolicy (kubectl apply -f -) to allow {exactly}:\n{yaml}"
             ));
-            if unlabelled {
-                notes.push(
-                    "the container runtime's records on this node do not give the pods' \
-                     labels: a selector written `{}` selects every pod of the namespace; \
-                     replace it with the pod's labels (kubectl get pod --show-labels) to \
-                     allow only this pod"
-                        .into(),
-                );
-            }
+            notes.extend(inexact);
         }
         None => notes.push(format!(
             "{} is no pod on this node's runtime: the policy that selects it is a Calico \

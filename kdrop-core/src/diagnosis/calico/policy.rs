@@ -4,18 +4,19 @@
 //! namespace carries since Kubernetes 1.22, and its labels) on the port.
 //! Strings are written as JSON strings, which YAML reads as double-quoted
 //! scalars: a label value such as `true` or `1.0` stays a string.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use super::Direction;
+use crate::model::pod::Labels;
 
 /// A pod as the policy names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
     pub namespace: String,
     pub name: String,
-    /// Its labels as the runtime recorded them; None when kdrop could not
-    /// read them (the selector then cannot be exact).
-    pub labels: Option<BTreeMap<String, String>>,
+    /// Its labels as the runtime recorded or gave them; else why kdrop
+    /// could not read them (the selector then cannot be exact).
+    pub labels: Result<Labels, String>,
 }
 
 /// The other end of the connection: a pod, or an address no pod has.
@@ -32,7 +33,7 @@ fn q(s: &str) -> String {
 }
 
 /// `matchLabels` lines at `indent`, or `{}` (every pod) without labels.
-fn match_labels(labels: Option<&BTreeMap<String, String>>, indent: &str) -> String {
+fn match_labels(labels: Option<&Labels>, indent: &str) -> String {
     match labels.filter(|l| !l.is_empty()) {
         Some(l) => {
             let mut s = format!("{indent}matchLabels:\n");
@@ -79,7 +80,7 @@ fn peer_entry(p: &Peer) -> String {
             "    - namespaceSelector:\n        matchLabels:\n          {}: {}\n      podSelector:\n{}",
             q(NS_LABEL),
             q(&w.namespace),
-            match_labels(w.labels.as_ref(), "        ")
+            match_labels(w.labels.as_ref().ok(), "        ")
         ),
         Peer::Addr(a) => {
             let len = if a.is_ipv4() { 32 } else { 128 };
@@ -106,7 +107,7 @@ pub fn network_policy(dir: Direction, protected: &Workload, peer: &Peer, port: u
          {key}:\n{}    ports:\n    - protocol: TCP\n      port: {port}\n",
         q(&name),
         q(&protected.namespace),
-        match_labels(protected.labels.as_ref(), "    "),
+        match_labels(protected.labels.as_ref().ok(), "    "),
         peer_entry(peer),
     )
 }

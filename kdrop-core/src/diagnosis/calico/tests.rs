@@ -236,12 +236,10 @@ fn pod(ns: &str, name: &str, labels: &[(&str, &str)]) -> Workload {
     Workload {
         namespace: ns.into(),
         name: name.into(),
-        labels: Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-        ),
+        labels: Ok(labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>()),
     }
 }
 
@@ -293,7 +291,7 @@ spec:
     assert!(y.contains("name: \"kdrop-allow-2001-db8--7-to-cart"), "{y}");
     // Labels unknown: the selector says so by selecting the namespace.
     let bare = Workload {
-        labels: None,
+        labels: Err("no CRI socket found".into()),
         ..pod("data", "db-0", &[])
     };
     let y = network_policy(Direction::Ingress, &bare, &Peer::Addr(ip), 80);
@@ -384,6 +382,82 @@ fn finding_in_kubernetes_terms() {
         "{:?}",
         f.fix_notes
     );
+    // Labelled both: nothing said about labels.
+    assert!(
+        !f.fix_notes.iter().any(|n| n.contains("labels")),
+        "{:?}",
+        f.fix_notes
+    );
+}
+
+#[test]
+fn the_notes_say_why_a_selector_is_not_exact() {
+    let d = classified("cali-tw-calib3b2b0cd317", 11, "eth0", None);
+    let a = attributed("cali-tw-calib3b2b0cd317", 11);
+    let facts = DropFacts {
+        reason: Some("NETFILTER_DROP"),
+        ifname: CART_IF,
+        netns: None,
+        src: "10.244.9.2:40000".into(),
+        dst: "10.244.9.3:5432".into(),
+        location: Some("nf_hook_slow+0x9c"),
+        tcp_flags: 0x02,
+        netfilter: Some(&a),
+    };
+    let notes = |db: &Workload, cart: &Workload| {
+        let peer = Peer::Pod(cart.clone());
+        let conn = Conn {
+            protected: Some(db),
+            peer: &peer,
+            protected_addr: "10.244.9.3".parse().unwrap(),
+            peer_addr: "10.244.9.2".parse().unwrap(),
+            port: 5432,
+        };
+        explain(&d, &conn, &a, &facts).0.fix_notes
+    };
+    let unread = |w: Workload, why: &str| Workload {
+        labels: Err(why.into()),
+        ..w
+    };
+    let db = pod("data", "db-0", &[("app", "db")]);
+    let cart = pod("shop", "cart", &[("app", "cart")]);
+    let why = "no CRI socket found: looked for /run/containerd/containerd.sock";
+    // Both unread for one reason: said once, with it.
+    let n = notes(&unread(db.clone(), why), &unread(cart.clone(), why));
+    assert!(n[0].contains("to allow this connection (and, with its `{}` selectors"));
+    assert!(n[0].contains("  podSelector:\n    {}\n"), "{}", n[0]);
+    assert_eq!(
+        n[1],
+        format!(
+            "the container runtime's records on this node do not give the pods' labels \
+             ({why}): a selector written `{{}}` selects every pod of the namespace; replace it \
+             with the pod's labels (kubectl get pod --show-labels) to allow only this pod"
+        )
+    );
+    // The peer's alone, another reason: the protected pod is selected by
+    // its labels, the peer's selector is `{}`.
+    let failed = "ListPodSandbox on /run/containerd/containerd.sock failed: no answer within 1s";
+    let n = notes(&db, &unread(cart.clone(), failed));
+    assert!(
+        n[0].contains("    matchLabels:\n      \"app\": \"db\"\n"),
+        "{}",
+        n[0]
+    );
+    assert!(
+        n[0].contains("      podSelector:\n        {}\n"),
+        "{}",
+        n[0]
+    );
+    assert!(n[1].contains(&format!("labels ({failed}):")), "{}", n[1]);
+    // A pod the runtime gave no labels: no selector picks it alone.
+    let n = notes(&pod("data", "db-0", &[]), &cart);
+    assert!(n[0].contains("(and, with its `{}` selectors"), "{}", n[0]);
+    assert!(
+        n[1].starts_with("pod data/db-0 has no labels: its selector `{}` selects every pod"),
+        "{}",
+        n[1]
+    );
+    assert!(!n.iter().any(|n| n.contains("do not give")), "{n:?}");
 }
 
 /// Calico before 3.30 (one tier, unnamed): "Start of policies", "Drop if
