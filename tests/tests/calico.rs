@@ -5,8 +5,10 @@
 //! shape Felix renders it (tests/fixtures/calico/two-pods.rules.in). kdrop,
 //! told only the service's port, names the pods as kubectl does, the
 //! direction, port, tier and chain, and writes a NetworkPolicy that passes
-//! Kubernetes' schema (kubernetes-validate --strict); Felix's rendering of
-//! that policy lets a new connection through.
+//! Kubernetes' schema (kubernetes-validate --strict) and selects both pods
+//! by the labels the test gave them (containerd's bundles hold none: kdrop
+//! asks its CRI, found through the shims); Felix's rendering of that
+//! policy lets a new connection through.
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -27,12 +29,21 @@ const DB_IF: &str = "calid8e0b7a1c42";
 const CART_IF: &str = "cali5f3a9e6b210";
 const RULES: &str = include_str!("../fixtures/calico/two-pods.rules.in");
 
-fn pod(cri: &mut Cri, ns: &str, name: &str, uid: &str, app: &str) -> Recorded {
+/// The pods' labels, as the kubelet passes them to RunPodSandbox: the
+/// oracle for the policy's selectors.
+const DB_LABELS: &[(&str, &str)] = &[("app", "db")];
+const CART_LABELS: &[(&str, &str)] = &[("app", "cart")];
+
+fn pod(cri: &mut Cri, ns: &str, name: &str, uid: &str, labels: &[(&str, &str)]) -> Recorded {
+    let app = labels[0].1;
     let p = cri.run_pod(&PodSpec {
         namespace: ns.into(),
         name: name.into(),
         uid: uid.into(),
-        labels: vec![("app".into(), app.into())],
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         host_network: false,
         host_pid: false,
     });
@@ -155,6 +166,33 @@ fn validated_policy(e: &Value, dir: &Path) -> String {
     yaml
 }
 
+/// `matchLabels` of exactly these labels.
+fn match_labels(labels: &[(&str, &str)]) -> Value {
+    let m: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::from(*v)))
+        .collect();
+    serde_json::json!({ "matchLabels": m })
+}
+
+/// The policy's selectors: the pods it applies to (spec.podSelector) and
+/// its one peer (`from` or `to`: namespaceSelector and podSelector).
+fn selectors(yaml: &str, rule: &str, peer: &str) -> (Value, Value) {
+    let v: Value = serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let spec = &v["spec"];
+    let peers = &spec[rule][0][peer];
+    assert_eq!(peers.as_array().map(Vec::len), Some(1), "{yaml}");
+    (spec["podSelector"].clone(), peers[0].clone())
+}
+
+/// The peer entry that selects a pod of `ns` with `labels`, exactly.
+fn pod_peer(ns: &str, labels: &[(&str, &str)]) -> Value {
+    serde_json::json!({
+        "namespaceSelector": match_labels(&[("kubernetes.io/metadata.name", ns)]),
+        "podSelector": match_labels(labels),
+    })
+}
+
 fn policy<'a>(e: &'a Value, field: &str) -> &'a Value {
     &e["network_policy"][field]
 }
@@ -169,14 +207,14 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         "kdt-db",
         "db-0",
         "3c1e9a4b-7d2f-4e8a-b5c6-0a1b2c3d4e5f",
-        "db",
+        DB_LABELS,
     );
     let cart = pod(
         &mut cri,
         "kdt-shop",
         "cart-5d8c7b9f4-q7xkz",
         "9f8e7d6c-5b4a-4c3d-8e2f-1a0b9c8d7e6f",
-        "cart",
+        CART_LABELS,
     );
     let db_veth = host_veth(&ctd, &db.netns_path);
     let cart_veth = host_veth(&ctd, &cart.netns_path);
@@ -266,9 +304,17 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         )),
         "{summary}"
     );
-    // The runtime's records give no labels: the selectors say so.
+    // containerd's bundles give no labels, its CRI does: the policy
+    // selects both pods by them, and says it allows exactly this.
     let notes = e["finding"]["fix_notes"].to_string();
-    assert!(notes.contains("do not give the pods' labels"), "{notes}");
+    assert!(!notes.contains("labels"), "{notes}");
+    let note = e["finding"]["fix_notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with(
+            "apply this NetworkPolicy (kubectl apply -f -) to allow exactly this connection:\n"
+        ),
+        "{notes}"
+    );
     let inspect = e["finding"]["inspect"].to_string();
     assert!(
         inspect.contains("kubectl get networkpolicy -n kdt-db"),
@@ -277,11 +323,11 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     let yaml = validated_policy(&e, &ctd.dir);
     assert!(yaml.contains("  namespace: \"kdt-db\"\n"), "{yaml}");
     assert!(yaml.contains("  - Ingress\n"), "{yaml}");
-    assert!(
-        yaml.contains("\"kubernetes.io/metadata.name\": \"kdt-shop\""),
-        "{yaml}"
-    );
     assert!(yaml.contains("      port: 5432\n"), "{yaml}");
+    let (applies_to, from) = selectors(&yaml, "ingress", "from");
+    assert_eq!(applies_to, match_labels(DB_LABELS), "{yaml}");
+    assert_eq!(from, pod_peer("kdt-shop", CART_LABELS), "{yaml}");
+    let first = e.clone();
 
     // A deny rule of tier security's policy, for 5433.
     let _s = syn(41002, 5433);
@@ -300,7 +346,10 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         format!("cali-tw-{DB_IF}").as_str(),
         "{e}"
     );
-    validated_policy(&e, &ctd.dir);
+    let yaml = validated_policy(&e, &ctd.dir);
+    let (applies_to, from) = selectors(&yaml, "ingress", "from");
+    assert_eq!(applies_to, match_labels(DB_LABELS), "{yaml}");
+    assert_eq!(from, pod_peer("kdt-shop", CART_LABELS), "{yaml}");
 
     // cart's own egress policy allows db-0 on 5432 and 5433 only.
     let _s = syn(41003, 5434);
@@ -317,6 +366,9 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     let yaml = validated_policy(&e, &ctd.dir);
     assert!(yaml.contains("  namespace: \"kdt-shop\"\n"), "{yaml}");
     assert!(yaml.contains("  - Egress\n"), "{yaml}");
+    let (applies_to, to) = selectors(&yaml, "egress", "to");
+    assert_eq!(applies_to, match_labels(CART_LABELS), "{yaml}");
+    assert_eq!(to, pod_peer("kdt-db", DB_LABELS), "{yaml}");
 
     // The monitor's series, one per protected pod, direction, port,
     // verdict and policy, as the test built them.
@@ -357,8 +409,10 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert_eq!(n, want.len(), "{m}");
 
     // The first policy applied: Felix renders it in tier default after
-    // allow-monitoring (same order, names sorted), its peer selector's
-    // ipset written as cart's address. A new connection goes through.
+    // allow-monitoring (same order, names sorted), on the endpoints its
+    // podSelector (app: db in kdt-db) selects, db-0's, its peer selector's
+    // ipset (app: cart in kdt-shop) written as cart's address. A new
+    // connection goes through.
     let allow = format!(
         "-A cali-tw-{DB_IF} -m comment --comment \"cali:kD7rPq2sXv9wYz0A\" -m mark --mark \
          0x0/0x20000 -j cali-pi-kdrop-allow\n-A cali-tw-{DB_IF} -m comment --comment \
@@ -440,4 +494,17 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert_eq!(policy(e, "protected_pod"), db_pod.as_str(), "{e}");
     assert_eq!(policy(e, "peer_pod"), cart_pod.as_str(), "{e}");
     assert_eq!(policy(e, "tier"), "default", "{e}");
+    // The labels came from the bundle's answers: the same policy, the same
+    // notes, word for word.
+    let scratch = std::env::temp_dir().join(format!("kdrop-calico-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let yaml = validated_policy(e, &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (applies_to, from) = selectors(&yaml, "ingress", "from");
+    assert_eq!(applies_to, match_labels(DB_LABELS), "{yaml}");
+    assert_eq!(from, pod_peer("kdt-shop", CART_LABELS), "{yaml}");
+    assert_eq!(
+        e["finding"]["fix_notes"], first["finding"]["fix_notes"],
+        "{e}"
+    );
 }
