@@ -235,87 +235,87 @@ fn loosen(a: &Attribution, ns: &str) -> Option<Fix> {
 
 /// The netfilter finding `nf` for this drop, with the way back and the
 /// repair.
-pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
-    let ns = d.netns_exec;
-    let iif = t.link_name(d.iif);
-    let place = format!(
-        "{} rule in {}/{}",
-        a.backend.map_or("netfilter", |b| b.name()),
-        a.table.as_deref().unwrap_or(""),
-        a.chain.as_deref().unwrap_or("")
-    );
-    let rule = a.rule.as_deref().unwrap_or("");
+/// What the rule's reverse lookup found.
+enum Found<'a> {
+    /// A unicast route, leaving by other devices; the rule that chose its
+    /// table, if one did.
+    Elsewhere(&'a RouteAnswer, Option<&'a Rule>),
+    /// No route back at all: the lookup's error.
+    Nothing(&'a str),
+    /// A route of another type (blackhole, unreachable, ...).
+    Other(&'a RouteAnswer),
+}
+
+fn found<'a>(d: &'a Rpf6, t: &'a Tables) -> Found<'a> {
+    match d.answer {
+        RouteLookup::Found(r) if r.kind == crate::model::routing::RouteType::Unicast => {
+            Found::Elsewhere(r, deciding(t, d, r.table))
+        }
+        RouteLookup::Failed { name, .. } => Found::Nothing(name),
+        RouteLookup::Found(r) => Found::Other(r),
+    }
+}
+
+/// The lookup as evidence, and why the check failed.
+fn lookup_text(f: &Found, d: &Rpf6, t: &Tables, iif: &str) -> (Vec<String>, String) {
     let mode = if d.check.strict() { "strict" } else { "loose" };
-    let mut evidence = nf.evidence;
     let asked = route_get(d, t);
-    let found = match d.answer {
-        RouteLookup::Found(r) if r.kind == crate::model::routing::RouteType::Unicast => Some(r),
-        _ => None,
-    };
-    let (why, decided) = match (d.answer, found) {
-        (_, Some(r)) => {
-            evidence.push(format!(
-                "reverse lookup as the rule makes it ({mode}): `{asked}` answers {}",
-                answer_text(r, t)
-            ));
+    let lookup = format!("reverse lookup as the rule makes it ({mode}): `{asked}` answers");
+    match f {
+        Found::Elsewhere(r, rule) => {
+            let mut ev = vec![format!("{lookup} {}", answer_text(r, t))];
             let out: Vec<String> = r.devices().iter().map(|&i| t.link_name(i)).collect();
-            let rule6 = deciding(t, d, r.table);
-            let decided = match rule6 {
+            let decided = match rule {
                 Some(p) => {
-                    evidence.push(format!("policy rule that decided: {}", rule_text(p)));
+                    ev.push(format!("policy rule that decided: {}", rule_text(p)));
                     format!("table {}, rule {}", table_name(r.table), rule_text(p))
                 }
                 None => format!("table {}", table_name(r.table)),
             };
-            (
-                format!(
-                    "the way back to {} leaves by {}, not {iif} ({decided})",
-                    d.src,
-                    out.join(",")
-                ),
-                rule6,
-            )
+            let why = format!(
+                "the way back to {} leaves by {}, not {iif} ({decided})",
+                d.src,
+                out.join(",")
+            );
+            (ev, why)
         }
-        (RouteLookup::Failed { name, .. }, _) => {
-            evidence.push(format!(
-                "reverse lookup as the rule makes it ({mode}): `{asked}` answers {name}"
-            ));
-            (
-                format!("there is no route back to {} ({name})", d.src),
-                None,
-            )
-        }
-        (RouteLookup::Found(r), _) => {
-            evidence.push(format!(
-                "reverse lookup as the rule makes it ({mode}): `{asked}` answers a {:?} route ({})",
+        Found::Nothing(name) => (
+            vec![format!("{lookup} {name}")],
+            format!("there is no route back to {} ({name})", d.src),
+        ),
+        Found::Other(r) => (
+            vec![format!(
+                "{lookup} a {:?} route ({})",
                 r.kind,
                 answer_text(r, t)
-            ));
-            (
-                format!("the way back to {} is a {:?} route", d.src, r.kind),
-                None,
-            )
-        }
-    };
-    evidence.push(format!(
-        "the check passes only when the way back to {} leaves by {iif}, where the packet came in{}",
-        d.src,
-        if d.check.strict() {
-            ""
-        } else {
-            " (loose: by any device)"
-        }
-    ));
-    // The repair route: through the input device, with the next hop the
-    // client is reached through there (the neighbour the packet came
-    // from, else the gateway the node already uses on that side).
+            )],
+            format!("the way back to {} is a {:?} route", d.src, r.kind),
+        ),
+    }
+}
+
+/// A policy route back through the input device, with the next hop the
+/// client is reached through there (the neighbour the packet came from,
+/// else the gateway the node already uses on that side); or, for a strict
+/// check that found a route elsewhere, the rule made loose.
+fn repairs(
+    f: &Found,
+    a: &Attribution,
+    d: &Rpf6,
+    t: &Tables,
+    iif: &str,
+) -> (String, Vec<Fix>, Vec<Vec<Fix>>, Vec<String>) {
+    let ns = d.netns_exec;
     let asked_gw = match d.via_iif {
         Some(RouteLookup::Found(r)) if r.devices().contains(&d.iif) => r.gateway,
         _ => None,
     };
     let w = way_back::decide(IpAddr::V6(d.src), d.iif, &d.sender, asked_gw, t);
-    evidence.push(w.evidence.clone());
     let table = free_table(t);
+    let decided = match f {
+        Found::Elsewhere(_, rule) => *rule,
+        _ => None,
+    };
     let priority = decided.map_or(1, |r| r.priority.saturating_sub(1).max(1));
     let from = d.asked.src.map_or(String::new(), |s| format!("from {s} "));
     let route = |args: &str| format!("{ns}ip -6 route add {}/128{args} table {table}", d.src);
@@ -332,7 +332,7 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
             .map_or("this host".to_string(), |s| s.to_string()),
     );
     let neigh = format!("{ns}ip -6 neigh show dev {iif}");
-    let (fix, first_note) = match w.command(&iif, route, &neigh) {
+    let (fix, first_note) = match w.command(iif, route, &neigh) {
         Ok(cmd) => (
             vec![
                 Kind::Rpfilter6Route.fix(cmd),
@@ -343,18 +343,46 @@ pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
         Err(how) => (Vec::new(), format!("{sends}; {how}; then `{policy}`")),
     };
     let mut fix_or = Vec::new();
-    if found.is_some() && d.check.strict() {
+    if matches!(f, Found::Elsewhere(..)) && d.check.strict() {
         fix_or.extend(loosen(a, ns).map(|c| vec![c]));
     }
-    let mut fix_notes = vec![first_note];
+    let mut notes = vec![first_note];
     if !fix_or.is_empty() {
-        fix_notes.push(
+        notes.push(
             "loose mode only checks that some route back exists; a firewall manager \
              (firewalld: IPv6_rpfilter=loose) rewrites a rule changed by hand"
                 .into(),
         );
     }
-    let mut inspect = vec![asked, format!("{ns}ip -6 rule show")];
+    (w.evidence, fix, fix_or, notes)
+}
+
+pub fn explain(nf: Finding, a: &Attribution, d: &Rpf6, t: &Tables) -> Finding {
+    let iif = t.link_name(d.iif);
+    let place = format!(
+        "{} rule in {}/{}",
+        a.backend.map_or("netfilter", |b| b.name()),
+        a.table.as_deref().unwrap_or(""),
+        a.chain.as_deref().unwrap_or("")
+    );
+    let rule = a.rule.as_deref().unwrap_or("");
+    let mode = if d.check.strict() { "strict" } else { "loose" };
+    let f = found(d, t);
+    let (lookup, why) = lookup_text(&f, d, t, &iif);
+    let mut evidence = nf.evidence;
+    evidence.extend(lookup);
+    evidence.push(format!(
+        "the check passes only when the way back to {} leaves by {iif}, where the packet came in{}",
+        d.src,
+        if d.check.strict() {
+            ""
+        } else {
+            " (loose: by any device)"
+        }
+    ));
+    let (way, fix, fix_or, fix_notes) = repairs(&f, a, d, t, &iif);
+    evidence.push(way);
+    let mut inspect = vec![route_get(d, t), format!("{}ip -6 rule show", d.netns_exec)];
     inspect.extend(nf.inspect);
     Finding {
         cause: Cause::Rpfilter6,
