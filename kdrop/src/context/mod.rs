@@ -21,6 +21,7 @@ pub mod pod_addrs;
 pub mod pods;
 pub mod procs;
 pub mod programs;
+mod questions;
 pub mod recording;
 pub mod replay;
 pub mod route_query;

@@ -3,26 +3,14 @@
 //! order before the event that asked). No I/O beyond the bundle, no
 //! privileges. A question the recording never asked answers as a node
 //! that does not know (None), and is counted.
-use std::{
-    collections::HashMap,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::Arc,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{json, Value};
 
-use super::{conntrack_lookup::Side, tape::Line, NetnsName, Node};
+use super::{questions::plain_questions, tape::Line, Node};
 use crate::diagnosis::kube::Services;
-use crate::model::{
-    listen::{ListenCounters, ListenerFound},
-    neighbour::Neighbour,
-    netfilter::Snapshot,
-    packet::{CtSeen, Tuple},
-    pod::{Labels, Pod, PodId},
-    progs::{CgroupProgs, HookProgs},
-    routing::{NetnsContext, RouteLookup, RouteQuery},
-};
+use crate::model::{netfilter::Snapshot, routing::NetnsContext};
 
 #[derive(Default)]
 pub struct Replay {
@@ -86,16 +74,21 @@ impl Replay {
     }
 }
 
-impl Node for Replay {
-    fn netns(&mut self, inode: u32) -> Option<NetnsName> {
-        self.answer::<Option<NetnsName>>(json!(["netns", inode]))
-            .flatten()
-    }
+/// A plain question: the bundle's answer under its key, else what a
+/// node that does not know answers.
+macro_rules! replay_plain {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $unknown:expr;)*) => {
+        $(
+            fn $name(&mut self, $($arg: $ty),*) -> $ret {
+                self.answer::<$ret>(json!([stringify!($name) $(, $arg)*]))
+                    .unwrap_or_else(|| $unknown)
+            }
+        )*
+    };
+}
 
-    fn ifname(&mut self, netns: u32, ifindex: u32) -> String {
-        self.answer(json!(["ifname", netns, ifindex]))
-            .unwrap_or_else(|| format!("if{ifindex}"))
-    }
+impl Node for Replay {
+    plain_questions!(replay_plain);
 
     fn routing(&mut self, netns: u32) -> Option<Arc<NetnsContext>> {
         let id = self.ids(json!(["routing", netns]))?.first().copied()??;
@@ -113,11 +106,6 @@ impl Node for Replay {
         Some((before, after))
     }
 
-    fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
-        let id = self.ids(json!(["kube", netns]))?.first().copied()??;
-        Self::typed(&self.blobs, &mut self.kube, id)
-    }
-
     fn netfilter_latest(&mut self, netns: u32) -> Option<Arc<Snapshot>> {
         let id = self
             .ids(json!(["netfilter_latest", netns]))?
@@ -126,142 +114,27 @@ impl Node for Replay {
         self.snapshot(Some(id))
     }
 
-    fn reply_holder(&mut self, netns: u32, reply: &Tuple) -> Option<String> {
-        self.answer::<Option<String>>(json!(["reply_holder", netns, reply]))
-            .flatten()
-    }
-
-    fn reverse_route(
-        &mut self,
-        netns: u32,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        mark: u32,
-        src_valid_mark: bool,
-    ) -> Option<(RouteQuery, RouteLookup)> {
-        let q = json!(["reverse_route", netns, src, dst, mark, src_valid_mark]);
-        self.answer::<Option<(RouteQuery, RouteLookup)>>(q)
-            .flatten()
-    }
-
-    fn route_get(&mut self, netns: u32, q: &RouteQuery) -> Option<RouteLookup> {
-        self.answer::<Option<RouteLookup>>(json!(["route_get", netns, q]))
-            .flatten()
-    }
-
-    fn neighbour(&mut self, netns: u32, ifindex: u32, addr: IpAddr) -> Option<Neighbour> {
-        self.answer::<Option<Neighbour>>(json!(["neighbour", netns, ifindex, addr]))
-            .flatten()
-    }
-
-    fn neighbours_with(
-        &mut self,
-        netns: u32,
-        ifindex: u32,
-        lladdr: [u8; 6],
-    ) -> Option<Vec<Neighbour>> {
-        self.answer::<Option<Vec<Neighbour>>>(json!(["neighbours_with", netns, ifindex, lladdr]))
-            .flatten()
-    }
-
-    fn route_out(&mut self, netns: u32, dst: IpAddr) -> Option<u32> {
-        self.answer::<Option<u32>>(json!(["route_out", netns, dst]))
-            .flatten()
-    }
-
-    fn conntrack_find(&mut self, side: Side, t: &Tuple, netns: Option<u32>) -> Option<CtSeen> {
-        self.answer::<Option<CtSeen>>(json!(["conntrack_find", side, t, netns]))
-            .flatten()
-    }
-
-    fn conntrack_from(&mut self, netns: u32, client: SocketAddr) -> Vec<CtSeen> {
-        self.answer::<Vec<CtSeen>>(json!(["conntrack_from", netns, client]))
-            .unwrap_or_default()
-    }
-
-    fn waiting_for(&mut self, netns: u32, local: SocketAddr) -> Option<SocketAddr> {
-        self.answer::<Option<SocketAddr>>(json!(["waiting_for", netns, local]))
-            .flatten()
-    }
-
-    fn br_netfilter_loaded(&mut self) -> bool {
-        self.answer(json!(["br_netfilter_loaded"])).unwrap_or(false)
-    }
-
-    fn symbol(&mut self, addr: u64) -> Option<String> {
-        self.answer::<Option<String>>(json!(["symbol", addr]))
-            .flatten()
-    }
-
-    fn pod(&mut self, netns: u32) -> Option<Pod> {
-        self.answer::<Option<Pod>>(json!(["pod", netns])).flatten()
-    }
-
-    fn pod_of_addr(&mut self, addr: IpAddr) -> Option<Pod> {
-        self.answer::<Option<Pod>>(json!(["pod_of_addr", addr]))
-            .flatten()
-    }
-
-    fn pod_labels(&mut self, pod: &PodId) -> Result<Labels, String> {
-        self.answer::<Result<Labels, String>>(json!(["pod_labels", pod]))
-            .unwrap_or_else(|| Err("the recording holds no answer of the runtime".into()))
-    }
-
-    fn listener(&mut self, near: u32, dst: SocketAddr) -> Option<ListenerFound> {
-        self.answer::<Option<ListenerFound>>(json!(["listener", near, dst]))
-            .flatten()
-    }
-
-    fn listen_spaces(&mut self, ports: &[u16]) -> Vec<u32> {
-        self.answer::<Vec<u32>>(json!(["listen_spaces", ports]))
-            .unwrap_or_default()
-    }
-
-    fn listen_counters(&mut self, netns: u32) -> Option<ListenCounters> {
-        self.answer::<Option<ListenCounters>>(json!(["listen_counters", netns]))
-            .flatten()
-    }
-
-    fn listeners_of(&mut self, netns: u32, ports: &[u16]) -> Vec<ListenerFound> {
-        self.answer::<Vec<ListenerFound>>(json!(["listeners_of", netns, ports]))
-            .unwrap_or_default()
-    }
-
-    fn request_pending(
-        &mut self,
-        netns: u32,
-        local: SocketAddr,
-        remote: SocketAddr,
-    ) -> Option<bool> {
-        self.answer::<Option<bool>>(json!(["request_pending", netns, local, remote]))
-            .flatten()
-    }
-
-    fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs> {
-        self.answer::<Option<HookProgs>>(json!(["hook_programs", netns, ifindex, hook]))
-            .flatten()
-    }
-
-    fn cgroup_programs(
-        &mut self,
-        netns: u32,
-        local: SocketAddr,
-        hook: &str,
-    ) -> Option<CgroupProgs> {
-        self.answer::<Option<CgroupProgs>>(json!(["cgroup_programs", netns, local, hook]))
-            .flatten()
-    }
-
-    fn service(&mut self, netns: u32, vip: SocketAddr) -> Option<String> {
-        self.answer::<Option<String>>(json!(["service", netns, vip]))
-            .flatten()
+    fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
+        let id = self.ids(json!(["kube", netns]))?.first().copied()??;
+        Self::typed(&self.blobs, &mut self.kube, id)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
     use super::*;
     use crate::context::recording::Recorder;
+    use crate::context::{conntrack_lookup::Side, NetnsName};
+    use crate::model::{
+        listen::{ListenCounters, ListenerFound},
+        neighbour::Neighbour,
+        packet::{CtSeen, Tuple},
+        pod::{Labels, Pod, PodId},
+        progs::{CgroupProgs, HookProgs},
+        routing::{RouteLookup, RouteQuery},
+    };
 
     /// A node with fixed answers.
     struct Fixed;
