@@ -77,8 +77,10 @@ pub struct Live {
 }
 
 impl Live {
+    /// The kernel's symbols are not read here: `symbols::prefetch` after
+    /// the programs are loaded keeps the read of /proc/kallsyms out of the
+    /// start's memory peak (the BTF parsed for loading).
     pub fn new() -> Result<Self> {
-        symbols::prefetch();
         Ok(Self {
             registry: NetnsRegistry::new(),
             ifnames: IfNames::default(),

@@ -157,6 +157,9 @@ impl Session {
                 all_rungs: false,
             },
         )?;
+        // After the load's peak (the parsed BTF freed): a first drop's
+        // location then costs no wait.
+        crate::kernel::symbols::prefetch();
         let ring = Ring::new(probes.take_events()?, o.record.is_some())?;
         let nf_rungs: HashMap<&'static str, String> = probes
             .reports
