@@ -42,124 +42,16 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         .unwrap_or_default();
     let iface = f.ifname;
     let (src, dst) = (host(&f.src), host(&f.dst));
-    // (cause, summary, fix, notes, inspect): the reason alone rarely says
-    // enough to repair; where it does, the repair.
-    let (cause, summary, fix, notes, inspect): (Cause, String, Vec<Fix>, Vec<String>, Vec<String>) =
-        match reason {
-            "IP_RPFILTER" => (
-                Cause::RpFilter,
-                format!("reverse-path filter on {iface}: the way back to {src} is not via {iface}"),
-                vec![Kind::RpFilterLoose
-                    .fix(format!("{ns}sysctl -w net.ipv4.conf.{iface}.rp_filter=2"))],
-                vec![format!(
-                    "loose mode (2) accepts a packet whose source has any route back; strict \
-                     mode (1) wants it back through {iface}"
-                )],
-                vec![
-                    format!("{ns}ip route get {src} from {dst}"),
-                    format!(
-                        "{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"
-                    ),
-                ],
-            ),
-            "NO_SOCKET" => (
-                Cause::NoSocket,
-                format!(
-                    "nothing listens on {} (or the packet matches no connection)",
-                    f.dst
-                ),
-                vec![],
-                vec![format!(
-                    "start the service on {}, or point the client at the port it listens on",
-                    f.dst
-                )],
-                vec![format!("{ns}ss -ltn")],
-            ),
-            "NETFILTER_DROP" if f.netfilter.is_some() => {
-                return f
-                    .netfilter
-                    .map(|a| super::netfilter::finding::explain(a, f));
-            }
-            "NETFILTER_DROP" => (
-                Cause::Netfilter,
-                format!("a netfilter rule or chain policy dropped it on {iface}"),
-                vec![],
-                vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
-                vec![
-                    format!("{ns}iptables-save -c"),
-                    format!("{ns}nft list ruleset"),
-                ],
-            ),
-            "IP_LOCAL_SOURCE" => (
-                Cause::MartianLocalSource,
-                format!(
-                    "martian: source {src} is a local address of this host, arriving on {iface}"
-                ),
-                vec![],
-                vec![format!(
-                    "the source is one of this host's addresses: remove it from the device that \
-                     holds it, or stop the peer from using it"
-                )],
-                vec![format!("{ns}ip route get {src} from {dst}")],
-            ),
-            "IP_INVALID_SOURCE" => (
-                Cause::MartianSource,
-                format!("martian: source {src} is not a valid source address"),
-                vec![],
-                vec![],
-                vec![format!("{ns}ip route get {src} from {dst}")],
-            ),
-            "IP_LOCALNET" => (
-                Cause::MartianLocalnet,
-                format!("127.0.0.0/8 address on {iface} without route_localnet"),
-                vec![Kind::RouteLocalnet.fix(format!(
-                    "{ns}sysctl -w net.ipv4.conf.{iface}.route_localnet=1"
-                ))],
-                vec![],
-                vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
-            ),
-            "OTHERHOST" => (
-                Cause::Otherhost,
-                format!("frame on {iface} was addressed to another host's MAC"),
-                vec![],
-                vec![],
-                vec![format!("{ns}ip neigh show dev {iface}")],
-            ),
-            "IP_INNOROUTES" | "IP_OUTNOROUTES" => (
-                Cause::NoRoute,
-                format!("no route for {dst}"),
-                vec![],
-                vec![],
-                vec![format!("{ns}ip route get {dst}")],
-            ),
-            "NEIGH_FAILED" => (
-                Cause::NeighbourFailed,
-                format!("neighbour resolution failed on {iface}"),
-                vec![],
-                vec![],
-                vec![format!("{ns}ip neigh show dev {iface}")],
-            ),
-            "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => (
-                Cause::ListenOverflow,
-                format!(
-                    "the listener on {} is overloaded (accept or SYN queue)",
-                    f.dst
-                ),
-                vec![],
-                vec![],
-                vec![format!(
-                    "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
-                )],
-            ),
-            "XFRM_POLICY" => (
-                Cause::XfrmPolicy,
-                "an IPsec policy refused it".into(),
-                vec![],
-                vec![],
-                vec![format!("{ns}ip xfrm policy")],
-            ),
-            _ => return None,
-        };
+    if reason == "NETFILTER_DROP" {
+        if let Some(a) = f.netfilter {
+            return Some(super::netfilter::finding::explain(a, f));
+        }
+    }
+    // The reason alone rarely says enough to repair; where it does, the
+    // repair.
+    let (cause, summary, fix, notes, inspect) = source_words(reason, &ns, iface, src, dst)
+        .or_else(|| path_words(reason, &ns, iface, dst))
+        .or_else(|| socket_words(reason, f, &ns, iface))?;
     Some(Finding {
         cause,
         summary,
@@ -169,6 +61,134 @@ pub fn explain(f: &DropFacts) -> Option<Finding> {
         inspect,
         ..Finding::default()
     })
+}
+
+/// What the reason alone says: cause, summary, repairs, notes, inspection.
+type Words = (Cause, String, Vec<Fix>, Vec<String>, Vec<String>);
+
+/// Reasons about the packet's source address.
+fn source_words(reason: &str, ns: &str, iface: &str, src: &str, dst: &str) -> Option<Words> {
+    match reason {
+        "IP_RPFILTER" => Some((
+            Cause::RpFilter,
+            format!("reverse-path filter on {iface}: the way back to {src} is not via {iface}"),
+            vec![
+                Kind::RpFilterLoose.fix(format!("{ns}sysctl -w net.ipv4.conf.{iface}.rp_filter=2"))
+            ],
+            vec![format!(
+                "loose mode (2) accepts a packet whose source has any route back; strict \
+                 mode (1) wants it back through {iface}"
+            )],
+            vec![
+                format!("{ns}ip route get {src} from {dst}"),
+                format!("{ns}sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{iface}.rp_filter"),
+            ],
+        )),
+        "IP_LOCAL_SOURCE" => Some((
+            Cause::MartianLocalSource,
+            format!("martian: source {src} is a local address of this host, arriving on {iface}"),
+            vec![],
+            vec![format!(
+                "the source is one of this host's addresses: remove it from the device that \
+                 holds it, or stop the peer from using it"
+            )],
+            vec![format!("{ns}ip route get {src} from {dst}")],
+        )),
+        "IP_INVALID_SOURCE" => Some((
+            Cause::MartianSource,
+            format!("martian: source {src} is not a valid source address"),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip route get {src} from {dst}")],
+        )),
+        "IP_LOCALNET" => Some((
+            Cause::MartianLocalnet,
+            format!("127.0.0.0/8 address on {iface} without route_localnet"),
+            vec![Kind::RouteLocalnet.fix(format!(
+                "{ns}sysctl -w net.ipv4.conf.{iface}.route_localnet=1"
+            ))],
+            vec![],
+            vec![format!("{ns}sysctl net.ipv4.conf.{iface}.route_localnet")],
+        )),
+        _ => None,
+    }
+}
+
+/// Reasons about the way the packet takes.
+fn path_words(reason: &str, ns: &str, iface: &str, dst: &str) -> Option<Words> {
+    match reason {
+        "OTHERHOST" => Some((
+            Cause::Otherhost,
+            format!("frame on {iface} was addressed to another host's MAC"),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip neigh show dev {iface}")],
+        )),
+        "IP_INNOROUTES" | "IP_OUTNOROUTES" => Some((
+            Cause::NoRoute,
+            format!("no route for {dst}"),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip route get {dst}")],
+        )),
+        "NEIGH_FAILED" => Some((
+            Cause::NeighbourFailed,
+            format!("neighbour resolution failed on {iface}"),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip neigh show dev {iface}")],
+        )),
+        "XFRM_POLICY" => Some((
+            Cause::XfrmPolicy,
+            "an IPsec policy refused it".into(),
+            vec![],
+            vec![],
+            vec![format!("{ns}ip xfrm policy")],
+        )),
+        _ => None,
+    }
+}
+
+/// Reasons about sockets and netfilter (without the rule behind it).
+fn socket_words(reason: &str, f: &DropFacts, ns: &str, iface: &str) -> Option<Words> {
+    match reason {
+        "NO_SOCKET" => Some((
+            Cause::NoSocket,
+            format!(
+                "nothing listens on {} (or the packet matches no connection)",
+                f.dst
+            ),
+            vec![],
+            vec![format!(
+                "start the service on {}, or point the client at the port it listens on",
+                f.dst
+            )],
+            vec![format!("{ns}ss -ltn")],
+        )),
+        "NETFILTER_DROP" => Some((
+            Cause::Netfilter,
+            format!("a netfilter rule or chain policy dropped it on {iface}"),
+            vec![],
+            vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
+            vec![
+                format!("{ns}iptables-save -c"),
+                format!("{ns}nft list ruleset"),
+            ],
+        )),
+        "TCP_LISTEN_OVERFLOW" | "SOCKET_BACKLOG" => Some((
+            Cause::ListenOverflow,
+            format!(
+                "the listener on {} is overloaded (accept or SYN queue)",
+                f.dst
+            ),
+            vec![],
+            vec![],
+            vec![format!(
+                "{ns}nstat -az TcpExtListenOverflows TcpExtListenDrops"
+            )],
+        )),
+        _ => None,
+    }
 }
 
 /// Where the drop reason comes from: `kernel drop reason X at LOC`, or on a
