@@ -289,28 +289,35 @@ fn tshark(file: &Path, args: &[&str]) -> String {
 
 /// A rule's drop: the netfilter snapshots around it are in the bundle, and
 /// the text output comes back byte for byte.
+/// An iptables-legacy DROP of `port` in the server's namespace, and
+/// `kdrop record` (text) of that port there into `bundle`.
+fn record_a_dropped_port(p: &Pair, bundle: &Path, port: u16) -> Kdrop {
+    let port = port.to_string();
+    p.server
+        .exec(
+            "iptables-legacy",
+            &["-A", "INPUT", "-p", "tcp", "--dport", &port, "-j", "DROP"],
+        )
+        .unwrap();
+    Kdrop::start(&[
+        "record",
+        "-o",
+        bundle.to_str().unwrap(),
+        "--netns",
+        &p.server.name,
+        "-p",
+        &port,
+    ])
+}
+
 #[test]
 fn netfilter_rule_recorded_in_text_then_explained() {
     let p = Pair::new("recnf", 62);
     let scratch = Scratch::new("recnf");
     let bundle = scratch.0.join("nf.kdrop");
     let rule = "-A INPUT -p tcp -m tcp --dport 6201 -j DROP";
-    p.server
-        .exec(
-            "iptables-legacy",
-            &["-A", "INPUT", "-p", "tcp", "--dport", "6201", "-j", "DROP"],
-        )
-        .unwrap();
     let server = p.server.name.clone();
-    let k = Kdrop::start(&[
-        "record",
-        "-o",
-        bundle.to_str().unwrap(),
-        "--netns",
-        &server,
-        "-p",
-        "6201",
-    ]);
+    let k = record_a_dropped_port(&p, &bundle, 6201);
     let (src, dst) = (p.client_v4(42201), p.server_v4(6201));
     let syn = send_syn(&p.client, src, dst);
     let mut live = text_until(&k, "the rule's drop", rule);
@@ -354,22 +361,8 @@ fn repeats_over_more_than_10_s_folded_the_same_when_explained() {
     let p = Pair::new("recrep", 63);
     let scratch = Scratch::new("recrep");
     let bundle = scratch.0.join("rep.kdrop");
-    p.server
-        .exec(
-            "iptables-legacy",
-            &["-A", "INPUT", "-p", "tcp", "--dport", "6301", "-j", "DROP"],
-        )
-        .unwrap();
     let server = p.server.name.clone();
-    let k = Kdrop::start(&[
-        "record",
-        "-o",
-        bundle.to_str().unwrap(),
-        "--netns",
-        &server,
-        "-p",
-        "6301",
-    ]);
+    let k = record_a_dropped_port(&p, &bundle, 6301);
     let start = Instant::now();
     let mut live = Vec::new();
     // The print, a repeat 5 s later (folded), one 11 s later (past the
