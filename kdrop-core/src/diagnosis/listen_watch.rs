@@ -89,40 +89,57 @@ fn plural(n: u64, one: &str) -> String {
 /// (`syn_queue_overflow`), or its SYN queue answered with cookies
 /// (`syn_cookies`); None when none of those counters moved.
 pub fn watched(w: &Watched) -> Option<Finding> {
-    let (f, m, l) = (w.found, &w.moved, &w.found.listener);
     let since = if w.again {
         "since kdrop's previous record"
     } else {
         "since kdrop's previous read"
     };
-    let counters = counters_line_since(&f.counters, Some(w.base), since);
+    let counters = counters_line_since(&w.found.counters, Some(w.base), since);
+    let m = &w.moved;
     if m.listen_overflows > 0 {
-        let line = format!(
-            "TcpExt {} {}: SYNs to {} refused (the counters name no client address)",
-            moved_text(m),
-            period(w),
-            l.local
-        );
-        let t = Tuple {
-            src: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
-            dst: l.local,
-        };
-        // The counters moved in the period, whatever the queue is now.
-        let mut since_base = f.clone();
-        since_base.counters_before = Some(w.base.clone());
-        let mut fd = overflow(&since_base, &t, &Seen::Counters(line))?;
-        if let Some(last) = fd.evidence.last_mut() {
-            *last = counters;
-        }
-        return Some(fd);
+        return accept_overflow(w, counters);
     }
-    let who = owner_text(&f.owners);
+    if m.req_q_full_drop > 0 {
+        return Some(syn_queue_full(w, counters));
+    }
+    if m.req_q_full_do_cookies > 0 {
+        return Some(syn_cookies(w, counters));
+    }
+    None
+}
+
+/// The accept queue overflowed: the listener's finding, with the
+/// counters that moved in the period as its evidence.
+fn accept_overflow(w: &Watched, counters: String) -> Option<Finding> {
+    let (f, l) = (w.found, &w.found.listener);
+    let line = format!(
+        "TcpExt {} {}: SYNs to {} refused (the counters name no client address)",
+        moved_text(&w.moved),
+        period(w),
+        l.local
+    );
+    let t = Tuple {
+        src: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+        dst: l.local,
+    };
+    // The counters moved in the period, whatever the queue is now.
+    let mut since_base = f.clone();
+    since_base.counters_before = Some(w.base.clone());
+    let mut fd = overflow(&since_base, &t, &Seen::Counters(line))?;
+    if let Some(last) = fd.evidence.last_mut() {
+        *last = counters;
+    }
+    Some(fd)
+}
+
+/// The SYN queue's state, the sysctls that bound it and its owner.
+fn syn_queue_evidence(w: &Watched, counters: String) -> Vec<String> {
+    let (f, l) = (w.found, &w.found.listener);
     let (q, b, sq) = (l.accept_queue, l.accept_backlog, l.syn_queue);
-    let port = l.local.port();
     let s = &f.sysctls;
     let opt = |v: Option<u32>| v.map_or("unreadable".into(), |v| v.to_string());
     let mut evidence = vec![
-        format!("TcpExt {} {}", moved_text(m), period(w)),
+        format!("TcpExt {} {}", moved_text(&w.moved), period(w)),
         format!(
             "listener {} in netns {}: SYN queue {sq} request sockets, backlog {b} (it bounds \
              the SYN queue too: 6.18 refuses SYNs when more than {b} wait), accept queue {q} waiting",
@@ -143,6 +160,13 @@ pub fn watched(w: &Watched) -> Option<Finding> {
             format!("owner: {} (pid {}): {}", p.comm, p.pid, p.cmdline),
         );
     }
+    evidence
+}
+
+/// What shows the request sockets, and what many of them mean.
+fn syn_queue_inspect(w: &Watched) -> (Vec<String>, String) {
+    let f = w.found;
+    let port = f.listener.local.port();
     let inspect = vec![
         format!("{}ss -tn state syn-recv 'sport = :{port}'", f.exec),
         format!(
@@ -155,59 +179,70 @@ pub fn watched(w: &Watched) -> Option<Finding> {
          final ACK is lost on the way: `{}`",
         inspect[0]
     );
-    if m.req_q_full_drop > 0 {
-        return Some(Finding {
-            cause: Cause::SynQueueOverflow,
-            summary: format!(
-                "SYN queue of {who} on {} is full ({sq}/{b}) and SYN cookies are off: {} \
-                 dropped {}",
-                l.local,
-                plural(m.req_q_full_drop, "SYN"),
-                period(w)
+    (inspect, flood)
+}
+
+fn syn_queue_full(w: &Watched, counters: String) -> Finding {
+    let (f, l) = (w.found, &w.found.listener);
+    let who = owner_text(&f.owners);
+    let (inspect, flood) = syn_queue_inspect(w);
+    Finding {
+        cause: Cause::SynQueueOverflow,
+        summary: format!(
+            "SYN queue of {who} on {} is full ({}/{}) and SYN cookies are off: {} dropped {}",
+            l.local,
+            l.syn_queue,
+            l.accept_backlog,
+            plural(w.moved.req_q_full_drop, "SYN"),
+            period(w)
+        ),
+        evidence: syn_queue_evidence(w, counters),
+        fix_notes: vec![
+            format!(
+                "`{}sysctl -w net.ipv4.tcp_syncookies=1` answers SYNs past a full SYN queue \
+                 with cookies instead of dropping them",
+                f.exec
             ),
-            evidence,
-            fix_notes: vec![
-                format!(
-                    "`{}sysctl -w net.ipv4.tcp_syncookies=1` answers SYNs past a full SYN queue \
-                     with cookies instead of dropping them",
-                    f.exec
-                ),
-                format!(
-                    "a larger backlog ({who}'s listen(), capped by net.core.somaxconn) \
-                     lengthens the SYN queue too"
-                ),
-                flood,
-            ],
-            inspect,
-            ..Finding::default()
-        });
-    }
-    if m.req_q_full_do_cookies > 0 {
-        return Some(Finding {
-            cause: Cause::SynCookies,
-            summary: format!(
-                "SYN queue of {who} on {} overflowed ({sq}/{b}): {} answered with SYN cookies \
-                 {}; those connections open, but a cookie keeps only some TCP options",
-                l.local,
-                plural(m.req_q_full_do_cookies, "SYN"),
-                period(w)
+            format!(
+                "a larger backlog ({who}'s listen(), capped by net.core.somaxconn) \
+                 lengthens the SYN queue too"
             ),
-            evidence,
-            fix_notes: vec![
-                "a connection opened by a cookie has no window scaling or SACK unless the \
-                 client sent timestamps: throughput may suffer"
-                    .into(),
-                format!(
-                    "a larger backlog ({who}'s listen(), capped by net.core.somaxconn) \
-                     lengthens the SYN queue"
-                ),
-                flood,
-            ],
-            inspect,
-            ..Finding::default()
-        });
+            flood,
+        ],
+        inspect,
+        ..Finding::default()
     }
-    None
+}
+
+fn syn_cookies(w: &Watched, counters: String) -> Finding {
+    let (f, l) = (w.found, &w.found.listener);
+    let who = owner_text(&f.owners);
+    let (inspect, flood) = syn_queue_inspect(w);
+    Finding {
+        cause: Cause::SynCookies,
+        summary: format!(
+            "SYN queue of {who} on {} overflowed ({}/{}): {} answered with SYN cookies \
+             {}; those connections open, but a cookie keeps only some TCP options",
+            l.local,
+            l.syn_queue,
+            l.accept_backlog,
+            plural(w.moved.req_q_full_do_cookies, "SYN"),
+            period(w)
+        ),
+        evidence: syn_queue_evidence(w, counters),
+        fix_notes: vec![
+            "a connection opened by a cookie has no window scaling or SACK unless the \
+             client sent timestamps: throughput may suffer"
+                .into(),
+            format!(
+                "a larger backlog ({who}'s listen(), capped by net.core.somaxconn) \
+                 lengthens the SYN queue"
+            ),
+            flood,
+        ],
+        inspect,
+        ..Finding::default()
+    }
 }
 
 #[cfg(test)]
