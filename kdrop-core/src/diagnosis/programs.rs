@@ -9,7 +9,7 @@
 use super::fix_kinds::Kind;
 use crate::model::cause::Cause;
 use crate::model::{
-    finding::Finding,
+    finding::{Finding, Fix},
     packet::Tuple,
     progs::{CgroupProgs, HookProgs, ProgInfo, TcFilter, XdpProg},
 };
@@ -200,13 +200,13 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
     }
 }
 
-fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
-    let (dev, hook, ns) = (&h.dev, &h.hook, d.netns);
+/// The tc hook's programs, in the order the kernel runs them: tcx
+/// programs first, the tc filters only when tcx said TC_ACT_UNSPEC
+/// (`sch_handle_ingress` and `sch_handle_egress`, net/core/dev.c, v6.6 to
+/// v6.18).
+fn tc_evidence(d: &ProgDrop, h: &HookProgs) -> Vec<String> {
+    let (dev, hook) = (&h.dev, &h.hook);
     let mut evidence = vec![d.kernel.clone()];
-    let candidates = h.tc.len() + h.tcx.len();
-    // In the order the kernel runs them: tcx programs first, the tc
-    // filters only when tcx said TC_ACT_UNSPEC (`sch_handle_ingress` and
-    // `sch_handle_egress`, net/core/dev.c, v6.6 to v6.18).
     for id in &h.tcx {
         let p = h.progs.iter().find(|p| p.id == *id);
         evidence.push(format!(
@@ -220,74 +220,76 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
             evidence.push(format!("its program: {}", prog_text(p)));
         }
     }
-    let inspect = vec![
-        format!("{}tc filter show dev {dev} {hook}", d.netns_exec),
-        format!("{}bpftool net show dev {dev}", d.netns_exec),
-    ];
+    evidence
+}
+
+/// Summary, repair and notes.
+type Said = (String, Vec<Fix>, Vec<String>);
+
+/// One tc filter: delete it, unless an agent owns its program.
+fn tc_filter(d: &ProgDrop, h: &HookProgs, f: &TcFilter, packet: &str) -> Said {
+    let (dev, hook, ns) = (&h.dev, &h.hook, d.netns);
+    let prog = filter_prog(f, &h.progs);
+    let summary = format!(
+        "{packet} dropped by the tc {hook} filter on {dev} in netns {ns}: pref {} {} handle {}{}",
+        f.pref,
+        f.kind,
+        f.handle,
+        prog.map(|p| format!(" (program {} id {})", p.name, p.id))
+            .unwrap_or_default()
+    );
+    if let Some(a) = prog.and_then(|p| p.agent.as_ref()) {
+        let note = format!(
+            "the filter's program belongs to {} ({}): change the policy in {} rather than the \
+             filter, which it would put back",
+            a.name, a.evidence, a.name
+        );
+        return (summary, Vec::new(), vec![note]);
+    }
+    let chain = if f.chain != 0 {
+        format!(" chain {}", f.chain)
+    } else {
+        String::new()
+    };
+    let fix = Kind::TcFilterDelete.fix(format!(
+        "{}tc filter del dev {dev} {hook} protocol {} pref {} handle {} {}{chain}",
+        d.netns_exec, f.protocol, f.pref, f.handle, f.kind,
+    ));
+    let note = format!(
+        "deleting the filter removes whatever else it did on {dev}; no agent kdrop knows claims it"
+    );
+    (summary, vec![fix], vec![note])
+}
+
+/// One tcx program: held by a link, so only its owner detaches it.
+fn tcx_program(d: &ProgDrop, h: &HookProgs, id: u32, packet: &str) -> Said {
+    let (dev, hook, ns) = (&h.dev, &h.hook, d.netns);
+    let p = h.progs.iter().find(|p| p.id == id);
+    let note = match p.and_then(|p| p.agent.as_ref()) {
+        Some(a) => format!(
+            "the program belongs to {} ({}): change the policy in {}",
+            a.name, a.evidence, a.name
+        ),
+        None => "a tcx program is held by a bpf link: detach it through the link's owner \
+                 (evidence names its holders)"
+            .into(),
+    };
+    (
+        format!(
+            "{packet} dropped by the tcx {hook} program on {dev} in netns {ns}: {}",
+            p.map_or(format!("id {id}"), |p| format!("{} id {}", p.name, p.id))
+        ),
+        Vec::new(),
+        vec![note],
+    )
+}
+
+fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
+    let (dev, hook, ns) = (&h.dev, &h.hook, d.netns);
+    let candidates = h.tc.len() + h.tcx.len();
     let (summary, fix, fix_notes) = match (h.tc.as_slice(), h.tcx.as_slice()) {
-        ([f], []) => {
-            let owner = filter_prog(f, &h.progs).and_then(|p| p.agent.as_ref());
-            let summary = format!(
-                "{packet} dropped by the tc {hook} filter on {dev} in netns {ns}: pref {} {} \
-                 handle {}{}",
-                f.pref,
-                f.kind,
-                f.handle,
-                filter_prog(f, &h.progs)
-                    .map(|p| format!(" (program {} id {})", p.name, p.id))
-                    .unwrap_or_default()
-            );
-            match owner {
-                Some(a) => (
-                    summary,
-                    Vec::new(),
-                    vec![format!(
-                        "the filter's program belongs to {} ({}): change the policy in {} \
-                         rather than the filter, which it would put back",
-                        a.name, a.evidence, a.name
-                    )],
-                ),
-                None => (
-                    summary,
-                    vec![Kind::TcFilterDelete.fix(format!(
-                        "{}tc filter del dev {dev} {hook} protocol {} pref {} handle {} {}{}",
-                        d.netns_exec,
-                        f.protocol,
-                        f.pref,
-                        f.handle,
-                        f.kind,
-                        if f.chain != 0 {
-                            format!(" chain {}", f.chain)
-                        } else {
-                            String::new()
-                        }
-                    ))],
-                    vec![format!(
-                        "deleting the filter removes whatever else it did on {dev}; no agent \
-                         kdrop knows claims it"
-                    )],
-                ),
-            }
-        }
-        ([], [id]) => {
-            let p = h.progs.iter().find(|p| p.id == *id);
-            (
-                format!(
-                    "{packet} dropped by the tcx {hook} program on {dev} in netns {ns}: {}",
-                    p.map_or(format!("id {id}"), |p| format!("{} id {}", p.name, p.id))
-                ),
-                Vec::new(),
-                vec![match p.and_then(|p| p.agent.as_ref()) {
-                    Some(a) => format!(
-                        "the program belongs to {} ({}): change the policy in {}",
-                        a.name, a.evidence, a.name
-                    ),
-                    None => "a tcx program is held by a bpf link: detach it through the link's \
-                             owner (evidence names its holders)"
-                        .into(),
-                }],
-            )
-        }
+        ([f], []) => tc_filter(d, h, f, packet),
+        ([], [id]) => tcx_program(d, h, *id, packet),
         _ => (
             format!(
                 "{packet} dropped by one of the {candidates} tc {hook} programs on {dev} in \
@@ -311,10 +313,13 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
     Finding {
         cause: Cause::TcFilter,
         summary,
-        evidence,
+        evidence: tc_evidence(d, h),
         fix,
         fix_notes,
-        inspect,
+        inspect: vec![
+            format!("{}tc filter show dev {dev} {hook}", d.netns_exec),
+            format!("{}bpftool net show dev {dev}", d.netns_exec),
+        ],
         ..Finding::default()
     }
 }
