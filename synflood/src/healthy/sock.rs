@@ -63,8 +63,9 @@ pub fn set_int(
 
 fn timeval(d: Duration) -> libc::timeval {
     libc::timeval {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_usec: d.subsec_micros() as libc::suseconds_t,
+        // The fields' own types: musl's time_t aliases are deprecated.
+        tv_sec: d.as_secs() as _,
+        tv_usec: d.subsec_micros() as _,
     }
 }
 

@@ -63,7 +63,8 @@ impl Workload for Udp {
                     fd.as_raw_fd(),
                     m.as_mut_ptr(),
                     BATCH as u32,
-                    libc::MSG_WAITFORONE,
+                    // c_int in glibc's prototype, c_uint in musl's.
+                    libc::MSG_WAITFORONE as _,
                     std::ptr::null_mut(),
                 )
             };
