@@ -57,7 +57,7 @@ pub fn bin(t: &Target) -> PathBuf {
 }
 
 /// rustup's std for the target and the linker from Debian, if missing.
-fn prepare(t: &Target) -> Result<()> {
+pub fn prepare(t: &Target) -> Result<()> {
     bootstrap::rust_target(t.triple)?;
     if let Some((linker, package)) = t.linker {
         bootstrap::apt_install(&[(linker, package)])?;
@@ -77,6 +77,16 @@ pub fn build(t: &Target) -> Result<PathBuf> {
         "--target",
         t.triple,
     ]);
+    linker_env(t, &mut cmd);
+    run(&mut cmd)?;
+    let bin = bin(t);
+    check_arch(t, &bin)?;
+    Ok(bin)
+}
+
+/// Points cargo at `t`'s C linker (unless the environment already names
+/// one): also for the integration tests an arm64 guest runs.
+pub fn linker_env(t: &Target, cmd: &mut std::process::Command) {
     if let Some((linker, _)) = t.linker {
         let var = format!(
             "CARGO_TARGET_{}_LINKER",
@@ -86,10 +96,6 @@ pub fn build(t: &Target) -> Result<PathBuf> {
             cmd.env(var, linker);
         }
     }
-    run(&mut cmd)?;
-    let bin = bin(t);
-    check_arch(t, &bin)?;
-    Ok(bin)
 }
 
 /// The ELF header's machine, so a build that silently took the host's

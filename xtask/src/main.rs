@@ -67,9 +67,15 @@ enum Cmd {
         args: Vec<String>,
     },
     /// The integration suite on Debian kernels (bullseye 5.10, bookworm 6.1,
-    /// trixie 6.12), each booted in QEMU (TCG) by virtme-ng.
+    /// trixie 6.12), each booted in QEMU (TCG) by virtme-ng; with `--arch
+    /// arm64`, bookworm's arm64 6.1 under qemu-system-aarch64 with a Debian
+    /// arm64 userland of its own.
     Vm {
-        /// 5.10, 6.1, 6.12 or all (repeatable; default: all).
+        /// The guests' architecture.
+        #[arg(long, value_enum, default_value = "x86_64")]
+        arch: vm::Arch,
+        /// 5.10, 6.1, 6.12 or all (repeatable; default: all of the
+        /// architecture's: arm64 has 6.1).
         #[arg(long = "kernel", value_name = "VERSION")]
         kernels: Vec<String>,
         /// Only this integration test file, e.g. `drops`, or one test in it,
@@ -114,11 +120,13 @@ fn main() -> ExitCode {
             args,
         } => ci(&args, no_fuzz, (!no_vm).then_some(vm_kernels)),
         Cmd::Vm {
+            arch,
             kernels,
             tests,
             ci,
             args,
         } => vm::run(&vm::Options {
+            arch,
             kernels,
             tests,
             ci,
@@ -155,7 +163,7 @@ fn ci(args: &[String], no_fuzz: bool, vm_kernels: Option<Vec<String>>) -> Result
     // The VM tools and kernel packages arrive while the host builds and
     // tests (after the bootstrap: both install through apt).
     bootstrap::run()?;
-    let prefetch = kernels.clone().map(vm::prefetch);
+    let prefetch = kernels.clone().map(|k| vm::prefetch(k, Vec::new()));
     let leg = |name: &str, f: &dyn Fn() -> Result<()>| -> Result<()> {
         let t = std::time::Instant::now();
         let r = f();
@@ -183,6 +191,7 @@ fn ci(args: &[String], no_fuzz: bool, vm_kernels: Option<Vec<String>>) -> Result
     }
     leg("the VM leg", &|| {
         vm::run(&vm::Options {
+            arch: vm::Arch::X86_64,
             kernels: kernels.clone(),
             tests: Vec::new(),
             ci: true,

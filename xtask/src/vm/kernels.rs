@@ -10,11 +10,33 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{root, run as run_cmd};
 
+/// The architecture a guest runs: x86_64 guests share this machine's
+/// filesystem (virtme-ng), arm64 guests boot a Debian arm64 userland of
+/// their own (`super::arm64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    #[value(name = "x86_64", alias = "amd64")]
+    X86_64,
+    #[value(name = "arm64", alias = "aarch64")]
+    Arm64,
+}
+
+impl Arch {
+    /// Debian's name for it (`linux-image-<arch>`, `[arch=...]`).
+    pub fn debian(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+}
+
 /// A Debian kernel the matrix boots.
 pub struct Kernel {
     /// What `--kernel` takes.
     pub name: &'static str,
-    /// The Debian release whose `linux-image-amd64` it is.
+    pub arch: Arch,
+    /// The Debian release whose `linux-image-<arch>` it is.
     pub suite: &'static str,
     /// What `cargo xtask test` (CI) runs on it: a file, or `file::test`.
     /// A guest under TCG runs kdrop's startup and every `ip`/`iptables`
@@ -57,6 +79,7 @@ macro_rules! every_kernel {
 pub const KERNELS: &[Kernel] = &[
     Kernel {
         name: "5.10",
+        arch: Arch::X86_64,
         suite: "bullseye",
         // No drop reasons: every cause is derived (the return code of
         // fib_validate_source, nf_hook_slow, tcp_v4_rcv), the filter has no
@@ -70,6 +93,7 @@ pub const KERNELS: &[Kernel] = &[
     },
     Kernel {
         name: "6.1",
+        arch: Arch::X86_64,
         suite: "bookworm",
         // Drop reasons and module BTF: nft_do_chain's verdict by kretprobe;
         // tracefs not mounted in the guest; conntrack's insert failure.
@@ -82,23 +106,47 @@ pub const KERNELS: &[Kernel] = &[
     },
     Kernel {
         name: "6.12",
+        arch: Arch::X86_64,
         suite: "trixie",
         // fib_validate_source by fexit; nft_do_chain frees the packet itself
         // (NF_STOLEN, no NF_DROP verdict).
         ci: every_kernel!("netfilter::nft_rule_drop", "netfilter::input_drop_legacy"),
     },
+    Kernel {
+        name: "6.1",
+        arch: Arch::Arm64,
+        suite: "bookworm",
+        // The same kernel built for arm64 (`cargo xtask vm --arch arm64`):
+        // the kprobe programs read arm64's pt_regs, its BTF has its own
+        // layouts; fexit is refused there for another reason than on
+        // x86_64 (no ftrace direct calls on arm64 6.1: ENOTSUPP).
+        ci: every_kernel!(),
+    },
 ];
 
-pub fn select(names: &[String]) -> Result<Vec<&'static Kernel>> {
+impl Kernel {
+    /// Its name in closing lines and cache directories: the version, and
+    /// the architecture when it is not x86_64 (`6.1-arm64`).
+    pub fn label(&self) -> String {
+        match self.arch {
+            Arch::X86_64 => self.name.to_string(),
+            arch => format!("{}-{}", self.name, arch.debian()),
+        }
+    }
+}
+
+pub fn select(names: &[String], arch: Arch) -> Result<Vec<&'static Kernel>> {
+    let of_arch = || KERNELS.iter().filter(move |k| k.arch == arch);
     if names.is_empty() || names.iter().any(|n| n == "all") {
-        return Ok(KERNELS.iter().collect());
+        return Ok(of_arch().collect());
     }
     let mut out: Vec<&'static Kernel> = Vec::new();
     for n in names {
-        let k = KERNELS.iter().find(|k| k.name == n).with_context(|| {
-            let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+        let k = of_arch().find(|k| k.name == n).with_context(|| {
+            let known: Vec<&str> = of_arch().map(|k| k.name).collect();
             format!(
-                "unknown kernel {n}: choose from {} or all",
+                "unknown {} kernel {n}: choose from {} or all",
+                arch.debian(),
                 known.join(", ")
             )
         })?;
@@ -125,14 +173,14 @@ pub struct Booted {
 
 /// The kernel from the cache, or fetched, extracted and depmod'ed into it.
 pub(super) fn prepare(k: &Kernel) -> Result<Booted> {
-    let dir = cache_dir().join("kernels").join(k.name);
+    let dir = cache_dir().join("kernels").join(k.label());
     let stamp = dir.join("ready");
     let rootfs = dir.join("root");
     if let Ok(release) = fs::read_to_string(&stamp) {
         let release = release.trim().to_string();
         let vmlinuz = rootfs.join(format!("boot/vmlinuz-{release}"));
         if vmlinuz.is_file() {
-            eprintln!("xtask vm: {} cached ({release})", k.name);
+            eprintln!("xtask vm: {} cached ({release})", k.label());
             return Ok(Booted { release, vmlinuz });
         }
     }
@@ -165,7 +213,7 @@ pub(super) fn prepare(k: &Kernel) -> Result<Booted> {
 
 /// The mirror this machine's apt already uses for Debian (its own release's
 /// suite), so the private sources reach the same place.
-fn debian_mirror() -> Result<String> {
+pub(super) fn debian_mirror() -> Result<String> {
     let os = fs::read_to_string("/etc/os-release").unwrap_or_default();
     let codename = os
         .lines()
@@ -190,8 +238,10 @@ fn debian_mirror() -> Result<String> {
         .context("apt has no Debian mirror configured (apt-get indextargets lists none)")
 }
 
-/// `linux-image-amd64`'s kernel package of `k.suite`, through apt with a
-/// private sources list, lists and cache: `<dir>/<package>.deb`.
+/// `linux-image-<arch>`'s kernel package of `k.suite`, through apt with a
+/// private sources list, lists and cache: `<dir>/<package>.deb`. Another
+/// architecture's package needs no change to dpkg's own architectures:
+/// `[arch=...]` and `APT::Architecture` make apt read only its index.
 fn download(k: &Kernel, dir: &Path) -> Result<PathBuf> {
     if let Some(deb) = cached_deb(dir) {
         return Ok(deb);
@@ -204,7 +254,11 @@ fn download(k: &Kernel, dir: &Path) -> Result<PathBuf> {
     let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
     fs::write(
         apt.join("sources.list"),
-        format!("deb [signed-by={keyring}] {mirror} {} main\n", k.suite),
+        format!(
+            "deb [arch={} signed-by={keyring}] {mirror} {} main\n",
+            k.arch.debian(),
+            k.suite
+        ),
     )?;
     let opts: Vec<String> = [
         ("Dir::Etc::SourceList", apt.join("sources.list")),
@@ -221,14 +275,17 @@ fn download(k: &Kernel, dir: &Path) -> Result<PathBuf> {
         "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".to_string(),
         "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false".to_string(),
         "APT::Sandbox::User=root".to_string(),
+        format!("APT::Architecture={}", k.arch.debian()),
+        format!("APT::Architectures={}", k.arch.debian()),
     ])
     .flat_map(|o| ["-o".to_string(), o])
     .collect();
     eprintln!("xtask vm: fetching {}'s kernel from {mirror}", k.suite);
     run_cmd(Command::new("apt-get").args(&opts).args(["-qq", "update"]))?;
+    let meta = format!("linux-image-{}", k.arch.debian());
     let out = Command::new("apt-cache")
         .args(&opts)
-        .args(["depends", "linux-image-amd64"])
+        .args(["depends", &meta])
         .output()
         .context("running apt-cache")?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -236,7 +293,7 @@ fn download(k: &Kernel, dir: &Path) -> Result<PathBuf> {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Depends: "))
         .find(|p| p.starts_with("linux-image-"))
-        .with_context(|| format!("{} has no linux-image-amd64: {text}", k.suite))?
+        .with_context(|| format!("{} has no {meta}: {text}", k.suite))?
         .to_string();
     run_cmd(
         Command::new("apt-get")

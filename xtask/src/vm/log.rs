@@ -1,10 +1,11 @@
 //! What a guest's log says: test counts, the rung kdrop chose, reasons.
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use crate::tally::Tally;
 
 pub struct VmResult {
-    pub kernel: &'static str,
+    /// `Kernel::label`: `6.1`, `6.1-arm64`.
+    pub kernel: String,
     pub release: String,
     /// `kdrop check`'s chosen rung for skb:kfree_skb, as the guest printed it.
     pub rung: String,
@@ -15,6 +16,8 @@ pub struct VmResult {
     pub status: Option<i32>,
     pub boot: Duration,
     pub total: Duration,
+    /// The log the guest wrote itself (its shared directory's guest.log).
+    pub log: PathBuf,
 }
 
 impl VmResult {

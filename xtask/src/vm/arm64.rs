@@ -1,0 +1,415 @@
+//! `cargo xtask vm --arch arm64`: Debian's arm64 kernel booted by
+//! qemu-system-aarch64 (`-M virt`, TCG) on this x86_64 machine. An x86_64
+//! guest shares this machine's filesystem; an arm64 guest cannot run its
+//! binaries, so it gets a userland of its own: Debian's arm64 packages
+//! (iproute2, iptables, nftables, conntrack, kmod, bpftool...) extracted by
+//! mmdebstrap without running their maintainer scripts, and the kernel's
+//! network, netfilter, virtio and 9p modules, all in one initramfs that is
+//! the guest's root filesystem (`rdinit=/init`). This worktree (the tests
+//! read files next to their sources) and the directories holding kdrop, the
+//! tests and the guest's log come over 9p, as for x86_64. kdrop and the
+//! integration tests are cross-built static (aarch64-unknown-linux-musl).
+//!
+//! Everything fetched (kernel, packages) comes from Debian's mirror through
+//! apt and is cached under .cache/ by what it was made of: a second run
+//! touches no network.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use super::{
+    cache_dir, console, debian_mirror, guest_script, on_path, plan, prepare, snapshot,
+    test_executables, vm_lock, Booted, Kernel, Options, VmResult,
+};
+use crate::{bootstrap, cross, root, run as run_cmd};
+
+/// The guest's userland: what the guest script and the tests run (`sh`,
+/// `ip`, `tc`, `iptables` legacy and nft, `nft`, `conntrack`, `modprobe`,
+/// `sysctl`, `mount`, `setpriv`/`unshare`/`nsenter`, `setcap`, `bpftool`),
+/// with their libraries as apt resolves them.
+const PACKAGES: &[&str] = &[
+    "dash",
+    "coreutils",
+    "grep",
+    "sed",
+    "mount",
+    "util-linux",
+    "procps",
+    "kmod",
+    "iproute2",
+    "iptables",
+    "nftables",
+    "conntrack",
+    "libcap2-bin",
+    "bpftool",
+];
+
+/// Module directories the initramfs keeps of the package's ~290 MiB:
+/// networking and netfilter, virtio and 9p (Debian's arm64 6.1 builds
+/// virtio_pci, 9pnet_virtio and 9p as modules), and what they depend on.
+/// drivers/net only at its top (veth, dummy, macvlan...), not its hardware
+/// drivers.
+const MODULE_DIRS: &[&str] = &[
+    "kernel/net",
+    "kernel/drivers/net",
+    "kernel/drivers/virtio",
+    "kernel/fs/9p",
+    "kernel/fs/netfs",
+    "kernel/fs/fscache",
+    "kernel/lib",
+    "kernel/crypto",
+    "kernel/arch",
+];
+
+/// The guest's /init. Mounts what virtme-ng's init mounts for x86_64 guests
+/// (tracefs too: the tests expect every kfree_skb rung to attach in a VM),
+/// the 9p shares named on the kernel command line (`kdrop.share=<tag>:
+/// <dir>:<ro|rw>`, in order), runs `kdrop.run` in `kdrop.cwd`, then powers
+/// off (sysrq o: PSCI SYSTEM_OFF ends qemu).
+const INIT: &str = r#"#!/bin/sh
+# /init of kdrop's arm64 guest, written by `cargo xtask vm --arch arm64`.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+mount -t tracefs tracefs /sys/kernel/tracing
+mkdir -p /run/netns
+ip link set lo up
+modprobe -a virtio_pci 9pnet_virtio 9p || echo "init: no 9p modules"
+for arg in $(cat /proc/cmdline); do
+  case $arg in
+    kdrop.share=*)
+      spec=${arg#kdrop.share=}; tag=${spec%%:*}; rest=${spec#*:}
+      dir=${rest%:*}; mode=${rest##*:}
+      mkdir -p "$dir"
+      mount -t 9p -o "trans=virtio,version=9p2000.L,msize=512000,$mode" "$tag" "$dir" \
+        || echo "init: mounting $tag at $dir failed" ;;
+    kdrop.cwd=*) cwd=${arg#kdrop.cwd=} ;;
+    kdrop.run=*) script=${arg#kdrop.run=} ;;
+  esac
+done
+cd "${cwd:-/}"
+sh "$script"
+sync
+echo o > /proc/sysrq-trigger
+sleep 60
+"#;
+
+fn target() -> &'static cross::Target {
+    cross::target("aarch64-unknown-linux-musl").expect("cross::TARGETS has aarch64")
+}
+
+/// qemu-system-aarch64 (Debian's qemu-system-arm), mmdebstrap, cpio, depmod,
+/// and qemu-user-static's qemu-aarch64-static to list the cross-built
+/// tests' names on this machine.
+fn tools() -> Result<PathBuf> {
+    bootstrap::apt_install(&[
+        ("qemu-system-aarch64", "qemu-system-arm"),
+        ("mmdebstrap", "mmdebstrap"),
+        ("cpio", "cpio"),
+        ("qemu-aarch64-static", "qemu-user-static"),
+        ("depmod", "kmod"),
+        ("dpkg-deb", "dpkg"),
+    ])?;
+    on_path("qemu-aarch64-static").context("qemu-user-static installed, but no qemu-aarch64-static")
+}
+
+pub(super) fn run(
+    kernels: &[&'static Kernel],
+    specs_of: &dyn Fn(&Kernel) -> Vec<String>,
+    files: &[String],
+    opts: &Options,
+) -> Result<Vec<VmResult>> {
+    let runner = tools()?;
+    let kdrop = match &opts.kdrop {
+        Some(bin) => bin.clone(),
+        None => cross::build(target())?,
+    };
+    let tests = test_executables(files, Some(target()))?;
+    let _lock = vm_lock()?;
+    let bin = cache_dir().join("vm/bin-arm64");
+    let (kdrop, tests) = snapshot(&bin, &kdrop, &tests)?;
+    let plans = kernels
+        .iter()
+        .map(|k| plan(&tests, &specs_of(k), Some(&runner)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut results = Vec::new();
+    for (k, plan) in kernels.iter().zip(plans) {
+        let booted = prepare(k)?;
+        let initrd = initramfs(k, &booted)?;
+        let out = cache_dir().join("vm").join(k.label());
+        let _ = fs::remove_dir_all(&out);
+        fs::create_dir_all(&out)?;
+        // The guest mounts each share at its real path: .cache may be a
+        // symlink out of the worktree, which the guest would not follow.
+        let out = fs::canonicalize(&out)?;
+        let bin = fs::canonicalize(&bin)?;
+        let kdrop = bin.join(kdrop.file_name().context("kdrop has no file name")?);
+        let plan: Vec<_> = plan
+            .into_iter()
+            .map(|mut p| {
+                p.exe = bin.join(p.exe.file_name().unwrap_or_default());
+                p
+            })
+            .collect();
+        let script = out.join("guest.sh");
+        fs::write(&script, guest_script(&out, &kdrop, &plan, &opts.args))?;
+        let shares = [
+            ("src", root(), "ro"),
+            ("bin", bin, "ro"),
+            ("out", out.clone(), "rw"),
+        ];
+        let mut cmd = qemu(&booted, &initrd, &shares, &script)?;
+        let console_path = out.join("console.log");
+        eprintln!(
+            "xtask vm: booting {} ({}) under qemu-system-aarch64 (TCG), console in {}",
+            k.label(),
+            booted.release,
+            console_path.display()
+        );
+        let times = console::watch(&mut cmd, &k.label(), &console_path)?;
+        results.push(console::result(k, &booted, &out, times));
+    }
+    Ok(results)
+}
+
+/// The kernels, tools and initramfs, ahead of a run (`cargo xtask test`
+/// fetches while the host leg compiles).
+pub(super) fn prefetch(kernels: &[&'static Kernel]) -> Result<()> {
+    tools()?;
+    for k in kernels {
+        initramfs(k, &prepare(k)?)?;
+    }
+    Ok(())
+}
+
+/// `-M virt` with 2 vCPUs and 2 GiB under TCG (KVM cannot run arm64 here),
+/// the PL011 serial console on stdout, and `shares` as virtio-9p-pci
+/// devices the guest's /init mounts in order.
+fn qemu(
+    booted: &Booted,
+    initrd: &Path,
+    shares: &[(&str, PathBuf, &str)],
+    script: &Path,
+) -> Result<Command> {
+    let mut append = vec![
+        "console=ttyAMA0".to_string(),
+        "rdinit=/init".into(),
+        "panic=-1".into(),
+        "loglevel=4".into(),
+    ];
+    let mut cmd = Command::new("qemu-system-aarch64");
+    // -cpu max with QEMU's own pointer-authentication algorithm: the
+    // architected one (QARMA) is costly to emulate and Debian's kernel
+    // signs every return address with it (CONFIG_ARM64_PTR_AUTH_KERNEL).
+    cmd.args(["-machine", "virt", "-cpu", "max,pauth-impdef=on"])
+        .args(["-smp", "2", "-m", "2G", "-nographic", "-no-reboot"])
+        .arg("-kernel")
+        .arg(&booted.vmlinuz)
+        .arg("-initrd")
+        .arg(initrd);
+    for (i, (tag, dir, mode)) in shares.iter().enumerate() {
+        let dir = dir.display().to_string();
+        if dir.contains(char::is_whitespace) || dir.contains(',') {
+            bail!("{dir}: the guest's kernel command line cannot carry this path");
+        }
+        let ro = if *mode == "ro" { ",readonly=on" } else { "" };
+        cmd.arg("-fsdev")
+            .arg(format!("local,id=fs{i},path={dir},security_model=none{ro}"))
+            .arg("-device")
+            .arg(format!("virtio-9p-pci,fsdev=fs{i},mount_tag={tag}"));
+        append.push(format!("kdrop.share={tag}:{dir}:{mode}"));
+    }
+    append.push(format!("kdrop.cwd={}", root().display()));
+    append.push(format!("kdrop.run={}", script.display()));
+    cmd.arg("-append").arg(append.join(" "));
+    Ok(cmd)
+}
+
+/// FNV-1a: cache keys that stay the same from one build of xtask to the
+/// next (std's hasher promises no such thing).
+fn key(parts: &[&str]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.join("\n").bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The arm64 userland of `suite`: PACKAGES and their dependencies extracted
+/// by mmdebstrap (`--variant=extract`: no maintainer script runs, so no
+/// arm64 binary has to run here), then what those scripts would have set
+/// up that the tests need. Cached by suite and package list.
+fn rootfs(suite: &str) -> Result<(PathBuf, String)> {
+    let base = cache_dir().join("vm/rootfs-arm64");
+    let k = key(&[suite, &PACKAGES.join(",")]);
+    let dir = base.join(&k);
+    if dir.join(".ready").is_file() {
+        return Ok((dir, k));
+    }
+    let tmp = base.join(format!("{k}.tmp"));
+    let _ = fs::remove_dir_all(&tmp);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&base)?;
+    let mirror = debian_mirror()?;
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    eprintln!("xtask vm: extracting {suite}'s arm64 packages from {mirror}");
+    run_cmd(
+        Command::new("mmdebstrap")
+            .args([
+                "--mode=root",
+                "--variant=extract",
+                "--arch=arm64",
+                "--quiet",
+            ])
+            .arg(format!("--include={}", PACKAGES.join(",")))
+            .arg(suite)
+            .arg(&tmp)
+            .arg(format!("deb [signed-by={keyring}] {mirror} {suite} main")),
+    )?;
+    // Debian's default iptables is the nft one (update-alternatives in
+    // iptables' postinst, priority 20 over legacy's 10), as on this host.
+    for name in [
+        "iptables",
+        "iptables-save",
+        "iptables-restore",
+        "ip6tables",
+        "ip6tables-save",
+        "ip6tables-restore",
+    ] {
+        std::os::unix::fs::symlink("xtables-nft-multi", tmp.join("usr/sbin").join(name))?;
+    }
+    // base-passwd's postinst writes these: root, and nobody for the caps
+    // test's setpriv --reuid=65534.
+    let etc = tmp.join("etc");
+    fs::write(
+        etc.join("passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    )?;
+    fs::write(etc.join("group"), "root:x:0:\nnogroup:x:65534:\n")?;
+    fs::write(
+        etc.join("nsswitch.conf"),
+        "passwd: files\ngroup: files\nhosts: files\n",
+    )?;
+    fs::write(tmp.join(".ready"), "")?;
+    fs::rename(&tmp, &dir)?;
+    Ok((dir, k))
+}
+
+/// The guest's root filesystem as one uncompressed cpio (`newc`): the
+/// userland, the kernel's modules of MODULE_DIRS with their modules.dep,
+/// and /init. Uncompressed: unpacking a compressed one costs the guest's
+/// emulated CPU. Cached by userland, kernel release and /init.
+fn initramfs(k: &Kernel, booted: &Booted) -> Result<PathBuf> {
+    let (userland, userland_key) = rootfs(k.suite)?;
+    let base = cache_dir().join("vm/rootfs-arm64");
+    let k = key(&[&userland_key, &booted.release, INIT, &MODULE_DIRS.join(",")]);
+    let cpio = base.join(format!("initrd-{k}.cpio"));
+    if cpio.is_file() {
+        return Ok(cpio);
+    }
+    let stage = base.join(format!("stage-{k}"));
+    let _ = fs::remove_dir_all(&stage);
+    run_cmd(Command::new("cp").arg("-a").arg(&userland).arg(&stage))?;
+    // The kernel package keeps them in lib/modules (6.1) or usr/lib/modules.
+    let kroot = booted
+        .vmlinuz
+        .parent()
+        .and_then(Path::parent)
+        .context("vmlinuz is not in <root>/boot")?;
+    let from = [kroot.join("lib/modules"), kroot.join("usr/lib/modules")]
+        .into_iter()
+        .map(|d| d.join(&booted.release))
+        .find(|d| d.is_dir())
+        .context("the kernel package has no modules")?;
+    let to = stage.join("lib/modules").join(&booted.release);
+    fs::create_dir_all(&to)?;
+    for f in [
+        "modules.builtin",
+        "modules.builtin.modinfo",
+        "modules.order",
+    ] {
+        fs::copy(from.join(f), to.join(f))?;
+    }
+    for dir in MODULE_DIRS {
+        // drivers/net's hardware drivers are in its subdirectories.
+        let deep = *dir != "kernel/drivers/net";
+        copy_modules(&from.join(dir), &to.join(dir), deep)?;
+    }
+    run_cmd(
+        Command::new("depmod")
+            .arg("-b")
+            .arg(&stage)
+            .arg(&booted.release),
+    )?;
+    let init = stage.join("init");
+    fs::write(&init, INIT)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    for d in ["proc", "sys", "dev", "run", "tmp"] {
+        fs::create_dir_all(stage.join(d))?;
+    }
+    // Older initramfs files of this cache (200 MiB each) go.
+    for e in fs::read_dir(&base)?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("initrd-") {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    let tmp = base.join(format!("initrd-{k}.cpio.tmp"));
+    run_cmd(
+        Command::new("sh")
+            .args([
+                "-c",
+                "find . | LC_ALL=C sort | cpio -o -H newc --quiet > \"$0\"",
+            ])
+            .arg(&tmp)
+            .current_dir(&stage),
+    )?;
+    fs::rename(&tmp, &cpio)?;
+    fs::remove_dir_all(&stage)?;
+    Ok(cpio)
+}
+
+/// The `.ko` files under `from` (into its subdirectories if `deep`).
+fn copy_modules(from: &Path, to: &Path, deep: bool) -> Result<()> {
+    let Ok(entries) = fs::read_dir(from) else {
+        return Ok(());
+    };
+    fs::create_dir_all(to)?;
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            if deep {
+                copy_modules(&path, &to.join(e.file_name()), true)?;
+            }
+        } else if path.extension().is_some_and(|x| x == "ko" || x == "xz") {
+            fs::copy(&path, to.join(e.file_name()))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_keys_are_stable() {
+        assert_eq!(key(&["bookworm", "dash"]), key(&["bookworm", "dash"]));
+        assert_ne!(key(&["bookworm", "dash"]), key(&["bookworm", "bash"]));
+        assert_eq!(key(&[]), "cbf29ce484222325");
+    }
+}
