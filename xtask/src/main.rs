@@ -51,7 +51,8 @@ enum Cmd {
     Lint,
     /// Everything CI runs: bootstrap, lint, build, unit and integration
     /// tests on this kernel, then the incident labs and probe rungs on
-    /// Debian 5.10, 6.1 and 6.12 in VMs (`cargo xtask vm`).
+    /// Debian 5.10, 6.1 and 6.12 in VMs, and on Debian's arm64 6.1
+    /// (`cargo xtask vm`, `cargo xtask vm --arch arm64`).
     Test {
         /// Only this machine's kernel: skip the VM kernels.
         #[arg(long)]
@@ -59,9 +60,14 @@ enum Cmd {
         /// Skip the short bounded fuzz run of every fuzz target.
         #[arg(long)]
         no_fuzz: bool,
-        /// Kernels for the VM leg (repeatable; default: 5.10, 6.1 and 6.12).
+        /// Kernels for the x86_64 VM leg (repeatable; default: 5.10, 6.1
+        /// and 6.12).
         #[arg(long = "vm-kernel", value_name = "VERSION")]
         vm_kernels: Vec<String>,
+        /// The VM legs' architectures (repeatable; default: x86_64 and
+        /// arm64, whose leg boots arm64 6.1).
+        #[arg(long = "vm-arch", value_enum)]
+        vm_arches: Vec<vm::Arch>,
         /// Extra arguments for `cargo test` (e.g. a test name filter); the
         /// VM leg runs its whole subset regardless.
         args: Vec<String>,
@@ -117,8 +123,9 @@ fn main() -> ExitCode {
             no_vm,
             no_fuzz,
             vm_kernels,
+            vm_arches,
             args,
-        } => ci(&args, no_fuzz, (!no_vm).then_some(vm_kernels)),
+        } => ci(&args, no_fuzz, (!no_vm).then_some((vm_kernels, vm_arches))),
         Cmd::Vm {
             arch,
             kernels,
@@ -149,21 +156,35 @@ fn main() -> ExitCode {
 }
 
 /// `cargo xtask test`: the host's suite, a short fuzz run, then each VM
-/// kernel's subset; each leg says how long it took (CI's budget is 30 min
-/// on two cores).
-fn ci(args: &[String], no_fuzz: bool, vm_kernels: Option<Vec<String>>) -> Result<()> {
+/// kernel's subset, x86_64's then arm64's; each leg says how long it took
+/// (CI's budget is 30 min on two cores).
+fn ci(args: &[String], no_fuzz: bool, vm: Option<(Vec<String>, Vec<vm::Arch>)>) -> Result<()> {
     let started = std::time::Instant::now();
-    let kernels = vm_kernels.map(|k| {
-        if k.is_empty() {
-            vm::CI_KERNELS.iter().map(|k| k.to_string()).collect()
+    let legs = vm.map(|(kernels, arches)| {
+        let arches = if arches.is_empty() {
+            vec![vm::Arch::X86_64, vm::Arch::Arm64]
         } else {
-            k
-        }
+            arches
+        };
+        let of = |arch, default: &[&str], given: Vec<String>| {
+            let kernels = if given.is_empty() {
+                default.iter().map(|k| k.to_string()).collect()
+            } else {
+                given
+            };
+            arches.contains(&arch).then_some(kernels)
+        };
+        (
+            of(vm::Arch::X86_64, vm::CI_KERNELS, kernels),
+            of(vm::Arch::Arm64, vm::CI_ARM64_KERNELS, Vec::new()),
+        )
     });
-    // The VM tools and kernel packages arrive while the host builds and
-    // tests (after the bootstrap: both install through apt).
+    // The VM tools, kernel packages and the arm64 userland arrive while the
+    // host builds and tests (after the bootstrap: both install through apt).
     bootstrap::run()?;
-    let prefetch = kernels.clone().map(|k| vm::prefetch(k, Vec::new()));
+    let prefetch = legs
+        .clone()
+        .map(|(x86, arm64)| vm::prefetch(x86.unwrap_or_default(), arm64.unwrap_or_default()));
     let leg = |name: &str, f: &dyn Fn() -> Result<()>| -> Result<()> {
         let t = std::time::Instant::now();
         let r = f();
@@ -182,23 +203,37 @@ fn ci(args: &[String], no_fuzz: bool, vm_kernels: Option<Vec<String>>) -> Result
             fuzz::run_all(&fuzz::Opts::bounded(fuzz::FUZZ_SECS_IN_TEST))
         })?;
     }
-    let Some(kernels) = kernels else {
+    let Some((x86, arm64)) = legs else {
         return Ok(());
     };
     if let Some(Err(e)) = prefetch.map(|p| p.join()) {
         // vm::run fetches again, and says why if it fails again.
         eprintln!("xtask: fetching the VM kernels ahead failed: {e:#}");
     }
-    leg("the VM leg", &|| {
+    let vm_leg = |arch: vm::Arch, kernels: Vec<String>, kdrop: PathBuf| {
         vm::run(&vm::Options {
-            arch: vm::Arch::X86_64,
-            kernels: kernels.clone(),
+            arch,
+            kernels,
             tests: Vec::new(),
             ci: true,
             args: Vec::new(),
-            kdrop: Some(image::static_bin()),
+            kdrop: Some(kdrop),
         })
-    })
+    };
+    // Both legs run, and either fails the whole.
+    let x86 = x86.map_or(Ok(()), |k| {
+        leg("the VM leg", &|| {
+            vm_leg(vm::Arch::X86_64, k.clone(), image::static_bin())
+        })
+    });
+    // The arm64 binary the image holds (image::build_for_tests built it).
+    let arm64 = arm64.map_or(Ok(()), |k| {
+        leg("the arm64 VM leg", &|| {
+            let t = cross::target("arm64")?;
+            vm_leg(vm::Arch::Arm64, k.clone(), cross::bin(t))
+        })
+    });
+    x86.and(arm64)
 }
 
 pub fn root() -> PathBuf {
