@@ -17,6 +17,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::{bail, Context as _, Result};
@@ -132,11 +133,16 @@ pub(super) fn run(
     opts: &Options,
 ) -> Result<Vec<VmResult>> {
     let runner = tools()?;
+    let t = Instant::now();
     let kdrop = match &opts.kdrop {
         Some(bin) => bin.clone(),
         None => cross::build(target())?,
     };
     let tests = test_executables(files, Some(target()))?;
+    eprintln!(
+        "xtask vm: arm64 kdrop and tests built in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
     let _lock = vm_lock()?;
     let bin = cache_dir().join("vm/bin-arm64");
     let (kdrop, tests) = snapshot(&bin, &kdrop, &tests)?;
@@ -146,8 +152,14 @@ pub(super) fn run(
         .collect::<Result<Vec<_>>>()?;
     let mut results = Vec::new();
     for (k, plan) in kernels.iter().zip(plans) {
+        let t = Instant::now();
         let booted = prepare(k)?;
         let initrd = initramfs(k, &booted)?;
+        eprintln!(
+            "xtask vm: {}'s kernel, userland and initramfs ready in {:.0} s",
+            k.label(),
+            t.elapsed().as_secs_f64()
+        );
         let out = cache_dir().join("vm").join(k.label());
         let _ = fs::remove_dir_all(&out);
         fs::create_dir_all(&out)?;
