@@ -454,6 +454,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shares_are_mounted_in_order_read_only_but_the_last() {
+        let booted = Booted {
+            release: "6.1.0-50-arm64".into(),
+            vmlinuz: "/k/boot/vmlinuz-6.1.0-50-arm64".into(),
+        };
+        let shares = [
+            ("src", PathBuf::from("/w"), "ro"),
+            ("out", PathBuf::from("/w/.cache/vm/6.1-arm64"), "rw"),
+        ];
+        let cmd = qemu(&booted, Path::new("/i.cpio"), &shares, Path::new("/g.sh")).unwrap();
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().to_string())
+            .collect();
+        let append = &args[args.iter().position(|a| a == "-append").unwrap() + 1];
+        let src = append.find("kdrop.share=src:/w:ro").unwrap();
+        let out = append
+            .find("kdrop.share=out:/w/.cache/vm/6.1-arm64:rw")
+            .unwrap();
+        assert!(src < out, "{append}");
+        assert!(append.contains("rdinit=/init") && append.ends_with("kdrop.run=/g.sh"));
+        assert!(args.contains(&"local,id=fs0,path=/w,security_model=none,readonly=on".into()));
+        assert!(
+            args.contains(&"local,id=fs1,path=/w/.cache/vm/6.1-arm64,security_model=none".into())
+        );
+        let bad = [("src", PathBuf::from("/a b"), "ro")];
+        assert!(qemu(&booted, Path::new("/i"), &bad, Path::new("/g")).is_err());
+    }
+
+    #[test]
     fn cache_keys_are_stable() {
         assert_eq!(key(&["bookworm", "dash"]), key(&["bookworm", "dash"]));
         assert_ne!(key(&["bookworm", "dash"]), key(&["bookworm", "bash"]));
