@@ -47,6 +47,8 @@ const PACKAGES: &[&str] = &[
     "conntrack",
     "libcap2-bin",
     "bpftool",
+    // causes.rs's cgroup test opens its connection from `python3 -c`.
+    "python3-minimal",
 ];
 
 /// Module directories the initramfs keeps of the package's ~290 MiB:
@@ -127,9 +129,18 @@ fn tools() -> Result<PathBuf> {
 }
 
 /// Test files that drive what the arm64 userland does not have (containerd
-/// and its CRI, buildah, kubectl's venv, promtool, tshark): they run on the
-/// host and in the x86_64 guests. "Every file" on arm64 means the others.
-const HOST_ONLY: &[&str] = &["calico", "image", "manifests", "monitor", "pods", "record"];
+/// and its CRI, buildah, kubectl's venv, promtool, tshark, bpftrace): they
+/// run on the host and in the x86_64 guests. "Every file" on arm64 means
+/// the others.
+const HOST_ONLY: &[&str] = &[
+    "calico",
+    "image",
+    "manifests",
+    "monitor",
+    "pods",
+    "record",
+    "route_query",
+];
 
 /// Every test file but HOST_ONLY's, when no test was named.
 fn every_file() -> Result<Vec<String>> {
@@ -300,7 +311,9 @@ fn key(parts: &[&str]) -> String {
 /// up that the tests need. Cached by suite and package list.
 fn rootfs(suite: &str) -> Result<(PathBuf, String)> {
     let base = cache_dir().join("vm/rootfs-arm64");
-    let k = key(&[suite, &PACKAGES.join(",")]);
+    // By what it is made of: a newer update of a package comes with a new
+    // package list, or by removing the cache.
+    let k = key(&[suite, &PACKAGES.join(","), "with updates"]);
     let dir = base.join(&k);
     if dir.join(".ready").is_file() {
         return Ok((dir, k));
@@ -309,9 +322,8 @@ fn rootfs(suite: &str) -> Result<(PathBuf, String)> {
     let _ = fs::remove_dir_all(&tmp);
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&base)?;
-    let mirror = debian_mirror()?;
-    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
-    eprintln!("xtask vm: extracting {suite}'s arm64 packages from {mirror}");
+    let sources = sources(suite)?;
+    eprintln!("xtask vm: extracting {suite}'s arm64 packages from {sources:?}");
     run_cmd(
         Command::new("mmdebstrap")
             .args([
@@ -323,7 +335,7 @@ fn rootfs(suite: &str) -> Result<(PathBuf, String)> {
             .arg(format!("--include={}", PACKAGES.join(",")))
             .arg(suite)
             .arg(&tmp)
-            .arg(format!("deb [signed-by={keyring}] {mirror} {suite} main")),
+            .args(&sources),
     )?;
     // Debian's default iptables is the nft one (update-alternatives in
     // iptables' postinst, priority 20 over legacy's 10), as on this host.
@@ -352,6 +364,36 @@ fn rootfs(suite: &str) -> Result<(PathBuf, String)> {
     fs::write(tmp.join(".ready"), "")?;
     fs::rename(&tmp, &dir)?;
     Ok((dir, k))
+}
+
+/// `suite` and its updates (`-updates`, `-security`) as this machine's apt
+/// reaches them (`apt-get indextargets`): an x86_64 guest runs this
+/// machine's own userland, updates included (its bpftool is bookworm's
+/// security update, 6.1.192-2, not the release's 6.1.176-1). Just the
+/// suite from Debian's mirror when apt has no line for it.
+fn sources(suite: &str) -> Result<Vec<String>> {
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    let out = Command::new("apt-get")
+        .args(["indextargets", "--format", "$(SITE) $(RELEASE)"])
+        .output()
+        .context("running apt-get indextargets")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let updates = format!("{suite}-");
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(site, rel)| {
+            site.starts_with("http") && (*rel == suite || rel.starts_with(&updates))
+        })
+        .map(|(site, rel)| format!("deb [signed-by={keyring}] {site} {rel} main"))
+        .collect();
+    lines.sort();
+    lines.dedup();
+    if !lines.iter().any(|l| l.ends_with(&format!(" {suite} main"))) {
+        let mirror = debian_mirror()?;
+        lines.push(format!("deb [signed-by={keyring}] {mirror} {suite} main"));
+    }
+    Ok(lines)
 }
 
 /// The guest's root filesystem as one uncompressed cpio (`newc`): the
