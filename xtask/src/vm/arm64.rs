@@ -109,14 +109,14 @@ echo o > /proc/sysrq-trigger
 sleep 60
 "#;
 
-fn target() -> &'static cross::Target {
+pub(super) fn target() -> &'static cross::Target {
     cross::target("aarch64-unknown-linux-musl").expect("cross::TARGETS has aarch64")
 }
 
 /// qemu-system-aarch64 (Debian's qemu-system-arm), mmdebstrap, cpio, depmod,
 /// and qemu-user-static's qemu-aarch64-static to list the cross-built
 /// tests' names on this machine.
-fn tools() -> Result<PathBuf> {
+pub(super) fn tools() -> Result<PathBuf> {
     bootstrap::apt_install(&[
         ("qemu-system-aarch64", "qemu-system-arm"),
         ("mmdebstrap", "mmdebstrap"),
@@ -241,10 +241,9 @@ pub(super) fn run(
     Ok(results)
 }
 
-/// The kernels, tools and initramfs, ahead of a run (`cargo xtask test`
-/// fetches while the host leg compiles).
+/// The kernels and initramfs, ahead of a run (`cargo xtask test` fetches
+/// while the host leg compiles; `super::prefetch` installed the tools).
 pub(super) fn prefetch(kernels: &[&'static Kernel]) -> Result<()> {
-    tools()?;
     for k in kernels {
         initramfs(k, &prepare(k)?)?;
     }

@@ -137,13 +137,22 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Installs the VM tools, fetches and extracts `kernels` on a thread of its
-/// own (network and disk, while the host leg compiles); `run` then finds
-/// them ready. Joined before `run`, which would otherwise race it on the
-/// same directories; started after the bootstrap's own apt installs.
+/// Installs the VM tools, then fetches and extracts `kernels` (and the
+/// `arm64` ones with their userland) on a thread of its own (network and
+/// disk, while the host leg compiles); `run` then finds them ready. Joined
+/// before `run`, which would otherwise race it on the same directories.
+/// The apt installs come first, here: the host leg installs through apt too
+/// (the arm64 linker, for the image) and dpkg lets one apt in at a time.
 pub fn prefetch(kernels: Vec<String>, arm64: Vec<String>) -> PrefetchHandle {
+    let tools = vm_tools().and_then(|_| {
+        if !arm64.is_empty() {
+            arm64::tools()?;
+            crate::cross::prepare(arm64::target())?;
+        }
+        Ok(())
+    });
     PrefetchHandle(std::thread::spawn(move || {
-        vm_tools()?;
+        tools?;
         for k in select(&kernels, Arch::X86_64)? {
             prepare(k)?;
         }
