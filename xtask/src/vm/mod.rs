@@ -2,7 +2,9 @@
 //! each booted in QEMU under TCG by virtme-ng with this machine's filesystem
 //! shared over 9p (facts in ../shared/notes/kernel.md: KVM hangs here, and
 //! without --verbose the guest's output is lost, so the guest also writes
-//! its log and exit status into a shared writable directory).
+//! its log and exit status into a shared writable directory). arm64 guests
+//! (`--arch arm64`) boot under qemu-system-aarch64 with a userland of their
+//! own (`arm64`), and the same guest script.
 //!
 //! Kernel packages come through apt with a private sources list, lists and
 //! cache under .cache/kernels/ (git-ignored): the machine's own apt
@@ -38,7 +40,8 @@ use plan::{plan, snapshot, split_spec, test_executables, Planned};
 pub const CI_KERNELS: &[&str] = &["5.10", "6.1", "6.12"];
 
 /// The arm64 kernels `cargo xtask test` boots (`--arch arm64`): its subset
-/// took 92 s under TCG, guest up in 7 s.
+/// took 92 to 193 s under TCG (with another build running), guest up in 7
+/// to 9 s.
 pub const CI_ARM64_KERNELS: &[&str] = &["6.1"];
 
 /// How much the test harness stretches its timeouts in a guest: eight kdrops
