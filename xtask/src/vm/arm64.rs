@@ -336,6 +336,14 @@ fn rootfs(suite: &str) -> Result<(PathBuf, String)> {
             .arg(&tmp)
             .args(&sources),
     )?;
+    // Since trixie the packages keep everything under /usr and the
+    // /bin, /sbin and /lib links come from an installation's usrmerge
+    // step, which an extraction skips; bookworm's have real directories.
+    for d in ["bin", "sbin", "lib"] {
+        if fs::symlink_metadata(tmp.join(d)).is_err() {
+            std::os::unix::fs::symlink(format!("usr/{d}"), tmp.join(d))?;
+        }
+    }
     // Debian's default iptables is the nft one (update-alternatives in
     // iptables' postinst, priority 20 over legacy's 10), as on this host.
     for name in [
@@ -399,11 +407,12 @@ fn sources(suite: &str) -> Result<Vec<String>> {
 /// userland, the kernel's modules of MODULE_DIRS with their modules.dep,
 /// and /init. Uncompressed: unpacking a compressed one costs the guest's
 /// emulated CPU. Cached by userland, kernel release and /init.
-fn initramfs(k: &Kernel, booted: &Booted) -> Result<PathBuf> {
-    let (userland, userland_key) = rootfs(k.suite)?;
+fn initramfs(kernel: &Kernel, booted: &Booted) -> Result<PathBuf> {
+    let (userland, userland_key) = rootfs(kernel.suite)?;
     let base = cache_dir().join("vm/rootfs-arm64");
+    let mine = format!("initrd-{}-", kernel.label());
     let k = key(&[&userland_key, &booted.release, INIT, &MODULE_DIRS.join(",")]);
-    let cpio = base.join(format!("initrd-{k}.cpio"));
+    let cpio = base.join(format!("{mine}{k}.cpio"));
     if cpio.is_file() {
         return Ok(cpio);
     }
@@ -448,14 +457,14 @@ fn initramfs(k: &Kernel, booted: &Booted) -> Result<PathBuf> {
     for d in ["proc", "sys", "dev", "run", "tmp"] {
         fs::create_dir_all(stage.join(d))?;
     }
-    // Older initramfs files of this cache (200 MiB each) go.
+    // This kernel's older initramfs files (200 MiB each) go.
     for e in fs::read_dir(&base)?.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if name.starts_with("initrd-") {
+        if name.starts_with(&mine) {
             let _ = fs::remove_file(e.path());
         }
     }
-    let tmp = base.join(format!("initrd-{k}.cpio.tmp"));
+    let tmp = base.join(format!("{mine}{k}.cpio.tmp"));
     run_cmd(
         Command::new("sh")
             .args([

@@ -122,6 +122,13 @@ pub const KERNELS: &[Kernel] = &[
         // x86_64 (no ftrace direct calls on arm64 6.1: ENOTSUPP).
         ci: every_kernel!(),
     },
+    Kernel {
+        name: "6.12",
+        arch: Arch::Arm64,
+        suite: "trixie",
+        // On demand (`--arch arm64 --kernel 6.12`), with trixie's userland.
+        ci: every_kernel!("netfilter::nft_rule_drop", "netfilter::input_drop_legacy"),
+    },
 ];
 
 impl Kernel {
