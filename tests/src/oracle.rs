@@ -138,7 +138,8 @@ pub const MATRIX: &[Kernel] = &[
     Kernel {
         version: (6, 12),
         // kdrop check in `cargo xtask vm --kernel 6.12` (6.12.117+deb13,
-        // 2026-11-26) chose exactly these; its BTF has the reasons up to
+        // 2026-11-26) chose exactly these, and on arm64 (`--arch arm64
+        // --kernel 6.12`, 6.12.117+deb13-arm64, 2026-11-28) too; its BTF has the reasons up to
         // IP_INNOROUTES and rx_sk, not IP_LOCAL_SOURCE/LOCALNET or
         // TCP_LISTEN_OVERFLOW.
         what: "Debian 13 trixie",
