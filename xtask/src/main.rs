@@ -74,14 +74,14 @@ enum Cmd {
     },
     /// The integration suite on Debian kernels (bullseye 5.10, bookworm 6.1,
     /// trixie 6.12), each booted in QEMU (TCG) by virtme-ng; with `--arch
-    /// arm64`, bookworm's arm64 6.1 under qemu-system-aarch64 with a Debian
-    /// arm64 userland of its own.
+    /// arm64`, bookworm's and trixie's arm64 kernels (6.1, 6.12) under
+    /// qemu-system-aarch64 with a Debian arm64 userland of their own.
     Vm {
         /// The guests' architecture.
         #[arg(long, value_enum, default_value = "x86_64")]
         arch: vm::Arch,
         /// 5.10, 6.1, 6.12 or all (repeatable; default: all of the
-        /// architecture's: arm64 has 6.1).
+        /// architecture's: arm64 has 6.1 and 6.12).
         #[arg(long = "kernel", value_name = "VERSION")]
         kernels: Vec<String>,
         /// Only this integration test file, e.g. `drops`, or one test in it,
