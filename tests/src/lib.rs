@@ -21,6 +21,7 @@ pub mod cri;
 pub mod flood;
 pub mod handshake;
 pub mod manifest;
+pub mod netpol;
 pub mod nf;
 pub mod prom;
 pub mod scrape;

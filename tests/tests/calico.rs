@@ -9,16 +9,12 @@
 //! by the labels the test gave them (containerd's bundles hold none: kdrop
 //! asks its CRI, found through the shims); Felix's rendering of that
 //! policy lets a new connection through.
-use std::{
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{net::SocketAddr, process::Command, time::Duration};
 
 use integration_tests::{
-    containerd::{Containerd, BUSYBOX_IMAGE},
-    cri::{recorded, ContainerSpec, Cri, PodSpec, Recorded},
+    containerd::Containerd,
+    cri::Recorded,
+    netpol::{host_veth, pod, policy, policy_allowing, restore, sh},
     scrape::{http_get, metrics_addr, scrape_until, value},
     send_syn_at, wait_connected, Kdrop,
 };
@@ -33,59 +29,6 @@ const RULES: &str = include_str!("../fixtures/calico/two-pods.rules.in");
 /// oracle for the policy's selectors.
 const DB_LABELS: &[(&str, &str)] = &[("app", "db")];
 const CART_LABELS: &[(&str, &str)] = &[("app", "cart")];
-
-fn pod(cri: &mut Cri, ns: &str, name: &str, uid: &str, labels: &[(&str, &str)]) -> Recorded {
-    let app = labels[0].1;
-    let p = cri.run_pod(&PodSpec {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: uid.into(),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        host_network: false,
-        host_pid: false,
-    });
-    let id = cri.start_container(
-        &p,
-        &ContainerSpec {
-            name: app.into(),
-            image: BUSYBOX_IMAGE.into(),
-            args: vec!["sleep".into(), "600".into()],
-            ..Default::default()
-        },
-    );
-    recorded(cri, &p, &id)
-}
-
-fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The host side of a pod's veth: `eth0@ifN` in the pod names its peer's
-/// index in the node.
-fn host_veth(ctd: &Containerd, pod_netns: &Path) -> String {
-    let pin = pod_netns.file_name().unwrap().to_str().unwrap();
-    let eth0 = sh(&["ip", "-n", pin, "-o", "link", "show", "eth0"]);
-    let peer = eth0
-        .split_once("@if")
-        .and_then(|(_, r)| r.split(':').next())
-        .expect("eth0@ifN");
-    let node = sh(&["ip", "-n", &ctd.node.name, "-o", "link"]);
-    node.lines()
-        .find(|l| l.starts_with(&format!("{peer}: ")))
-        .and_then(|l| l.split(": ").nth(1))
-        .and_then(|n| n.split('@').next())
-        .expect("the pod's peer in the node")
-        .to_string()
-}
 
 /// What Calico's CNI plugin makes of a pod's host veth: named `cali*`,
 /// no bridge, a /32 route to the pod, proxy ARP for everything else.
@@ -116,14 +59,6 @@ fn calico_veth(ctd: &Containerd, veth: &str, name: &str, ip: &str) {
     ]);
 }
 
-fn restore(ctd: &Containerd, text: &str, file: &Path) {
-    std::fs::write(file, text).unwrap();
-    let f = file.display().to_string();
-    ctd.node
-        .exec("iptables-restore", &["--noflush", &f])
-        .unwrap_or_else(|e| panic!("iptables-restore {f}: {e:#}\n{text}"));
-}
-
 fn rules(db: &Recorded, cart: &Recorded, allow: &str) -> String {
     RULES
         .replace("{DB_INGRESS_ALLOW}", allow)
@@ -133,68 +68,6 @@ fn rules(db: &Recorded, cart: &Recorded, allow: &str) -> String {
         .replace("{CART_IP}", &cart.ip)
         .replace("{DB}", &db.pod)
         .replace("{CART}", &cart.pod)
-}
-
-fn venv_tool(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../.tools/venv/bin")
-        .join(name)
-}
-
-/// The NetworkPolicy in kdrop's notes, validated against Kubernetes'
-/// schema for it (strict: no unknown field).
-fn validated_policy(e: &Value, dir: &Path) -> String {
-    let note = e["finding"]["fix_notes"][0].as_str().unwrap_or_default();
-    let yaml = note
-        .split_once(":\n")
-        .map(|(_, y)| y.to_string())
-        .unwrap_or_else(|| panic!("no NetworkPolicy in {note}"));
-    let file = dir.join("policy.yaml");
-    std::fs::write(&file, &yaml).unwrap();
-    let out = Command::new(venv_tool("kubernetes-validate"))
-        .args(["--strict", "--no-warn"])
-        .arg(&file)
-        .output()
-        .expect("kubernetes-validate (cargo xtask bootstrap)");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}\n{yaml}");
-    assert!(
-        text.contains(" passed for resource networkpolicy/"),
-        "{text}"
-    );
-    yaml
-}
-
-/// `matchLabels` of exactly these labels.
-fn match_labels(labels: &[(&str, &str)]) -> Value {
-    let m: serde_json::Map<String, Value> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), Value::from(*v)))
-        .collect();
-    serde_json::json!({ "matchLabels": m })
-}
-
-/// The policy's selectors: the pods it applies to (spec.podSelector) and
-/// its one peer (`from` or `to`: namespaceSelector and podSelector).
-fn selectors(yaml: &str, rule: &str, peer: &str) -> (Value, Value) {
-    let v: Value = serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-    let spec = &v["spec"];
-    let peers = &spec[rule][0][peer];
-    assert_eq!(peers.as_array().map(Vec::len), Some(1), "{yaml}");
-    (spec["podSelector"].clone(), peers[0].clone())
-}
-
-/// The peer entry that selects a pod of `ns` with `labels`, exactly.
-fn pod_peer(ns: &str, labels: &[(&str, &str)]) -> Value {
-    serde_json::json!({
-        "namespaceSelector": match_labels(&[("kubernetes.io/metadata.name", ns)]),
-        "podSelector": match_labels(labels),
-    })
-}
-
-fn policy<'a>(e: &'a Value, field: &str) -> &'a Value {
-    &e["network_policy"][field]
 }
 
 #[test]
@@ -326,13 +199,13 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         inspect.contains("kubectl get networkpolicy -n kdt-db"),
         "{inspect}"
     );
-    let yaml = validated_policy(&e, &ctd.dir);
-    assert!(yaml.contains("  namespace: \"kdt-db\"\n"), "{yaml}");
-    assert!(yaml.contains("  - Ingress\n"), "{yaml}");
-    assert!(yaml.contains("      port: 5432\n"), "{yaml}");
-    let (applies_to, from) = selectors(&yaml, "ingress", "from");
-    assert_eq!(applies_to, match_labels(DB_LABELS), "{yaml}");
-    assert_eq!(from, pod_peer("kdt-shop", CART_LABELS), "{yaml}");
+    policy_allowing(
+        &e,
+        &ctd.dir,
+        ("kdt-db", "ingress", 5432),
+        DB_LABELS,
+        ("kdt-shop", CART_LABELS),
+    );
     let first = e.clone();
 
     // A deny rule of tier security's policy, for 5433.
@@ -353,10 +226,13 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         format!("cali-tw-{DB_IF}").as_str(),
         "{e}"
     );
-    let yaml = validated_policy(&e, &ctd.dir);
-    let (applies_to, from) = selectors(&yaml, "ingress", "from");
-    assert_eq!(applies_to, match_labels(DB_LABELS), "{yaml}");
-    assert_eq!(from, pod_peer("kdt-shop", CART_LABELS), "{yaml}");
+    policy_allowing(
+        &e,
+        &ctd.dir,
+        ("kdt-db", "ingress", 5433),
+        DB_LABELS,
+        ("kdt-shop", CART_LABELS),
+    );
 
     // cart's own egress policy allows db-0 on 5432 and 5433 only.
     let s = syn(41003, 5434);
@@ -371,12 +247,13 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         format!("cali-fw-{CART_IF}").as_str(),
         "{e}"
     );
-    let yaml = validated_policy(&e, &ctd.dir);
-    assert!(yaml.contains("  namespace: \"kdt-shop\"\n"), "{yaml}");
-    assert!(yaml.contains("  - Egress\n"), "{yaml}");
-    let (applies_to, to) = selectors(&yaml, "egress", "to");
-    assert_eq!(applies_to, match_labels(CART_LABELS), "{yaml}");
-    assert_eq!(to, pod_peer("kdt-db", DB_LABELS), "{yaml}");
+    policy_allowing(
+        &e,
+        &ctd.dir,
+        ("kdt-shop", "egress", 5434),
+        CART_LABELS,
+        ("kdt-db", DB_LABELS),
+    );
 
     // The monitor's series, one per protected pod, direction, port,
     // verdict and policy, as the test built them.
@@ -506,11 +383,14 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     // notes, word for word.
     let scratch = std::env::temp_dir().join(format!("kdrop-calico-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
-    let yaml = validated_policy(e, &scratch);
+    policy_allowing(
+        e,
+        &scratch,
+        ("kdt-db", "ingress", 5432),
+        DB_LABELS,
+        ("kdt-shop", CART_LABELS),
+    );
     let _ = std::fs::remove_dir_all(&scratch);
-    let (applies_to, from) = selectors(&yaml, "ingress", "from");
-    assert_eq!(applies_to, match_labels(DB_LABELS), "{yaml}");
-    assert_eq!(from, pod_peer("kdt-shop", CART_LABELS), "{yaml}");
     assert_eq!(
         e["finding"]["fix_notes"], first["finding"]["fix_notes"],
         "{e}"

@@ -221,6 +221,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("iptables", "iptables"),
     ("nft", "nftables"),
     ("conntrack", "conntrack"),
+    // kube-router's policy chains match ipsets (tests/tests/kube_router.rs).
+    ("ipset", "ipset"),
     ("bpftool", "bpftool"),
     // The route query test's independent oracle: the kernel's own
     // fib:fib_table_lookup tracepoint, read through bpftrace.

@@ -4,12 +4,13 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PolicyDrop {
-    /// `calico`.
+    /// `calico`, `kube-router`.
     pub engine: &'static str,
     /// `iptables`.
     pub dataplane: &'static str,
-    /// `no_policy_allowed` (end of tier), `denied_by_rule` (a deny rule
-    /// of a policy), `no_profile_matched`.
+    /// `no_policy_allowed` (end of tier; kube-router's REJECT of what no
+    /// policy marked), `denied_by_rule` (a deny rule of a policy),
+    /// `no_profile_matched`.
     pub verdict: &'static str,
     /// `ingress` or `egress` of `protected_pod`.
     pub direction: &'static str,

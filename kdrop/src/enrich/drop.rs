@@ -28,9 +28,10 @@ use crate::{
 /// something is the record's finding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Explainer {
-    /// A Calico policy chain: in Kubernetes terms (pods, direction,
-    /// policy), before the netfilter rule it is made of.
-    Calico,
+    /// A network policy engine's chain (Calico's, kube-router's): in
+    /// Kubernetes terms (pods, direction, policy), before the netfilter
+    /// rule it is made of.
+    NetworkPolicy,
     /// The kernel's reverse-path or martian check, with its lookups.
     Routing,
     /// A forwarded packet with no route or no neighbour.
@@ -54,7 +55,7 @@ enum Explainer {
 /// that decided (a policy, a route, a NAT entry, a Service, a program)
 /// before the generic reading of the reason, which is last.
 const PRECEDENCE: [Explainer; 9] = [
-    Explainer::Calico,
+    Explainer::NetworkPolicy,
     Explainer::Routing,
     Explainer::Forwarding,
     Explainer::Refused,
@@ -133,10 +134,10 @@ impl<N: Node> Enricher<N> {
             network_policy: None,
             handshake: None,
         };
-        let (mut calico, policy) = self.explain_calico(d, &r).unzip();
+        let (mut policy_finding, policy) = self.explain_network_policy(d, &r).unzip();
         r.network_policy = policy;
         r.finding = PRECEDENCE.iter().find_map(|e| match e {
-            Explainer::Calico => calico.take(),
+            Explainer::NetworkPolicy => policy_finding.take(),
             Explainer::Routing => self.explain_routing(d, &r),
             Explainer::Forwarding => self.explain_forwarding(d, &r),
             Explainer::Refused => self.explain_refused(d, &r),
@@ -498,7 +499,7 @@ mod precedence {
         }
         assert_eq!(PRECEDENCE.last(), Some(&Explainer::Reason));
         let at = |e| PRECEDENCE.iter().position(|x| *x == e).unwrap();
-        assert!(at(Explainer::Calico) < at(Explainer::Kube));
+        assert!(at(Explainer::NetworkPolicy) < at(Explainer::Kube));
         assert!(at(Explainer::Routing) < at(Explainer::Forwarding));
     }
 }

@@ -1,10 +1,10 @@
 //! Events in, records out: each kernel event gets its names (reason,
 //! namespace, interface, code location, time) and its finding. The node is
 //! asked through [`Node`] (I/O, cached); the reasoning is `diagnosis`'s.
-mod calico;
 mod drop;
 mod handshake;
 mod listen;
+mod network_policy;
 mod pods;
 mod watch;
 

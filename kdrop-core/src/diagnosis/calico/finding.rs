@@ -2,29 +2,15 @@
 //! record's `network_policy` field. `fix` stays empty: Felix rewrites its
 //! chains from the cluster's policies, so the repair is a policy object,
 //! given in `fix_notes`; `inspect` lists what selects the pod.
-use crate::model::cause::Cause;
-use std::net::IpAddr;
-
-use super::{
-    felix::Owner,
-    policy::{network_policy, Peer, Workload},
-    CalicoDrop, Chain, Direction, Ended,
-};
+use super::{felix::Owner, CalicoDrop, Chain, Ended};
+pub use crate::diagnosis::netpol::Conn;
 use crate::{
-    diagnosis::reason::{reason_evidence, DropFacts},
-    model::{finding::Finding, netfilter::Attribution, policy::PolicyDrop},
+    diagnosis::{
+        netpol::{self, peer_phrase, pod_phrase},
+        reason::{reason_evidence, DropFacts},
+    },
+    model::{cause::Cause, finding::Finding, netfilter::Attribution, policy::PolicyDrop},
 };
-
-/// The connection's two ends as the policy sees them.
-pub struct Conn<'a> {
-    /// The pod whose endpoint chain dropped it, when its address is a pod's.
-    pub protected: Option<&'a Workload>,
-    pub peer: &'a Peer,
-    pub protected_addr: IpAddr,
-    pub peer_addr: IpAddr,
-    /// The server's port.
-    pub port: u16,
-}
 
 const REWRITTEN: &str = "Felix (calico-node) writes these chains from the cluster's policies \
                          and rewrites them within seconds: changing the ruleset on the node \
@@ -41,47 +27,23 @@ fn chain_phrase(c: &Chain) -> String {
     )
 }
 
-fn pod_phrase(w: Option<&Workload>, addr: IpAddr) -> String {
-    w.map_or_else(
-        || addr.to_string(),
-        |w| format!("pod {}/{}", w.namespace, w.name),
-    )
-}
-
-fn peer_phrase(p: &Peer) -> String {
-    match p {
-        Peer::Pod(w) => format!("pod {}/{}", w.namespace, w.name),
-        Peer::Addr(a) => a.to_string(),
-    }
-}
-
 /// The commands that show what selects the pod: Kubernetes and Calico
 /// policies of its namespace, the cluster-wide ones, its labels.
 fn inspect(c: &Conn) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut between = Vec::new();
     if let Some(w) = c.protected {
-        out.push(format!(
-            "kubectl get pod -n {} {} --show-labels",
-            w.namespace, w.name
-        ));
-        out.push(format!(
+        between.push(format!(
             "kubectl get networkpolicy -n {} -o yaml",
             w.namespace
         ));
-        out.push(format!(
+        between.push(format!(
             "calicoctl get networkpolicy -n {} -o yaml",
             w.namespace
         ));
     }
-    out.push("calicoctl get globalnetworkpolicy -o yaml".into());
-    out.push("kubectl get globalnetworkpolicies.crd.projectcalico.org".into());
-    if let Peer::Pod(w) = c.peer {
-        out.push(format!(
-            "kubectl get pod -n {} {} --show-labels",
-            w.namespace, w.name
-        ));
-    }
-    out
+    between.push("calicoctl get globalnetworkpolicy -o yaml".into());
+    between.push("kubectl get globalnetworkpolicies.crd.projectcalico.org".into());
+    netpol::inspect(c, between)
 }
 
 fn verdict(e: &Ended) -> &'static str {
@@ -145,69 +107,18 @@ fn what(d: &CalicoDrop, port: &str) -> (String, Option<String>, Option<String>, 
     }
 }
 
-/// Why the policy's pod selectors cannot pick exactly these pods: labels
-/// kdrop could not read (and why not), pods that have none.
-fn inexact(pods: &[&Workload]) -> Vec<String> {
-    let mut unknown: Vec<&str> = Vec::new();
-    let mut bare = Vec::new();
-    for w in pods {
-        match &w.labels {
-            Err(why) if !unknown.contains(&why.as_str()) => unknown.push(why),
-            Ok(l) if l.is_empty() => bare.push(format!("pod {}/{}", w.namespace, w.name)),
-            _ => {}
-        }
-    }
-    let mut notes = Vec::new();
-    if !unknown.is_empty() {
-        notes.push(format!(
-            "the container runtime's records on this node do not give the pods' labels ({}): \
-             a selector written `{{}}` selects every pod of the namespace; replace it with the \
-             pod's labels (kubectl get pod --show-labels) to allow only this pod",
-            unknown.join("; ")
-        ));
-    }
-    if !bare.is_empty() {
-        notes.push(format!(
-            "{} {} no labels: its selector `{{}}` selects every pod of the namespace; label \
-             the pod and select it by that label to allow only this pod",
-            bare.join(" and "),
-            if bare.len() == 1 { "has" } else { "have" }
-        ));
-    }
-    notes
-}
-
 /// The repair: a NetworkPolicy allowing exactly this connection, and
 /// what else has to hold for it to work.
 fn notes(d: &CalicoDrop, c: &Conn) -> Vec<String> {
-    let mut notes = Vec::new();
-    match c.protected {
-        Some(w) => {
-            let yaml = network_policy(d.direction, w, c.peer, c.port);
-            let mut pods = vec![w];
-            if let Peer::Pod(p) = c.peer {
-                pods.push(p);
-            }
-            let inexact = inexact(&pods);
-            let exactly = if inexact.is_empty() {
-                "exactly this connection"
-            } else {
-                "this connection (and, with its `{}` selectors, the same from and to every pod \
-                 of these namespaces)"
-            };
-            notes.push(format!(
-                "apply this NetworkPolicy (kubectl apply -f -) to allow {exactly}:\n{yaml}"
-            ));
-            notes.extend(inexact);
-        }
-        None => notes.push(format!(
+    let mut notes = netpol::allow_notes(d.direction, c).unwrap_or_else(|| {
+        vec![format!(
             "{} is no pod on this node's runtime: the policy that selects it is a Calico \
              GlobalNetworkPolicy or a host endpoint's; allow {} on TCP port {} there",
             c.protected_addr,
             peer_phrase(c.peer),
             c.port
-        )),
-    }
+        )]
+    });
     match &d.ended {
         Ended::NoPolicyPassed { tier, .. } if tier != "default" => notes.push(format!(
             "the drop is at the end of Calico tier {tier}: Kubernetes NetworkPolicies live in \
@@ -222,14 +133,7 @@ fn notes(d: &CalicoDrop, c: &Conn) -> Vec<String> {
         )),
         _ => {}
     }
-    let other = match d.direction {
-        Direction::Ingress => "egress",
-        Direction::Egress => "ingress",
-    };
-    notes.push(format!(
-        "if policies also select the other end for {other}, it needs its own allow for this \
-         connection; replies are allowed by connection tracking"
-    ));
+    notes.push(netpol::other_end_note(d.direction));
     notes.push(REWRITTEN.into());
     notes
 }
@@ -238,10 +142,7 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
     let port = format!("TCP port {}", c.port);
     let (ended, tier, policy, evaluated) = what(d, &port);
     let protected = pod_phrase(c.protected, c.protected_addr);
-    let prep = match d.direction {
-        Direction::Ingress => "from",
-        Direction::Egress => "to",
-    };
+    let prep = d.direction.preposition();
     let summary = format!(
         "Calico network policy, {} of {protected} {prep} {}: {ended}",
         d.direction.name(),
@@ -272,11 +173,8 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
         dataplane: "iptables",
         verdict: verdict(&d.ended),
         direction: d.direction.name(),
-        protected_pod: c.protected.map(|w| format!("{}/{}", w.namespace, w.name)),
-        peer_pod: match c.peer {
-            Peer::Pod(w) => Some(format!("{}/{}", w.namespace, w.name)),
-            Peer::Addr(_) => None,
-        },
+        protected_pod: c.protected.map(netpol::pod_id),
+        peer_pod: netpol::peer_pod_id(c.peer),
         protected_addr: c.protected_addr.to_string(),
         peer_addr: c.peer_addr.to_string(),
         port: c.port,

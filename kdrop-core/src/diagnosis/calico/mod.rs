@@ -6,28 +6,11 @@
 //! connection.
 pub mod felix;
 pub mod finding;
-pub mod policy;
+
+pub use super::netpol::{policy, Direction};
 
 use self::felix::{FelixRule, Owner, Rules};
 use crate::model::netfilter::{Attribution, Backend, DroppedBy, Family, Table};
-
-/// Which of the workload's directions the policy guards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// To the workload (`cali-tw-<iface>`, `cali-pi-` policy chains).
-    Ingress,
-    /// From it (`cali-fw-<iface>`, `cali-po-`).
-    Egress,
-}
-
-impl Direction {
-    pub fn name(self) -> &'static str {
-        match self {
-            Direction::Ingress => "ingress",
-            Direction::Egress => "egress",
-        }
-    }
-}
 
 /// A policy or profile chain and whom it belongs to, when its first
 /// rule's comment says.
