@@ -1,15 +1,16 @@
-//! Calico's network policy, iptables dataplane, on two pods containerd
+//! Calico's network policy, iptables and nftables dataplanes, on two pods containerd
 //! ran through CRI: their host veths made Calico's (renamed `cali*`, off
 //! the bridge, a /32 route each, proxy ARP: pod-to-pod traffic is routed
 //! by the node, FORWARD -i cali... -o cali...), the filter table in the
-//! shape Felix renders it (tests/fixtures/calico/two-pods.rules.in). kdrop,
+//! shape Felix renders it (tests/fixtures/calico/two-pods.rules.in; its
+//! nftables table, two-pods.nft.in: the same chains). kdrop,
 //! told only the service's port, names the pods as kubectl does, the
 //! direction, port, tier and chain, and writes a NetworkPolicy that passes
 //! Kubernetes' schema (kubernetes-validate --strict) and selects both pods
 //! by the labels the test gave them (containerd's bundles hold none: kdrop
 //! asks its CRI, found through the shims); Felix's rendering of that
 //! policy lets a new connection through.
-use std::{net::SocketAddr, process::Command, time::Duration};
+use std::{net::SocketAddr, path::Path, process::Command, sync::Mutex, time::Duration};
 
 use integration_tests::{
     containerd::Containerd,
@@ -24,6 +25,32 @@ use serde_json::Value;
 const DB_IF: &str = "calid8e0b7a1c42";
 const CART_IF: &str = "cali5f3a9e6b210";
 const RULES: &str = include_str!("../fixtures/calico/two-pods.rules.in");
+const NFT_RULES: &str = include_str!("../fixtures/calico/two-pods.nft.in");
+
+/// Felix's two dataplanes, each test on the same pods and policies.
+#[derive(Clone, Copy, PartialEq)]
+enum Dataplane {
+    Iptables,
+    Nftables,
+}
+
+impl Dataplane {
+    /// A chain as the dataplane lists it: Felix's nftables table prefixes
+    /// its chains with their layer.
+    fn chain(self, felix: &str) -> String {
+        match self {
+            Dataplane::Iptables => felix.to_string(),
+            Dataplane::Nftables => format!("filter-{felix}"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Dataplane::Iptables => "iptables",
+            Dataplane::Nftables => "nftables",
+        }
+    }
+}
 
 /// The pods' labels, as the kubelet passes them to RunPodSandbox: the
 /// oracle for the policy's selectors.
@@ -70,9 +97,42 @@ fn rules(db: &Recorded, cart: &Recorded, allow: &str) -> String {
         .replace("{CART}", &cart.pod)
 }
 
+fn nft_rules(db: &Recorded, cart: &Recorded, allow: &str) -> String {
+    NFT_RULES
+        .replace("{DB_INGRESS_ALLOW}", allow)
+        .replace("{DB_IF}", DB_IF)
+        .replace("{CART_IF}", CART_IF)
+        .replace("{DB_IP}", &db.ip)
+        .replace("{CART_IP}", &cart.ip)
+}
+
+/// `nft -f` of `text` in the node, replacing Felix's whole table.
+fn nft_load(ctd: &Containerd, text: &str, file: &Path) {
+    let text = format!("table ip calico\ndelete table ip calico\n{text}");
+    std::fs::write(file, &text).unwrap();
+    let f = file.display().to_string();
+    ctd.node
+        .exec("nft", &["-f", &f])
+        .unwrap_or_else(|e| panic!("nft -f {f}: {e:#}\n{text}"));
+}
+
 #[test]
 fn calico_iptables_policy_denials_in_kubernetes_terms() {
-    let ctd = Containerd::start("calico");
+    denials_in_kubernetes_terms(Dataplane::Iptables);
+}
+
+#[test]
+fn calico_nftables_policy_denials_in_kubernetes_terms() {
+    denials_in_kubernetes_terms(Dataplane::Nftables);
+}
+
+/// One at a time: each kdrop traces every namespace on these ports, and
+/// both use the same ports, pods' addresses and source ports.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn denials_in_kubernetes_terms(dp: Dataplane) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let ctd = Containerd::start(&format!("calico-{}", dp.name()));
     ctd.import_test_images();
     let mut cri = ctd.cri();
     let db = pod(
@@ -99,7 +159,12 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
             .sysctl(&format!("net/ipv4/conf/{k}/rp_filter"), "0")
             .unwrap();
     }
-    restore(&ctd, &rules(&db, &cart, ""), &ctd.dir.join("felix.rules"));
+    match dp {
+        Dataplane::Iptables => restore(&ctd, &rules(&db, &cart, ""), &ctd.dir.join("felix.rules")),
+        Dataplane::Nftables => {
+            nft_load(&ctd, &nft_rules(&db, &cart, ""), &ctd.dir.join("felix.nft"))
+        }
+    }
 
     let listeners: Vec<_> = [5432u16, 5433, 5434]
         .iter()
@@ -155,6 +220,7 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     // attributes from counters, not simulating the marks Calico sets along
     // the path (README, Calico): the test checks one drop at a time.
     drop(s);
+    assert_eq!(policy(&e, "dataplane"), dp.name(), "{e}");
     assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
     assert_eq!(policy(&e, "direction"), "ingress", "{e}");
     assert_eq!(policy(&e, "protected_pod"), db.pod.as_str(), "{e}");
@@ -164,13 +230,17 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert_eq!(policy(&e, "tier"), "default", "{e}");
     assert_eq!(
         policy(&e, "chain"),
-        format!("cali-tw-{DB_IF}").as_str(),
+        dp.chain(&format!("cali-tw-{DB_IF}")).as_str(),
         "{e}"
     );
     assert_eq!(policy(&e, "interface"), DB_IF, "{e}");
     assert_eq!(
         policy(&e, "evaluated")[0],
-        "KubernetesNetworkPolicy kdt-db/allow-monitoring (cali-pi-_3lTDF2a_ZC7H2weaLbk)",
+        format!(
+            "KubernetesNetworkPolicy kdt-db/allow-monitoring ({})",
+            dp.chain("cali-pi-_3lTDF2a_ZC7H2weaLbk")
+        )
+        .as_str(),
         "{e}"
     );
     assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
@@ -215,7 +285,11 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert_eq!(policy(&e, "verdict"), "denied_by_rule", "{e}");
     assert_eq!(policy(&e, "direction"), "ingress", "{e}");
     assert_eq!(policy(&e, "tier"), "security", "{e}");
-    assert_eq!(policy(&e, "chain"), "cali-pi-_cS5Lb0y8WoQRLr489lA", "{e}");
+    assert_eq!(
+        policy(&e, "chain"),
+        dp.chain("cali-pi-_cS5Lb0y8WoQRLr489lA").as_str(),
+        "{e}"
+    );
     assert_eq!(
         policy(&e, "policy"),
         "NetworkPolicy kdt-db/security.deny-kdt-shop",
@@ -223,7 +297,7 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     );
     assert_eq!(
         policy(&e, "endpoint_chain"),
-        format!("cali-tw-{DB_IF}").as_str(),
+        dp.chain(&format!("cali-tw-{DB_IF}")).as_str(),
         "{e}"
     );
     policy_allowing(
@@ -244,7 +318,7 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     assert_eq!(policy(&e, "peer_pod"), db.pod.as_str(), "{e}");
     assert_eq!(
         policy(&e, "chain"),
-        format!("cali-fw-{CART_IF}").as_str(),
+        dp.chain(&format!("cali-fw-{CART_IF}")).as_str(),
         "{e}"
     );
     policy_allowing(
@@ -298,35 +372,10 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
     // podSelector (app: db in kdt-db) selects, db-0's, its peer selector's
     // ipset (app: cart in kdt-shop) written as cart's address. A new
     // connection goes through.
-    let allow = format!(
-        "-A cali-tw-{DB_IF} -m comment --comment \"cali:kD7rPq2sXv9wYz0A\" -m mark --mark \
-         0x0/0x20000 -j cali-pi-kdrop-allow\n-A cali-tw-{DB_IF} -m comment --comment \
-         \"cali:Lm3nB5vC7xZ9aQ1w\" -m comment --comment \"Return if policy accepted\" -m mark \
-         --mark 0x10000/0x10000 -j RETURN\n"
-    );
-    let chain = format!(
-        "*filter\n:cali-pi-kdrop-allow - [0:0]\n-A cali-pi-kdrop-allow -m comment --comment \
-         \"cali:Pq8rS2tU4vW6xY8z\" -m comment --comment \"KubernetesNetworkPolicy \
-         kdt-db/kdrop-allow ingress\" -p tcp -s {}/32 -m multiport --dports 5432 -j MARK \
-         --set-xmark 0x10000/0x10000\n-A cali-pi-kdrop-allow -m comment --comment \
-         \"cali:Hj4kL6mN8pQ0rS2t\" -m mark --mark 0x10000/0x10000 -j RETURN\nCOMMIT\n",
-        cart.ip
-    );
-    restore(&ctd, &chain, &ctd.dir.join("felix-allow-chain.rules"));
-    // Only the endpoint chain again, as Felix rewrites one chain.
-    let tw: String = rules(&db, &cart, &allow)
-        .lines()
-        .filter(|l| {
-            l.starts_with(&format!("-A cali-tw-{DB_IF} ")) || l.starts_with("*") || *l == "COMMIT"
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let tw = tw.replacen(
-        "*filter\n",
-        &format!("*filter\n:cali-tw-{DB_IF} - [0:0]\n"),
-        1,
-    );
-    restore(&ctd, &tw, &ctd.dir.join("felix-tw.rules"));
+    match dp {
+        Dataplane::Iptables => render_allow_iptables(&ctd, &db, &cart),
+        Dataplane::Nftables => render_allow_nftables(&ctd, &db, &cart),
+    }
     let s = syn(41004, 5432);
     wait_connected(&s, Duration::from_secs(3))
         .expect("a new connection once the NetworkPolicy's allow is rendered");
@@ -395,4 +444,55 @@ fn calico_iptables_policy_denials_in_kubernetes_terms() {
         e["finding"]["fix_notes"], first["finding"]["fix_notes"],
         "{e}"
     );
+}
+
+/// kdrop's first policy as Felix's iptables dataplane renders it: a policy
+/// chain, and the endpoint chain rewritten with its jump.
+fn render_allow_iptables(ctd: &Containerd, db: &Recorded, cart: &Recorded) {
+    let allow = format!(
+        "-A cali-tw-{DB_IF} -m comment --comment \"cali:kD7rPq2sXv9wYz0A\" -m mark --mark \
+         0x0/0x20000 -j cali-pi-kdrop-allow\n-A cali-tw-{DB_IF} -m comment --comment \
+         \"cali:Lm3nB5vC7xZ9aQ1w\" -m comment --comment \"Return if policy accepted\" -m mark \
+         --mark 0x10000/0x10000 -j RETURN\n"
+    );
+    let chain = format!(
+        "*filter\n:cali-pi-kdrop-allow - [0:0]\n-A cali-pi-kdrop-allow -m comment --comment \
+         \"cali:Pq8rS2tU4vW6xY8z\" -m comment --comment \"KubernetesNetworkPolicy \
+         kdt-db/kdrop-allow ingress\" -p tcp -s {}/32 -m multiport --dports 5432 -j MARK \
+         --set-xmark 0x10000/0x10000\n-A cali-pi-kdrop-allow -m comment --comment \
+         \"cali:Hj4kL6mN8pQ0rS2t\" -m mark --mark 0x10000/0x10000 -j RETURN\nCOMMIT\n",
+        cart.ip
+    );
+    restore(ctd, &chain, &ctd.dir.join("felix-allow-chain.rules"));
+    // Only the endpoint chain again, as Felix rewrites one chain.
+    let tw: String = rules(db, cart, &allow)
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("-A cali-tw-{DB_IF} ")) || l.starts_with("*") || *l == "COMMIT"
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let tw = tw.replacen(
+        "*filter\n",
+        &format!("*filter\n:cali-tw-{DB_IF} - [0:0]\n"),
+        1,
+    );
+    restore(ctd, &tw, &ctd.dir.join("felix-tw.rules"));
+}
+
+/// The same in Felix's nftables table (felix/nftables renderer: a counter on
+/// every rule, one `cali:<hash>; ...` comment), the table loaded again.
+fn render_allow_nftables(ctd: &Containerd, db: &Recorded, cart: &Recorded) {
+    let allow = "meta mark & 0x20000 == 0 counter jump filter-cali-pi-kdrop-allow comment \
+         \"cali:kD7rPq2sXv9wYz0A;\"\n\t\tmeta mark & 0x10000 == 0x10000 counter return comment \
+         \"cali:Lm3nB5vC7xZ9aQ1w; Return if policy accepted\"\n\t\t";
+    let chain = format!(
+        "table ip calico {{\n\tchain filter-cali-pi-kdrop-allow {{\n\t\tmeta l4proto tcp ip saddr \
+         {}/32 tcp dport 5432 counter meta mark set mark or 0x10000 comment \
+         \"cali:Pq8rS2tU4vW6xY8z; KubernetesNetworkPolicy kdt-db/kdrop-allow ingress\"\n\t\tmeta \
+         mark & 0x10000 == 0x10000 counter return comment \"cali:Hj4kL6mN8pQ0rS2t;\"\n\t}}\n}}\n",
+        cart.ip
+    );
+    let text = chain + &nft_rules(db, cart, allow);
+    nft_load(ctd, &text, &ctd.dir.join("felix-allow.nft"));
 }

@@ -55,11 +55,11 @@ impl<N: Node> Enricher<N> {
         let a = r.netfilter.as_ref()?;
         let chain = a.chain.as_deref()?;
         let facts = super::drop::facts(r, d.tcp_flags, Some(a));
-        if chain.starts_with("cali-") {
+        if let Some(felix_chain) = calico::felix::chain_of(a) {
             let snap = self.node.netfilter_latest(d.netns)?;
             // Only a policy chain shared by several workloads needs the
             // device the packet was routed to (its ingress endpoint).
-            let out = if chain.starts_with("cali-p") {
+            let out = if felix_chain.starts_with("cali-p") {
                 self.node
                     .route_out(d.netns, d.daddr)
                     .map(|i| self.node.ifname(d.netns, i))

@@ -2,8 +2,29 @@
 //! writes (projectcalico/calico felix/rules: rule_defs.go for the
 //! prefixes, endpoints.go for a workload's chains and tiers, policy.go for
 //! the policy and profile chains; the iptables renderer puts a
-//! `cali:<hash>` comment first on every rule, then the rule's own).
-use crate::{diagnosis::kube::services::tokens, model::netfilter::Table};
+//! `cali:<hash>` comment first on every rule, then the rule's own). Its
+//! nftables dataplane (felix/nftables: table_layer.go, renderer.go) writes
+//! the same chains into one `calico` table, each prefixed with its layer
+//! (`filter-cali-tw-...`), and one comment per rule: `cali:<hash>; <the
+//! rule's comments>`.
+use crate::{
+    diagnosis::kube::services::tokens,
+    model::netfilter::{Attribution, Backend, Table},
+};
+
+/// The layer prefix of Felix's nftables chains that hold its filter rules.
+pub const NFT_FILTER_LAYER: &str = "filter-";
+
+/// The chain an attribution names, as Felix names it in its iptables
+/// dataplane (`cali-tw-...`): an nftables chain without its layer prefix.
+pub fn chain_of(a: &Attribution) -> Option<&str> {
+    let chain = a.chain.as_deref()?;
+    let chain = match a.backend {
+        Some(Backend::Nftables) => chain.strip_prefix(NFT_FILTER_LAYER)?,
+        _ => chain,
+    };
+    chain.starts_with("cali-").then_some(chain)
+}
 
 /// To a workload (its ingress), from it (its egress).
 pub const TO_WORKLOAD: &str = "cali-tw-";
@@ -56,6 +77,45 @@ impl FelixRule {
                 _ => {}
             }
             neg = false;
+        }
+        Some(r)
+    }
+
+    /// A rule of Felix's nftables table, from its text as kdrop renders it
+    /// (`... counter jump filter-cali-pi-x comment "cali:h; Start of tier
+    /// default"`), in chain `chain` (with its layer prefix).
+    pub fn parse_nft(chain: &str, text: &str) -> Option<Self> {
+        let unlayered = |c: &str| c.strip_prefix(NFT_FILTER_LAYER).unwrap_or(c).to_string();
+        let mut r = FelixRule {
+            chain: unlayered(chain),
+            ..Default::default()
+        };
+        let (body, comment) = match text.split_once(" comment \"") {
+            Some((b, c)) => (
+                b,
+                Some(c.strip_suffix('"').unwrap_or(c).replace("\\\"", "\"")),
+            ),
+            None => (text, None),
+        };
+        if let Some(c) = comment {
+            let own = match c.split_once(';') {
+                Some((hash, rest)) if hash.starts_with("cali:") => rest.trim().to_string(),
+                _ => c.trim().to_string(),
+            };
+            if !own.is_empty() {
+                r.comments.push(own);
+            }
+        }
+        let t: Vec<&str> = body.split_whitespace().collect();
+        for (i, w) in t.iter().enumerate() {
+            let next = t.get(i + 1).copied().unwrap_or_default();
+            let name = || next.trim_matches('"').to_string();
+            match *w {
+                "jump" | "goto" => r.target = unlayered(next),
+                "iifname" if next.starts_with('"') => r.in_iface = Some(name()),
+                "oifname" if next.starts_with('"') => r.out_iface = Some(name()),
+                _ => {}
+            }
         }
         Some(r)
     }
@@ -128,11 +188,18 @@ pub struct Rules {
 
 impl Rules {
     pub fn of(table: &Table) -> Self {
+        let nft = table.backend == Backend::Nftables;
         let rules = table
             .chains
             .iter()
-            .flat_map(|c| c.rules.iter())
-            .filter_map(|r| FelixRule::parse(&r.text))
+            .flat_map(|c| c.rules.iter().map(move |r| (c, r)))
+            .filter_map(|(c, r)| {
+                if nft {
+                    FelixRule::parse_nft(&c.name, &r.text)
+                } else {
+                    FelixRule::parse(&r.text)
+                }
+            })
             .collect();
         Rules { rules }
     }

@@ -9,7 +9,12 @@ use crate::{
         netpol::{self, peer_phrase, pod_phrase},
         reason::{reason_evidence, DropFacts},
     },
-    model::{cause::Cause, finding::Finding, netfilter::Attribution, policy::PolicyDrop},
+    model::{
+        cause::Cause,
+        finding::Finding,
+        netfilter::{Attribution, Backend},
+        policy::PolicyDrop,
+    },
 };
 
 const REWRITTEN: &str = "Felix (calico-node) writes these chains from the cluster's policies \
@@ -170,7 +175,10 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
     evidence.extend(a.evidence.iter().cloned());
     let drop = PolicyDrop {
         engine: "calico",
-        dataplane: "iptables",
+        dataplane: match a.backend {
+            Some(Backend::Nftables) => "nftables",
+            _ => "iptables",
+        },
         verdict: verdict(&d.ended),
         direction: d.direction.name(),
         protected_pod: c.protected.map(netpol::pod_id),

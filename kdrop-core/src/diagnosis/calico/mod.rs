@@ -51,6 +51,24 @@ pub struct CalicoDrop {
     pub ambiguous: bool,
 }
 
+impl CalicoDrop {
+    /// The chains as the dataplane names them: Felix's nftables table
+    /// prefixes each with its layer (`filter-cali-tw-...`).
+    fn in_layer(mut self, layer: &str) -> Self {
+        if layer.is_empty() {
+            return self;
+        }
+        let named = |c: &mut Chain| c.chain.insert_str(0, layer);
+        self.endpoint_chain.insert_str(0, layer);
+        match &mut self.ended {
+            Ended::NoPolicyPassed { policies, .. } => policies.iter_mut().for_each(named),
+            Ended::Denied { policy, .. } => named(policy),
+            Ended::NoProfileMatched { profiles } => profiles.iter_mut().for_each(named),
+        }
+        self
+    }
+}
+
 /// Reads a rule drop in Calico's chains. `iface_in` is the device the
 /// packet came in by, `iface_out` the one it was routed to (when known):
 /// they tell which workload's chain reached a shared policy chain.
@@ -60,16 +78,30 @@ pub fn classify(
     iface_in: &str,
     iface_out: Option<&str>,
 ) -> Option<CalicoDrop> {
-    if a.dropped_by != DroppedBy::Rule || a.backend == Some(Backend::Nftables) {
+    let layer = match a.backend {
+        Some(Backend::Nftables) => felix::NFT_FILTER_LAYER,
+        _ => "",
+    };
+    classify_felix(a, tables, iface_in, iface_out).map(|d| d.in_layer(layer))
+}
+
+/// [`classify`] in Felix's own chain names (its iptables dataplane's).
+fn classify_felix(
+    a: &Attribution,
+    tables: &[Table],
+    iface_in: &str,
+    iface_out: Option<&str>,
+) -> Option<CalicoDrop> {
+    if a.dropped_by != DroppedBy::Rule {
         return None;
     }
-    let chain = a.chain.as_deref()?;
-    if !chain.starts_with("cali-") {
-        return None;
-    }
+    let chain = felix::chain_of(a)?;
     let table = table_of(a, tables)?;
     let rules = Rules::of(table);
-    let rule = FelixRule::parse(a.rule.as_deref()?)?;
+    let rule = match a.backend {
+        Some(Backend::Nftables) => FelixRule::parse_nft(a.chain.as_deref()?, a.rule.as_deref()?)?,
+        _ => FelixRule::parse(a.rule.as_deref()?)?,
+    };
     let named = |c: &str| Chain {
         chain: c.to_string(),
         owner: rules.owner(c),
@@ -206,5 +238,7 @@ fn table_of<'a>(a: &Attribution, tables: &'a [Table]) -> Option<&'a Table> {
     })
 }
 
+#[cfg(test)]
+mod nft_tests;
 #[cfg(test)]
 mod tests;
