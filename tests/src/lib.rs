@@ -17,6 +17,7 @@ pub use expect::*;
 pub use skip::skip;
 pub use sockets::*;
 pub use topo::*;
+pub mod cilium;
 pub mod cri;
 pub mod flood;
 pub mod handshake;

@@ -15,6 +15,7 @@
 //! - `names`: the pods a connection involves, named in the summary;
 //! - `fix_kinds`: every kind of repair command, and the test that applies it.
 pub mod calico;
+pub mod cilium;
 pub mod conntrack;
 pub mod fix_kinds;
 pub mod forwarding;

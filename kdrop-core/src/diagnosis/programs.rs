@@ -471,6 +471,7 @@ mod tests {
                 evidence: "pinned at /sys/fs/bpf/cilium/devices/s0/links/cil_from_netdev".into(),
             }),
             holders: vec![],
+            cilium_metrics: None,
         }
     }
 

@@ -114,7 +114,7 @@ causes! {
     KubeLocalnet = "kube_localnet", 3;
     /// A kube-proxy chain marked it for KUBE-FIREWALL to drop (before 1.25), no rule naming the Service.
     KubeMarkedDrop = "kube_marked_drop", 3;
-    /// A Kubernetes network policy (Calico, kube-router) denied the connection.
+    /// A Kubernetes network policy (Calico, kube-router, Cilium) denied the connection.
     NetworkPolicyDenied = "network_policy_denied", 3;
     /// A cgroup BPF program of the sending socket dropped it.
     BpfCgroup = "bpf_cgroup", 3;

@@ -4,13 +4,14 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PolicyDrop {
-    /// `calico`, `kube-router`.
+    /// `calico`, `kube-router`, `cilium`.
     pub engine: &'static str,
-    /// `iptables`.
+    /// `iptables`, `nftables`, `ebpf` (Cilium's programs).
     pub dataplane: &'static str,
     /// `no_policy_allowed` (end of tier; kube-router's REJECT of what no
     /// policy marked), `denied_by_rule` (a deny rule of a policy),
-    /// `no_profile_matched`.
+    /// `no_profile_matched`, `auth_required` (Cilium: the allowing rule
+    /// needs mutual authentication).
     pub verdict: &'static str,
     /// `ingress` or `egress` of `protected_pod`.
     pub direction: &'static str,

@@ -80,6 +80,33 @@ pub struct ProgInfo {
     pub agent: Option<Agent>,
     /// Processes with a descriptor of the program.
     pub holders: Vec<ProcessRef>,
+    /// Cilium's drop counters, when one of the program's maps is Cilium's
+    /// `cilium_metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cilium_metrics: Option<CiliumMetrics>,
+}
+
+/// Cilium's `cilium_metrics` map (bpf/lib/metrics.h: a per-CPU hash of
+/// `struct metrics_key { __u8 reason; __u8 dir:2, pad:6; ... }` to
+/// `struct metrics_value { __u64 count; __u64 bytes; }`, bpf/lib/common.h),
+/// its drop counts summed over CPUs, now and at kdrop's previous read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CiliumMetrics {
+    pub map_id: u32,
+    pub now: Vec<CiliumCount>,
+    /// None: the first read of this map (the counts are since Cilium
+    /// created it).
+    pub before: Option<Vec<CiliumCount>>,
+}
+
+/// Packets Cilium counted for one drop reason and direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CiliumCount {
+    /// Cilium's drop reason (flow.proto `DropReason`: 133 POLICY_DENIED ...).
+    pub reason: u8,
+    /// 1 ingress, 2 egress (of the endpoint), 0 unknown.
+    pub dir: u8,
+    pub packets: u64,
 }
 
 /// Which agent a program belongs to, and what says so.

@@ -89,7 +89,7 @@ pub fn prog_type_name(t: u32) -> String {
         .map_or_else(|| format!("prog_type {t}"), |s| s.to_string())
 }
 
-fn bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<i32> {
+pub(super) fn bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<i32> {
     // SAFETY: attr is a valid, writable buffer of the given size; the
     // kernel reads/writes at most that many bytes.
     let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
@@ -99,19 +99,19 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<i32> {
     Ok(rc as i32)
 }
 
-fn put_u32(b: &mut [u8], off: usize, v: u32) {
+pub(super) fn put_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_ne_bytes());
 }
 
-fn put_u64(b: &mut [u8], off: usize, v: u64) {
+pub(super) fn put_u64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
-fn get_u32(b: &[u8], off: usize) -> Option<u32> {
+pub(super) fn get_u32(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
-fn get_u64(b: &[u8], off: usize) -> Option<u64> {
+pub(super) fn get_u64(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
@@ -149,6 +149,7 @@ pub fn parse_prog_info(info: &[u8], map_ids: &[u32]) -> Option<ProgInfo> {
         pinned: Vec::new(),
         agent: None,
         holders: Vec::new(),
+        cilium_metrics: None,
     })
 }
 

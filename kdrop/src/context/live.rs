@@ -74,9 +74,26 @@ pub struct Live {
     /// Destinations no namespace listened on lately: a burst of
     /// unanswered SYNs to a remote host costs one search.
     no_listener: HashMap<SocketAddr, Instant>,
+    /// Cilium's drop counts at the previous read, by map id.
+    cilium_seen: HashMap<u32, Vec<crate::model::progs::CiliumCount>>,
 }
 
 impl Live {
+    /// Cilium's drop counts, when one of `map_ids` is its metrics map, with
+    /// the counts this node read from it the time before.
+    fn cilium_metrics(&mut self, map_ids: &[u32]) -> Option<crate::model::progs::CiliumMetrics> {
+        let (id, fd) = super::cilium::find(map_ids)?;
+        let now = super::cilium::read(&fd)
+            .map_err(|e| log::debug!("cilium_metrics (map {id}): {e:#}"))
+            .ok()?;
+        let before = self.cilium_seen.insert(id, now.clone());
+        Some(crate::model::progs::CiliumMetrics {
+            map_id: id,
+            now,
+            before,
+        })
+    }
+
     /// The kernel's symbols are not read here: `symbols::prefetch` after
     /// the programs are loaded keeps the read of /proc/kallsyms out of the
     /// start's memory peak (the BTF parsed for loading).
@@ -95,6 +112,7 @@ impl Live {
             holders: Holders::new(),
             listen_counters: HashMap::new(),
             no_listener: HashMap::new(),
+            cilium_seen: HashMap::new(),
         })
     }
 
@@ -485,8 +503,12 @@ impl Node for Live {
 
     fn hook_programs(&mut self, netns: u32, ifindex: u32, hook: &str) -> Option<HookProgs> {
         let ns = self.registry.lookup(netns)?;
-        hook_progs(&ns.path, ifindex, hook, &mut self.holders)
+        let mut h = hook_progs(&ns.path, ifindex, hook, &mut self.holders)
             .map_err(|e| log::debug!("programs of if{ifindex} in netns {netns}: {e:#}"))
-            .ok()
+            .ok()?;
+        for p in &mut h.progs {
+            p.cilium_metrics = self.cilium_metrics(&p.map_ids);
+        }
+        Some(h)
     }
 }

@@ -7,6 +7,7 @@
 //! machine; a recorded incident can answer the same questions.
 pub mod bpf_progs;
 pub mod bundles;
+pub mod cilium;
 pub mod conntrack_lookup;
 pub mod cri;
 pub mod ctevents;

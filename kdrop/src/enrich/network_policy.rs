@@ -1,4 +1,5 @@
-//! A drop in a network policy engine's chains (Calico's, kube-router's),
+//! A drop by a network policy engine (Calico's and kube-router's chains,
+//! Cilium's tc programs),
 //! in Kubernetes terms: the pods at both ends of the connection (by
 //! address, as the runtime recorded them) and the chains of the
 //! namespace's ruleset that ended it.
@@ -10,7 +11,7 @@ use super::Enricher;
 use crate::{
     context::Node,
     diagnosis::{
-        calico, kube_router, names,
+        calico, cilium, kube_router, names,
         netpol::{
             policy::{Peer, Workload},
             Conn, Direction,
@@ -52,6 +53,9 @@ impl<N: Node> Enricher<N> {
         d: &Drop,
         r: &DropRecord,
     ) -> Option<(Finding, PolicyDrop)> {
+        if let Some(found) = self.explain_cilium(d, r) {
+            return Some(found);
+        }
         let a = r.netfilter.as_ref()?;
         let chain = a.chain.as_deref()?;
         let facts = super::drop::facts(r, d.tcp_flags, Some(a));
@@ -82,6 +86,22 @@ impl<N: Node> Enricher<N> {
             ));
         }
         None
+    }
+
+    /// A packet Cilium's tc program dropped for a policy reason its metrics
+    /// map counted.
+    fn explain_cilium(&mut self, d: &Drop, r: &DropRecord) -> Option<(Finding, PolicyDrop)> {
+        let hook = match r.reason.as_deref()? {
+            "TC_INGRESS" => "ingress",
+            "TC_EGRESS" => "egress",
+            _ => return None,
+        };
+        let progs = self.node.hook_programs(d.netns, d.ifindex, hook)?;
+        let drop = cilium::classify(&progs).filter(|c| c.is_policy())?;
+        let dir = drop.direction?;
+        let ends = self.ends(d, dir);
+        let facts = super::drop::facts(r, d.tcp_flags, None);
+        Some(cilium::finding::explain(&drop, dir, &ends.conn(), &facts))
     }
 
     /// The protected pod (the server for ingress, the client for egress),

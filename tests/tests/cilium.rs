@@ -1,0 +1,176 @@
+//! Cilium's policy drop, where Cilium itself cannot run: two pods the real
+//! containerd runs through CRI, and on the client pod's host veth a
+//! stand-in for Cilium's `cil_from_container` (tests/src/cilium.rs: a tcx
+//! program that drops SYNs to one port and counts them in a map named and
+//! shaped as Cilium's `cilium_metrics`, with Cilium's reason for a policy
+//! drop, 133, egress). kdrop, told only the port, names the program, reads
+//! Cilium's reason from that map (bpftool's dump of it is the oracle for
+//! the count), names both pods as kubectl does and the direction, and
+//! writes a NetworkPolicy that passes Kubernetes' schema and selects both
+//! pods by the labels the test gave them. The repair is a Kubernetes object
+//! (Cilium regenerates the endpoint's program from the policies): the test
+//! checks the object, not a connection.
+use std::{net::SocketAddr, process::Command};
+
+use integration_tests::{
+    cilium::{CiliumStandIn, EGRESS, POLICY_DENIED},
+    containerd::Containerd,
+    netpol::{host_veth, pod, policy, policy_allowing},
+    send_syn_at, Kdrop,
+};
+use serde_json::Value;
+
+const DB_LABELS: &[(&str, &str)] = &[("app", "db")];
+const CART_LABELS: &[(&str, &str)] = &[("app", "cart")];
+
+/// The packets the map counts for (reason, direction), per bpftool: each
+/// CPU's `count`, the value's first 8 bytes, little-endian as on the host.
+fn bpftool_count(map_id: u32, reason: u8, dir: u8) -> u64 {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "id", &map_id.to_string()])
+        .output()
+        .expect("bpftool");
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let byte =
+        |x: &Value| u8::from_str_radix(x.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            let k = e["key"].as_array().unwrap();
+            byte(&k[0]) == reason && byte(&k[1]) & 3 == dir
+        })
+        .flat_map(|e| e["values"].as_array().unwrap().clone())
+        .map(|c| {
+            let b: Vec<u8> = c["value"].as_array().unwrap()[..8]
+                .iter()
+                .map(byte)
+                .collect();
+            u64::from_le_bytes(b.try_into().unwrap())
+        })
+        .sum()
+}
+
+fn map_id(map: &std::os::fd::OwnedFd) -> u32 {
+    let path = format!("/proc/self/fdinfo/{}", std::os::fd::AsRawFd::as_raw_fd(map));
+    let info = std::fs::read_to_string(path).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("map_id:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn cilium_policy_drop_in_kubernetes_terms() {
+    let ctd = Containerd::start("cilium");
+    ctd.import_test_images();
+    let mut cri = ctd.cri();
+    let db = pod(
+        &mut cri,
+        "kdt-db",
+        "db-0",
+        "2d4f6a8c-0e1f-4a3b-9c5d-7e9f1a3b5c7d",
+        DB_LABELS,
+    );
+    let cart = pod(
+        &mut cri,
+        "kdt-shop",
+        "cart-5d8c7b9f4-q7xkz",
+        "8b0c2d4e-6f7a-4b9c-8d1e-3f5a7b9c1d2e",
+        CART_LABELS,
+    );
+    let cart_veth = host_veth(&ctd, &cart.netns_path);
+    let cil = CiliumStandIn::attach(&ctd.node.path(), &cart_veth, 5432);
+    let map = map_id(&cil.map);
+
+    let state = ctd.state().display().to_string();
+    let env = [("KDROP_RUNTIME_DIRS", state.as_str())];
+    let k = Kdrop::start_env(&["--json", "-p", "5432"], &env);
+    let syn = |sport: u16| {
+        let src: SocketAddr = format!("{}:{sport}", cart.ip).parse().unwrap();
+        let dst: SocketAddr = format!("{}:5432", db.ip).parse().unwrap();
+        send_syn_at(&cart.netns_path, src, dst)
+    };
+    let denied = |what: &str, sport: u16| {
+        k.expect_event(what, |e| {
+            e["sport"] == sport && e["finding"]["cause"] == "network_policy_denied"
+        })
+    };
+
+    let s = syn(43001);
+    let e = denied("cart's egress, Cilium's first count", 43001);
+    drop(s);
+    assert_eq!(e["reason"], "TC_INGRESS", "{e}");
+    assert_eq!(policy(&e, "engine"), "cilium", "{e}");
+    assert_eq!(policy(&e, "dataplane"), "ebpf", "{e}");
+    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
+    assert_eq!(policy(&e, "direction"), "egress", "{e}");
+    assert_eq!(policy(&e, "protected_pod"), cart.pod.as_str(), "{e}");
+    assert_eq!(policy(&e, "peer_pod"), db.pod.as_str(), "{e}");
+    assert_eq!(policy(&e, "port"), 5432, "{e}");
+    assert_eq!(policy(&e, "chain"), "cil_from_contai", "{e}");
+    assert_eq!(policy(&e, "interface"), cart_veth.as_str(), "{e}");
+    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains(&format!(
+            "Cilium network policy, egress of pod {} to pod {}: Cilium dropped TCP port 5432 as \
+             POLICY_DENIED ({POLICY_DENIED})",
+            cart.pod, db.pod
+        )),
+        "{summary}"
+    );
+    let evidence = e["finding"]["evidence"].to_string();
+    assert!(
+        evidence.contains(&format!("Cilium's metrics map (map {map}) counts")),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("its only drop reason so far"),
+        "{evidence}"
+    );
+    assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
+    let inspect = e["finding"]["inspect"].to_string();
+    assert!(
+        inspect.contains(&format!(
+            "hubble observe --verdict DROPPED --from-pod {}",
+            cart.pod
+        )),
+        "{inspect}"
+    );
+    policy_allowing(
+        &e,
+        &ctd.dir,
+        ("kdt-shop", "egress", 5432),
+        CART_LABELS,
+        ("kdt-db", DB_LABELS),
+    );
+
+    // Another connection: the count grew since kdrop's read, to what
+    // bpftool reads from the map.
+    let s = syn(43002);
+    let e = denied("cart's egress again", 43002);
+    drop(s);
+    let counted = bpftool_count(map, POLICY_DENIED, EGRESS);
+    let evidence = e["finding"]["evidence"].to_string();
+    assert!(
+        evidence.contains("POLICY_DENIED egress went from "),
+        "{evidence}"
+    );
+    let to: u64 = evidence
+        .split(" went from ")
+        .nth(1)
+        .and_then(|r| r.split(" to ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{evidence}"));
+    assert!(to >= 2 && to <= counted, "{to} of {counted}: {evidence}");
+
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+    drop(cil);
+    drop(cri);
+    drop(ctd);
+}
