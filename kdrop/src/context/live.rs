@@ -359,6 +359,11 @@ impl Node for Live {
         self.pods.labels(pod)
     }
 
+    fn service(&mut self, netns: u32, addr: SocketAddr) -> Option<String> {
+        let s = self.kube(netns)?;
+        super::service_of(&s, addr)
+    }
+
     fn kube(&mut self, netns: u32) -> Option<Arc<Services>> {
         let ns = self.registry.lookup(netns)?;
         let own = netns == self.own_netns;

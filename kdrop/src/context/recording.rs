@@ -11,7 +11,11 @@ use std::{
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::{questions::plain_questions, tape::Line, Node};
+use super::{
+    questions::{key, plain_questions},
+    tape::Line,
+    Node,
+};
 use crate::diagnosis::kube::Services;
 use crate::model::{netfilter::Snapshot, routing::NetnsContext};
 
@@ -89,11 +93,11 @@ fn blob<T: Serialize>(k: &mut Kept, v: &T) -> u64 {
 /// A plain question: asked of the inner node, its answer kept under its
 /// key (`["name", args...]`).
 macro_rules! record_plain {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $unknown:expr;)*) => {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $unknown:expr;)*) => {
         $(
             fn $name(&mut self, $($arg: $ty),*) -> $ret {
                 let a = self.inner.$name($($arg),*);
-                self.keep(json!([stringify!($name) $(, $arg)*]), &a);
+                self.keep(key!($name $(, $arg)*), &a);
                 a
             }
         )*

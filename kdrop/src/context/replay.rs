@@ -8,7 +8,11 @@ use std::{collections::HashMap, sync::Arc};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{json, Value};
 
-use super::{questions::plain_questions, tape::Line, Node};
+use super::{
+    questions::{key, plain_questions},
+    tape::Line,
+    Node,
+};
 use crate::diagnosis::kube::Services;
 use crate::model::{netfilter::Snapshot, routing::NetnsContext};
 
@@ -35,6 +39,16 @@ impl Replay {
             }
             _ => {}
         }
+    }
+
+    /// The fake node's side: `q`'s answer is `a`, as if recorded.
+    #[cfg(test)]
+    pub fn set<A: serde::Serialize>(&mut self, q: super::questions::Asked<A>, a: A) {
+        let a = serde_json::to_value(a).expect("an answer serialises");
+        self.apply(&Line::Answer {
+            q: q.key.to_string(),
+            a,
+        });
     }
 
     fn answer<A: DeserializeOwned>(&mut self, q: Value) -> Option<A> {
@@ -77,10 +91,10 @@ impl Replay {
 /// A plain question: the bundle's answer under its key, else what a
 /// node that does not know answers.
 macro_rules! replay_plain {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $unknown:expr;)*) => {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $unknown:expr;)*) => {
         $(
             fn $name(&mut self, $($arg: $ty),*) -> $ret {
-                self.answer::<$ret>(json!([stringify!($name) $(, $arg)*]))
+                self.answer::<$ret>(key!($name $(, $arg)*))
                     .unwrap_or_else(|| $unknown)
             }
         )*
@@ -230,6 +244,9 @@ mod tests {
             None
         }
         fn pod_of_addr(&mut self, _: IpAddr) -> Option<Pod> {
+            None
+        }
+        fn service(&mut self, _: u32, _: SocketAddr) -> Option<String> {
             None
         }
         fn kube(&mut self, _: u32) -> Option<Arc<Services>> {

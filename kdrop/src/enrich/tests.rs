@@ -3,11 +3,10 @@
 use std::collections::HashMap;
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
-use serde_json::json;
 
 use super::{Enricher, Facts};
 use crate::{
-    context::{replay::Replay, tape::Line},
+    context::{questions::asked, replay::Replay, NetnsName},
     kernel::facts::Reasons,
     model::packet::{Drop, Event, Packet, Tuple},
 };
@@ -25,24 +24,16 @@ fn enricher() -> Enricher<Replay> {
             realtime_offset_ns: 0,
         },
     );
-    answer(
-        &mut e,
-        json!(["symbol", TCP_V4_RCV]),
-        json!("tcp_v4_rcv+0x91"),
-    );
-    answer(
-        &mut e,
-        json!(["netns", NS]),
-        json!({"inode": NS, "name": "srv"}),
+    e.node
+        .set(asked::symbol(TCP_V4_RCV), Some("tcp_v4_rcv+0x91".into()));
+    e.node.set(
+        asked::netns(NS),
+        Some(NetnsName {
+            inode: NS,
+            name: Some("srv".into()),
+        }),
     );
     e
-}
-
-fn answer(e: &mut Enricher<Replay>, q: serde_json::Value, a: serde_json::Value) {
-    e.node.apply(&Line::Answer {
-        q: q.to_string(),
-        a,
-    });
 }
 
 /// A SYN client -> server freed by TCP's receive path without a reason.
@@ -69,10 +60,13 @@ fn syn_freed() -> Event {
 }
 
 fn pending(e: &mut Enricher<Replay>, yes: bool) {
-    answer(
-        e,
-        json!(["request_pending", NS, "10.0.2.2:80", "10.0.1.1:43006"]),
-        json!(yes),
+    e.node.set(
+        asked::request_pending(
+            NS,
+            "10.0.2.2:80".parse().unwrap(),
+            "10.0.1.1:43006".parse().unwrap(),
+        ),
+        Some(yes),
     );
 }
 

@@ -250,11 +250,9 @@ impl<N: Node> Enricher<N> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
     use crate::{
-        context::{replay::Replay, tape::Line},
+        context::{questions::asked, replay::Replay, NetnsName},
         enrich::Facts,
         model::listen::{ListenSysctls, Listener},
     };
@@ -271,20 +269,13 @@ mod tests {
         )
     }
 
-    fn answer(e: &mut Enricher<Replay>, q: serde_json::Value, a: serde_json::Value) {
-        e.node.apply(&Line::Answer {
-            q: q.to_string(),
-            a,
-        });
-    }
-
     fn overflows(e: &mut Enricher<Replay>, n: u64) {
         let c = ListenCounters {
             listen_overflows: Some(n),
             listen_drops: Some(n),
             ..ListenCounters::default()
         };
-        answer(e, json!(["listen_counters", 9]), json!(c));
+        e.node.set(asked::listen_counters(9), Some(c));
     }
 
     fn listening(e: &mut Enricher<Replay>, q: u32) {
@@ -306,9 +297,15 @@ mod tests {
             counters_before: None,
             owners: Vec::new(),
         };
-        answer(e, json!(["listeners_of", 9, [8080]]), json!([f]));
-        answer(e, json!(["netns", 9]), json!({"inode": 9, "name": "srv"}));
-        answer(e, json!(["pod", 9]), json!(null));
+        e.node.set(asked::listeners_of(9, &[8080]), vec![f]);
+        e.node.set(
+            asked::netns(9),
+            Some(NetnsName {
+                inode: 9,
+                name: Some("srv".into()),
+            }),
+        );
+        e.node.set(asked::pod(9), None);
     }
 
     /// The first read is a baseline; a move makes one record at once;
@@ -372,15 +369,12 @@ mod tests {
     fn namespaces_are_looked_for_again() {
         let mut e = enricher();
         let mut w = ListenWatch::new(0, &[8080]);
-        answer(&mut e, json!(["listen_spaces", [8080]]), json!([1]));
-        answer(
-            &mut e,
-            json!(["listen_counters", 1]),
-            json!(ListenCounters::default()),
-        );
+        e.node.set(asked::listen_spaces(&[8080]), vec![1]);
+        e.node
+            .set(asked::listen_counters(1), Some(ListenCounters::default()));
         e.watch_listeners(&mut w, 0);
         assert_eq!(w.spaces, vec![1]);
-        answer(&mut e, json!(["listen_spaces", [8080]]), json!([1, 9]));
+        e.node.set(asked::listen_spaces(&[8080]), vec![1, 9]);
         overflows(&mut e, 5);
         e.watch_listeners(&mut w, POLL_NS);
         assert_eq!(w.spaces, vec![1]);
