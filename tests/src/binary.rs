@@ -161,6 +161,24 @@ impl Kdrop {
         panic!("no event for {what} within {limit:?}; saw {seen:?}")
     }
 
+    /// The first record `want` accepts, failing the test after
+    /// EVENT_TIMEOUT. Every line read must fit the schema (`Record`).
+    pub fn expect_record(&self, what: &str, want: impl Fn(&Record) -> bool) -> Record {
+        self.expect_record_within(what, EVENT_TIMEOUT, want)
+    }
+
+    /// The first record `want` accepts, failing the test after `timeout`
+    /// (scaled, see `bound`).
+    pub fn expect_record_within(
+        &self,
+        what: &str,
+        timeout: Duration,
+        want: impl Fn(&Record) -> bool,
+    ) -> Record {
+        let e = self.expect_event_within(what, timeout, |e| want(&Record::from_value(e)));
+        Record::from_value(&e)
+    }
+
     /// Sends `signal` and waits for the exit (bounded).
     pub fn stop(mut self, signal: i32) -> Finished {
         let mut child = self.child.take().unwrap();
@@ -245,6 +263,11 @@ impl Finished {
             lost: nums[3],
             sampled_out: nums.get(4).copied().unwrap_or(0),
         }
+    }
+
+    /// Every line of stdout as a record (each must fit the schema).
+    pub fn records(&self) -> Vec<Record> {
+        self.stdout.iter().map(|l| Record::parse(l)).collect()
     }
 
     pub fn events(&self) -> Vec<Value> {

@@ -25,6 +25,8 @@ pub mod manifest;
 pub mod netpol;
 pub mod nf;
 pub mod prom;
+pub mod record;
+pub use record::Record;
 pub mod scrape;
 pub use kdrop::lab::netlab::{ip, veth, Ns};
 use serde_json::Value;
