@@ -138,10 +138,16 @@ fn check_output() -> &'static str {
 /// has no reasons. A kernel with reasons but not this one is a test that
 /// must say what it expects instead (`kernel_reason`).
 pub fn expected_reason(name: &str) -> Value {
+    Value::from(reason_for(name))
+}
+
+/// `expected_reason` for a typed record's `reason`: `Some(name)` where the
+/// kernel has it, `None` where kfree_skb has no reasons.
+pub fn reason_for(name: &str) -> Option<&str> {
     if oracle::has_reason(name) {
-        Value::from(name)
+        Some(name)
     } else if !kernel_has_drop_reasons() {
-        Value::Null
+        None
     } else {
         panic!(
             "kernel {} has drop reasons but not {name} (tests/src/oracle.rs): the test must \

@@ -261,6 +261,15 @@ impl Record {
     }
 }
 
+impl Netfilter {
+    /// Conntrack's statistics, which this conntrack drop must carry.
+    pub fn conntrack(&self) -> &ConntrackMoved {
+        self.conntrack
+            .as_ref()
+            .unwrap_or_else(|| panic!("no conntrack statistics: {self:?}"))
+    }
+}
+
 impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.line)

@@ -4,9 +4,10 @@
 //! namespaces of its own; controls must produce nothing.
 use std::{net::SocketAddr, path::Path, time::Duration};
 
+use integration_tests::record::Finding;
 use integration_tests::{
-    answered_three_times, assert_kinds, bound, connect_from, expected_reason, ns_name, run_fix,
-    send_syn, strs, veth, Kdrop, Ns,
+    answered_three_times, assert_kinds, bound, connect_from, ns_name, reason_for, run_fix,
+    send_syn, veth, Kdrop, Ns,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 
@@ -153,31 +154,31 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
     // The client retransmits on its own schedule (1 s, then 2 s later).
     let syn = send_syn(&a.client, src, dst);
-    let e = k.expect_event_within("the unanswered handshake", Duration::from_secs(8), |e| {
-        e["kind"] == "unanswered"
+    let e = k.expect_record_within("the unanswered handshake", Duration::from_secs(8), |e| {
+        e.kind == "unanswered"
     });
-    assert_eq!(e["saddr"], "172.16.0.50");
-    assert_eq!(e["sport"], 45005);
-    assert_eq!(e["daddr"], VIP);
-    assert_eq!(e["dport"], 8005);
-    assert_eq!(e["ifname"], "eth0");
-    assert_eq!(e["ct"]["orig"]["dst"], "10.0.58.158:8005");
-    assert_eq!(e["ct"]["reply"]["src"], "10.0.0.13:8005");
-    let status = strs(&e["ct"]["status"]);
+    assert_eq!(e.saddr, "172.16.0.50");
+    assert_eq!(e.sport, 45005);
+    assert_eq!(e.daddr, VIP);
+    assert_eq!(e.dport, 8005);
+    assert_eq!(e.ifname, "eth0");
+    assert_eq!(e.ct().orig.dst, "10.0.58.158:8005");
+    assert_eq!(e.ct().reply.src, "10.0.0.13:8005");
+    let status = e.ct().status.clone();
     assert!(status.contains(&"DST_NAT".to_string()), "{status:?}");
     assert!(!status.contains(&"SEEN_REPLY".to_string()), "{status:?}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "asymmetric_return_path", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "asymmetric_return_path", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "SYN 172.16.0.50:45005 -> 10.0.58.158:8005 was DNAT'd to 10.0.0.13:8005 and sent out \
          eth0, but no reply came back through this host: asymmetric return path"
     );
     assert!(
-        strs(&f["evidence"])[1].starts_with("3 transmissions of the same SYN"),
-        "{f}"
+        f.evidence[1].starts_with("3 transmissions of the same SYN"),
+        "{f:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [
@@ -305,8 +306,8 @@ fn hairpin(test: &str, bridge_nf_call_iptables: &str) -> Hairpin {
 /// Checks the hairpin finding's last fix (masquerade pod A's traffic to
 /// pod B), stops kdrop, checks no "reset" record is left, applies the fix
 /// and connects from pod A's port `sport`.
-fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, sport: u16) {
-    let or = strs(&f["fix_or"][0]);
+fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &Finding, sport: u16) {
+    let or = f.fix_or[0].clone();
     assert_eq!(
         or[0],
         format!(
@@ -322,7 +323,7 @@ fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, spo
         "{or:?}"
     );
     assert_eq!(
-        strs(&f["fix"]).last().unwrap(),
+        f.fix.last().unwrap(),
         &format!(
             "ip netns exec {} sysctl -w net.bridge.bridge-nf-call-iptables=1",
             h.node.name
@@ -330,7 +331,7 @@ fn no_reset_then_the_fix_works(h: &Hairpin, k: Kdrop, f: &serde_json::Value, spo
     );
     let done = k.stop(libc::SIGINT);
     assert!(
-        done.events().iter().all(|e| e["kind"] != "reset"),
+        done.records().iter().all(|e| e.kind != "reset"),
         "{:?}",
         done.stdout
     );
@@ -357,23 +358,23 @@ fn incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works() {
     let src: SocketAddr = "10.244.1.5:43534".parse().unwrap();
     let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
     let _syn = send_syn(&h.pod_a, src, dst);
-    let e = k.expect_event("the refused SYN-ACK", |e| {
-        e["kind"] == "drop" && e["tcp_flags"] == "SYN|ACK" && e["dport"] == 43534
+    let e = k.expect_record("the refused SYN-ACK", |e| {
+        e.kind == "drop" && e.tcp_flags == "SYN|ACK" && e.dport == 43534
     });
-    assert_eq!(e["reason"], expected_reason("NO_SOCKET"));
-    assert_eq!(e["saddr"], "10.244.1.9");
-    assert_eq!(e["sport"], 8002);
-    assert_eq!(e["daddr"], "10.244.1.5");
-    assert_eq!(e["netns_name"], h.pod_a.name.as_str());
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "hairpin_no_reverse_nat", "{e}");
+    assert_eq!(e.reason.as_deref(), reason_for("NO_SOCKET"));
+    assert_eq!(e.saddr, "10.244.1.9");
+    assert_eq!(e.sport, 8002);
+    assert_eq!(e.daddr, "10.244.1.5");
+    assert_eq!(e.netns_name.as_deref(), Some(h.pod_a.name.as_str()));
+    let f = e.finding();
+    assert_eq!(f.cause, "hairpin_no_reverse_nat", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "hairpin: the SYN-ACK from 10.244.1.9:8002 matches the reply side of a DNAT'd \
          connection (10.244.1.5:43534 -> 100.67.30.133:8002 => 10.244.1.9:8002) but arrived \
          un-NAT'd: both ends are on bridge cni0"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(ev[1].starts_with("conntrack: orig 10.244.1.5:43534 -> 100.67.30.133:8002, reply 10.244.1.9:8002 -> 10.244.1.5:43534"), "{ev:?}");
     // Found by the entry's reply tuple when the SYN was not seen leaving.
     assert!(
@@ -399,31 +400,26 @@ fn incident2_seen_from_the_node_is_a_reset_of_an_un_natted_syn_ack() {
     let src: SocketAddr = "10.244.1.5:43538".parse().unwrap();
     let dst: SocketAddr = format!("{CLUSTER_IP}:8002").parse().unwrap();
     let _syn = send_syn(&h.pod_a, src, dst);
-    let e = k.expect_event("the reset", |e| e["kind"] == "reset");
-    assert_eq!(e["tcp_flags"], "RST");
-    assert_eq!(e["netns_name"], h.node.name.as_str());
+    let e = k.expect_record("the reset", |e| e.kind == "reset");
+    assert_eq!(e.tcp_flags, "RST");
+    assert_eq!(e.netns_name.as_deref(), Some(h.node.name.as_str()));
     // The RST left the bridge towards pod B.
-    assert_eq!(e["ifname"], "veth9", "{e}");
+    assert_eq!(e.ifname, "veth9", "{e}");
     // The handshake as pod A started it, with the entry that DNAT'd it.
     assert_eq!(
-        (&e["saddr"], &e["sport"], &e["daddr"], &e["dport"]),
-        (
-            &"10.244.1.5".into(),
-            &43538.into(),
-            &CLUSTER_IP.into(),
-            &8002.into()
-        )
+        (e.saddr.as_str(), e.sport, e.daddr.as_str(), e.dport),
+        ("10.244.1.5", 43538, CLUSTER_IP, 8002)
     );
-    assert_eq!(e["ct"]["reply"]["src"], "10.244.1.9:8002");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "hairpin_no_reverse_nat", "{e}");
+    assert_eq!(e.ct().reply.src, "10.244.1.9:8002");
+    let f = e.finding();
+    assert_eq!(f.cause, "hairpin_no_reverse_nat", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "hairpin: the SYN-ACK from 10.244.1.9:8002 matches the reply side of a DNAT'd \
          connection (10.244.1.5:43538 -> 100.67.30.133:8002 => 10.244.1.9:8002) but arrived \
          un-NAT'd: both ends are on bridge cni0"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[0].starts_with(&format!(
             "the SYN-ACK 10.244.1.9:8002 -> 10.244.1.5:43538 left veth5 in netns {}; ",
@@ -606,28 +602,28 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
     let src: SocketAddr = "10.244.2.5:46004".parse().unwrap();
     let dst: SocketAddr = format!("{LB_VIP}:8004").parse().unwrap();
     let syn = send_syn(&l.pod_a, src, dst);
-    let e = k.expect_event_within("the looped-back handshake", Duration::from_secs(8), |e| {
-        e["kind"] == "unanswered"
+    let e = k.expect_record_within("the looped-back handshake", Duration::from_secs(8), |e| {
+        e.kind == "unanswered"
     });
-    assert_eq!(e["saddr"], "10.244.2.5");
-    assert_eq!(e["sport"], 46004);
-    assert_eq!(e["daddr"], LB_VIP);
-    assert_eq!(e["ifname"], "eth0");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "lb_loopback_without_snat", "{e}");
+    assert_eq!(e.saddr, "10.244.2.5");
+    assert_eq!(e.sport, 46004);
+    assert_eq!(e.daddr, LB_VIP);
+    assert_eq!(e.ifname, "eth0");
+    let f = e.finding();
+    assert_eq!(f.cause, "lb_loopback_without_snat", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "SYN 10.244.2.5:46004 -> 203.0.113.80:8004 left by eth0 to the load balancer, came back \
          as 10.244.2.5:46004 -> 10.70.0.10:30080 and was DNAT'd to 10.244.2.9:8004 without SNAT: \
          the reply goes straight to 10.244.2.5 and bypasses the load balancer"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[0].starts_with("3 transmissions of the same SYN"),
         "{ev:?}"
     );
     assert!(ev[1].contains("sent out veth9"), "{ev:?}");
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     // In the node's namespace, where the VIP is short-circuited, with the
     // stale entry of the same 5-tuple deleted.
     assert!(
@@ -642,10 +638,10 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
         "{fix:?}"
     );
     assert!(
-        strs(&f["fix_notes"])
+        f.fix_notes
             .iter()
             .any(|n| n.starts_with("externalTrafficPolicy: Cluster does not repair this")),
-        "{f}"
+        "{f:?}"
     );
     k.stop(libc::SIGINT);
     // The old socket first (see incident 5), then the fix, then the same
@@ -808,36 +804,33 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         "the first connection takes 10.98.2.1:40000"
     );
     let _second = send_syn(&s.client, "10.98.1.2:41002".parse().unwrap(), dst);
-    let e = k.expect_event("the clashing SYN", |e| {
-        e["kind"] == "drop" && e["ct"]["orig"]["src"] == "10.98.1.2:41002"
+    let e = k.expect_record("the clashing SYN", |e| {
+        e.kind == "drop"
+            && e.ct
+                .as_ref()
+                .is_some_and(|c| c.orig.src == "10.98.1.2:41002")
     });
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"));
     // Dropped at POSTROUTING (confirmation), after SNAT.
-    assert_eq!(e["saddr"], "10.98.2.1");
-    assert_eq!(e["sport"], 40000);
-    assert_eq!(e["ifname"], "r0");
-    assert!(
-        e["location"].as_str().unwrap().starts_with("nf_hook_slow"),
-        "{e}"
-    );
-    assert_eq!(e["netns_name"], s.router.name.as_str());
-    assert_eq!(e["ct"]["orig"]["src"], "10.98.1.2:41002");
-    assert_eq!(e["ct"]["orig"]["dst"], SNAT_SERVER);
-    assert_eq!(e["ct"]["reply"]["src"], SNAT_SERVER);
-    assert_eq!(e["ct"]["reply"]["dst"], "10.98.2.1:40000");
-    let status = strs(&e["ct"]["status"]);
+    assert_eq!(e.saddr, "10.98.2.1");
+    assert_eq!(e.sport, 40000);
+    assert_eq!(e.ifname, "r0");
+    assert!(e.location.starts_with("nf_hook_slow"), "{e}");
+    assert_eq!(e.netns_name.as_deref(), Some(s.router.name.as_str()));
+    assert_eq!(e.ct().orig.src, "10.98.1.2:41002");
+    assert_eq!(e.ct().orig.dst, SNAT_SERVER);
+    assert_eq!(e.ct().reply.src, SNAT_SERVER);
+    assert_eq!(e.ct().reply.dst, "10.98.2.1:40000");
+    let status = e.ct().status.clone();
     assert!(status.contains(&"SRC_NAT".to_string()), "{status:?}");
     assert!(!status.contains(&"CONFIRMED".to_string()), "{status:?}");
-    let stats = &e["netfilter"]["conntrack"];
-    assert_eq!(e["netfilter"]["dropped_by"], "conntrack", "{e}");
+    let stats = e.netfilter().conntrack();
+    assert_eq!(e.netfilter().dropped_by, "conntrack", "{e}");
     assert!(
-        stats["after"]["insert_failed"].as_u64() > stats["before"]["insert_failed"].as_u64(),
-        "{stats}"
+        stats.after.insert_failed > stats.before.insert_failed,
+        "{stats:?}"
     );
-    assert!(
-        stats["after"]["drop"].as_u64() > stats["before"]["drop"].as_u64(),
-        "{stats}"
-    );
+    assert!(stats.after.drop > stats.before.drop, "{stats:?}");
     // conntrack -S (ctnetlink's per-CPU statistics) agrees with what kdrop
     // read from /proc/net/stat/nf_conntrack in that namespace.
     let out = std::process::Command::new("ip")
@@ -850,15 +843,15 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         .filter_map(|w| w.strip_prefix("insert_failed=")?.parse::<u64>().ok())
         .sum();
     assert!(total >= 1, "{}", String::from_utf8_lossy(&out.stdout));
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "conntrack_insert_failed", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "conntrack_insert_failed", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "NAT port clash: 10.98.1.2:41002 -> 10.98.2.2:8006, SNAT'd to 10.98.2.1:40000 -> \
          10.98.2.2:8006, could not be confirmed: another connection already has reply tuple \
          10.98.2.2:8006 -> 10.98.2.1:40000, so conntrack dropped it (insert_failed)"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[1].starts_with("conntrack statistics: insert_failed "),
         "{ev:?}"
@@ -876,7 +869,7 @@ fn snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it() 
         )),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert!(
         fix[0].starts_with(&format!("ip netns exec {} iptables", s.router.name))
             && fix[0].ends_with(
@@ -980,22 +973,22 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
         ],
     );
     // Well before the client's third transmission (3 s after its first).
-    let e = k.expect_event_within("the entry that died", Duration::from_secs(2), |e| {
-        e["kind"] == "unanswered"
+    let e = k.expect_record_within("the entry that died", Duration::from_secs(2), |e| {
+        e.kind == "unanswered"
     });
-    assert_eq!(e["saddr"], "172.16.0.50");
-    assert_eq!(e["sport"], 45008);
-    assert_eq!(e["daddr"], VIP);
-    assert_eq!(e["ifname"], "eth0");
-    assert_eq!(e["ct"]["orig"]["dst"], "10.0.58.158:8005");
-    assert_eq!(e["ct"]["reply"]["src"], "10.0.0.13:8005");
-    assert_eq!(e["ct"]["reply"]["dst"], "10.0.0.12:45008");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "unanswered", "{e}");
+    assert_eq!(e.saddr, "172.16.0.50");
+    assert_eq!(e.sport, 45008);
+    assert_eq!(e.daddr, VIP);
+    assert_eq!(e.ifname, "eth0");
+    assert_eq!(e.ct().orig.dst, "10.0.58.158:8005");
+    assert_eq!(e.ct().reply.src, "10.0.0.13:8005");
+    assert_eq!(e.ct().reply.dst, "10.0.0.12:45008");
+    let f = e.finding();
+    assert_eq!(f.cause, "unanswered", "{e}");
     // Once, or twice where the guest is slow (a VM under TCG) and the
     // client's 1 s retransmission came before the delete: never the three
     // the handshake tracker waits for, so this report is the entry's own.
-    let summary = f["summary"].as_str().unwrap();
+    let summary = f.summary.as_str();
     assert!(
         [
             "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent once out of eth0 without an answer",
@@ -1004,7 +997,7 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
         .contains(&summary),
         "{summary}"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[0] == "1 transmission of the SYN, not answered"
             || ev[0].starts_with("2 transmissions of the same SYN over "),
