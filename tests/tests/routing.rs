@@ -8,15 +8,14 @@ use std::{
 };
 
 use integration_tests::{
-    assert_kinds, connect_from, connect_within, expected_reason, expected_rp_filter_cause,
-    kernel_reason, listen, ns_name, run_fix, send_syn, strs, veth, wait_connected, Kdrop, Ns,
+    assert_kinds, connect_from, connect_within, expected_rp_filter_cause, kernel_reason, listen,
+    ns_name, reason_for, run_fix, send_syn, veth, wait_connected, Kdrop, Ns, Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 use kdrop::{
     context::netns::in_netns,
     lab::rp_filter::{RpFilter, RpFilterLab},
 };
-use serde_json::Value;
 
 fn topo(test: &str, net: u8) -> RpFilter {
     RpFilter {
@@ -41,14 +40,14 @@ fn handshake(ns: &Ns, dst: SocketAddr) -> std::io::Result<TcpStream> {
 
 /// Builds incident 1, traces it, returns the finding of the first SYN and
 /// the socket that keeps retransmitting it.
-fn incident1(t: &RpFilter) -> (RpFilterLab, Kdrop, Value, OwnedFd) {
+fn incident1(t: &RpFilter) -> (RpFilterLab, Kdrop, Record, OwnedFd) {
     let lab = t.build().unwrap();
     let k = Kdrop::start(&["--json", "--netns", &lab.node.name, "-p", "5432"]);
     let src = SocketAddr::from((t.client_ip, 40100));
     let dst = SocketAddr::from((t.pod_ip, t.port));
     let syn = send_syn(&lab.client, src, dst);
-    let e = k.expect_event("the rp_filter drop", |e| e["sport"] == 40100);
-    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"));
+    let e = k.expect_record("the rp_filter drop", |e| e.sport == 40100);
+    assert_eq!(e.reason.as_deref(), reason_for("IP_RPFILTER"));
     (lab, k, e, syn)
 }
 
@@ -56,14 +55,14 @@ fn incident1(t: &RpFilter) -> (RpFilterLab, Kdrop, Value, OwnedFd) {
 fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     let t = topo("rpf1", 51);
     let (lab, k, e, _syn) = incident1(&t);
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "rp_filter_strict", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "rp_filter_strict", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "strict reverse-path filter on ens6: the way back to 192.0.2.51 is via ens4 \
          (rule 1024: from all fwmark 0x80/0x80 lookup main)"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     let node = &lab.node.name;
     // The first SYN's drop arms the route-lookup probe: its own reverse
     // lookup is asked of the kernel afterwards...
@@ -79,23 +78,24 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     // longer than the 1 s before it, and a retransmission that overtakes
     // the probe is explained through netlink again. The next ones (3 s, 7 s)
     // must carry the kernel's own.
-    let again = k.expect_event_within(
+    let again = k.expect_record_within(
         "a retransmission's drop with the kernel's own lookup",
         Duration::from_secs(20),
         |e| {
-            e["sport"] == 40100
-                && e["finding"]["evidence"][1]
-                    .as_str()
+            e.sport == 40100
+                && e.finding
+                    .as_ref()
+                    .and_then(|f| f.evidence.get(1))
                     .is_some_and(|l| l.starts_with("kernel: "))
         },
     );
-    let ev2 = strs(&again["finding"]["evidence"]);
+    let ev2 = again.finding().evidence.clone();
     assert_eq!(
         ev2[1],
         "kernel: reverse lookup of 192.0.2.51 (from 10.51.7.9, mark 0x80): table local: no \
          match; table main → dev ens4 via 10.51.6.1"
     );
-    assert_eq!(again["finding"]["summary"], f["summary"]);
+    assert_eq!(again.finding().summary, f.summary);
     assert!(ev.contains(&"rp_filter: conf.all=1, conf.ens6=1 → effective 1 (strict: the way back must use the input interface)".to_string()), "{ev:?}");
     assert!(
         ev.contains(
@@ -108,7 +108,7 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
         ev.contains(&"route in table main: default via 10.51.6.1 dev ens4".to_string()),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
@@ -117,12 +117,12 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
     );
     // The other repair (applied in the next test), and how to look.
     assert_eq!(
-        strs(&f["fix_or"][0]),
+        f.fix_or[0].clone(),
         [format!(
             "ip netns exec {node} ip rule add from 10.51.7.9 lookup 2 priority 1023"
         )]
     );
-    assert!(strs(&f["inspect"]).contains(&format!(
+    assert!(f.inspect.contains(&format!(
         "ip netns exec {node} ip route get 192.0.2.51 from 10.51.7.9 mark 0x80"
     )));
 
@@ -138,7 +138,7 @@ fn incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works() {
 fn incident1_policy_rule_fix_works() {
     let t = topo("rpf2", 52);
     let (lab, k, e, _syn) = incident1(&t);
-    let fix = strs(&e["finding"]["fix_or"][0]);
+    let fix = e.finding().fix_or[0].clone();
     assert_kinds(&fix, &[Kind::RpFilterPolicyRule]);
     let _l = listen(&lab.node, SocketAddr::from((t.pod_ip, t.port)));
     run_fix(&fix[0]);
@@ -187,10 +187,7 @@ fn controls_loose_mode_and_policy_rule_report_nothing() {
 fn context_changes_during_the_trace_reach_the_next_finding() {
     let t = topo("rpfchg", 56);
     let (lab, k, e, _syn) = incident1(&t);
-    assert!(e["finding"]["summary"]
-        .as_str()
-        .unwrap()
-        .contains("rule 1024:"));
+    assert!(e.finding().summary.contains("rule 1024:"));
     lab.node.ip(&["rule", "del", "priority", "1024"]).unwrap();
     lab.node
         .ip(&[
@@ -207,20 +204,19 @@ fn context_changes_during_the_trace_reach_the_next_finding() {
     lab.node.sysctl("net/ipv4/conf/all/rp_filter", "0").unwrap();
     let src = SocketAddr::from((t.client_ip, 40101));
     let _syn = send_syn(&lab.client, src, SocketAddr::from((t.pod_ip, t.port)));
-    let e = k.expect_event("the second drop", |e| e["sport"] == 40101);
-    let f = &e["finding"];
+    let e = k.expect_record("the second drop", |e| e.sport == 40101);
+    let f = e.finding();
     assert!(
-        f["summary"]
+        f.summary
             .as_str()
-            .unwrap()
             .ends_with("(rule 1010: from all fwmark 0x80/0x80 lookup main)"),
-        "{f}"
+        "{f:?}"
     );
     assert!(
-        strs(&f["evidence"])
+        f.evidence
             .iter()
             .any(|l| l.starts_with("rp_filter: conf.all=0, conf.ens6=1 → effective 1")),
-        "{f}"
+        "{f:?}"
     );
     k.stop(libc::SIGINT);
 }
@@ -284,21 +280,21 @@ fn incident3_local_source_martian_and_its_fix() {
     let src: SocketAddr = format!("{LB_IP}:41000").parse().unwrap();
     let dst: SocketAddr = format!("{NODE_IP}:30080").parse().unwrap();
     let _syn = send_syn(&i.lb, src, dst);
-    let e = k.expect_event("the health check drop", |e| e["sport"] == 41000);
+    let e = k.expect_record("the health check drop", |e| e.sport == 41000);
     // Before 6.13 the kernel gives this drop another reason, or none:
     // kdrop's cause below comes from the location and the addresses.
     if let Some(r) = kernel_reason("IP_LOCAL_SOURCE") {
-        assert_eq!(e["reason"], r);
+        assert_eq!(e.reason.as_deref(), Some(r));
     }
-    assert_eq!(e["ifname"], "eth0");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "martian_local_source", "{e}");
+    assert_eq!(e.ifname, "eth0");
+    let f = e.finding();
+    assert_eq!(f.cause, "martian_local_source", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "martian source on eth0: 203.0.113.50 is a local address of this host (local table, on \
          dev kube-ipvs0)"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(&"route in table local: local 203.0.113.50 dev kube-ipvs0".to_string()),
         "{ev:?}"
@@ -313,7 +309,7 @@ fn incident3_local_source_martian_and_its_fix() {
             .any(|l| l.contains("delivered locally, never sent back")),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
@@ -347,18 +343,18 @@ fn a_source_local_by_an_anyip_route_is_repaired_by_deleting_the_route() {
     let src: SocketAddr = format!("{LB_IP}:41004").parse().unwrap();
     let dst: SocketAddr = format!("{NODE_IP}:30080").parse().unwrap();
     let _syn = send_syn(&i.lb, src, dst);
-    let e = k.expect_event("the health check drop", |e| e["sport"] == 41004);
+    let e = k.expect_record("the health check drop", |e| e.sport == 41004);
     if let Some(r) = kernel_reason("IP_LOCAL_SOURCE") {
-        assert_eq!(e["reason"], r);
+        assert_eq!(e.reason.as_deref(), Some(r));
     }
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "martian_local_source", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "martian_local_source", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "martian source on eth0: 203.0.113.50 is local to this host by a route, not an address: \
          local 203.0.113.0/24 dev lo (table local)"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
@@ -388,15 +384,15 @@ fn control_accept_local_lets_the_syn_in() {
     let _syn = send_syn(&i.lb, src, format!("{NODE_IP}:30080").parse().unwrap());
     // The reply to the local address is refused locally (NO_SOCKET): its
     // drop is the readiness signal that the SYN went through.
-    let e = k.expect_event("the reply's drop", |e| e["daddr"] == LB_IP);
-    assert_eq!(e["tcp_flags"], "SYN|ACK");
+    let e = k.expect_record("the reply's drop", |e| e.daddr == LB_IP);
+    assert_eq!(e.tcp_flags, "SYN|ACK");
     let done = k.stop(libc::SIGINT);
     // The cause, not the reason: IP_LOCAL_SOURCE exists only from 6.13.
     assert!(
-        done.events()
+        done.records()
             .iter()
-            .all(|e| e["finding"]["cause"] != "martian_local_source"
-                && !(e["saddr"] == LB_IP && e["tcp_flags"] == "SYN")),
+            .all(|e| e.cause() != "martian_local_source"
+                && !(e.saddr == LB_IP && e.tcp_flags == "SYN")),
         "{:?}",
         done.stdout
     );
@@ -443,17 +439,17 @@ fn localnet_martian_and_its_fix() {
     let _l = listen(&s, dst);
     let k = Kdrop::start(&["--json", "--netns", &s.name, "-p", "7070"]);
     let _syn = send_syn(&c, "10.58.0.1:42100".parse().unwrap(), dst);
-    let e = k.expect_event("the localnet drop", |e| e["sport"] == 42100);
+    let e = k.expect_record("the localnet drop", |e| e.sport == 42100);
     if let Some(r) = kernel_reason("IP_LOCALNET") {
-        assert_eq!(e["reason"], r);
+        assert_eq!(e.reason.as_deref(), Some(r));
     }
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "martian_localnet", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "martian_localnet", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "martian on s0: 127.1.1.1 is in 127.0.0.0/8 and route_localnet is off"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
@@ -554,30 +550,30 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
     let k = Kdrop::start(&["--json", "--port", &ROUTED_PORT.to_string()]);
     let src: SocketAddr = format!("{ROUTED_CLIENT}:40231").parse().unwrap();
     let syn = send_syn(&l.client, src, dst);
-    let e = k.expect_event("the routed client's SYN drop", |e| {
-        e["kind"] == "drop" && e["saddr"] == ROUTED_CLIENT && e["sport"] == 40231
+    let e = k.expect_record("the routed client's SYN drop", |e| {
+        e.kind == "drop" && e.saddr == ROUTED_CLIENT && e.sport == 40231
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
-    assert_eq!(e["ifname"], "eth1", "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], expected_rp_filter_cause(), "{e}");
-    if f["cause"] != "rp_filter_strict" {
+    assert_eq!(e.reason.as_deref(), reason_for("IP_RPFILTER"), "{e}");
+    assert_eq!(e.ifname, "eth1", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, expected_rp_filter_cause(), "{e}");
+    if f.cause != "rp_filter_strict" {
         return;
     }
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!("reverse-path filter on eth1: there is no route back to {ROUTED_CLIENT} at all")
     );
     let ns = format!("ip netns exec {} ", l.node.name);
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
             "{ns}ip route add {ROUTED_CLIENT}/32 via {ROUTED_ROUTER} dev eth1"
         )]
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.iter().any(|l| l.starts_with(&format!(
             "the packet came from 02:00:00:00:e7:03 = {ROUTED_ROUTER} on eth1 ("
@@ -651,17 +647,17 @@ fn no_route_back_to_a_client_on_the_link_is_repaired_on_link() {
     let k = Kdrop::start(&["--json", "--port", "7249"]);
     let src: SocketAddr = "10.249.9.1:40249".parse().unwrap();
     let syn = send_syn(&client, src, dst);
-    let e = k.expect_event("the on-link client's SYN drop", |e| {
-        e["kind"] == "drop" && e["saddr"] == "10.249.9.1" && e["sport"] == 40249
+    let e = k.expect_record("the on-link client's SYN drop", |e| {
+        e.kind == "drop" && e.saddr == "10.249.9.1" && e.sport == 40249
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], expected_rp_filter_cause(), "{e}");
-    if f["cause"] != "rp_filter_strict" {
+    assert_eq!(e.reason.as_deref(), reason_for("IP_RPFILTER"), "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, expected_rp_filter_cause(), "{e}");
+    if f.cause != "rp_filter_strict" {
         return;
     }
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(
             &"the packet came from 02:00:00:00:f9:01 = 10.249.9.1 on eth1: the client itself, \
@@ -670,7 +666,7 @@ fn no_route_back_to_a_client_on_the_link_is_repaired_on_link() {
         ),
         "{ev:#?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
