@@ -1,20 +1,23 @@
 //! One handshake's records as kdrop printed them: which are its, all of
 //! them up to its "unanswered" record and the exit drain, and its one verdict.
-use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
+use std::{collections::BTreeSet, net::SocketAddr, os::fd::OwnedFd, time::Duration};
 
 use serde_json::Value;
 
-use crate::Kdrop;
+use crate::{
+    connect_from,
+    record::{Finding, Record},
+    run_fix, Kdrop, Ns,
+};
 
 /// Is this record about the handshake of `client` (its SYN, the SYN-ACK
 /// to it, or a packet of it after NAT that names the client's end)?
-pub fn of(e: &Value, client: SocketAddr) -> bool {
-    let end = |a: &str, p: &str| e[a] == client.ip().to_string() && e[p] == client.port();
-    end("saddr", "sport") || end("daddr", "dport")
+pub fn of(e: &Record, client: SocketAddr) -> bool {
+    e.of(client)
 }
 
 /// Is this record about exactly the packet `src -> dst` (as the record
-/// names its tuple)?
+/// names its tuple)? `Record::is_tuple` for typed records.
 pub fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
     e["saddr"] == src.ip().to_string()
         && e["sport"] == src.port()
@@ -25,8 +28,8 @@ pub fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
 /// Every record of `client`'s handshake: read until its "unanswered"
 /// record (the SYN's third transmission, 3 s after the first), then what
 /// kdrop drained at exit.
-pub fn records(k: Kdrop, client: SocketAddr) -> Vec<Value> {
-    records_until(k, client, "unanswered", |e| e["kind"] == "unanswered")
+pub fn records(k: Kdrop, client: SocketAddr) -> Vec<Record> {
+    records_until(k, client, "unanswered", |e| e.kind == "unanswered")
 }
 
 /// Every record of `client`'s handshake up to the first that is `last`
@@ -35,10 +38,10 @@ pub fn records_until(
     k: Kdrop,
     client: SocketAddr,
     what: &str,
-    last: impl Fn(&Value) -> bool,
-) -> Vec<Value> {
+    last: impl Fn(&Record) -> bool,
+) -> Vec<Record> {
     let seen = std::cell::RefCell::new(Vec::new());
-    k.expect_event_within(
+    k.expect_record_within(
         &format!("the handshake's {what} record"),
         Duration::from_secs(10),
         |e| {
@@ -51,23 +54,38 @@ pub fn records_until(
     let mut out = seen.into_inner();
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
-    out.extend(done.events().into_iter().filter(|e| of(e, client)));
+    out.extend(done.records().into_iter().filter(|e| of(e, client)));
     out
 }
 
 /// One handshake, one cause, one id; returns the verdict (the first
 /// record's finding).
-pub fn one_verdict(recs: &[Value], cause: &str) -> Value {
+pub fn one_verdict(recs: &[Record], cause: &str) -> Finding {
     assert!(!recs.is_empty());
-    let causes: BTreeSet<String> = recs
-        .iter()
-        .map(|e| e["finding"]["cause"].as_str().unwrap_or("none").to_string())
-        .collect();
+    let causes: BTreeSet<String> = recs.iter().map(|e| e.cause().to_string()).collect();
     assert_eq!(causes, BTreeSet::from([cause.to_string()]), "{recs:#?}");
     let ids: BTreeSet<u64> = recs
         .iter()
-        .map(|e| e["handshake"].as_u64().expect("a handshake id"))
+        .map(|e| e.handshake.expect("a handshake id"))
         .collect();
     assert_eq!(ids.len(), 1, "{recs:#?}");
-    recs[0]["finding"].clone()
+    recs[0].finding().clone()
+}
+
+/// Applies the finding's whole `fix` after closing the stuck socket (a
+/// retransmission of it after the fix would complete its handshake and hold
+/// the 5-tuple), then connects from `src` (the same client address and
+/// port, the stale entry being part of the fix, or another).
+pub fn fix_then_connect(
+    f: &Finding,
+    client: &Ns,
+    syn: impl Into<Option<OwnedFd>>,
+    src: SocketAddr,
+    dst: SocketAddr,
+) {
+    drop(syn.into());
+    for cmd in &f.fix {
+        run_fix(cmd);
+    }
+    connect_from(client, src, dst).expect("a connection after the fix");
 }

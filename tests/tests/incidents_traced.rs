@@ -8,12 +8,11 @@
 use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
-    answered_three_times, assert_kinds, connect_from, connect_within,
-    handshake::{of, one_verdict, records, records_until},
-    listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+    answered_three_times, assert_kinds, connect_within,
+    handshake::{fix_then_connect, of, one_verdict, records, records_until},
+    listen, ns_name, send_syn, veth, Kdrop, Ns,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
-use serde_json::Value;
 
 fn ipt(ns: &Ns, args: &str) {
     ns.exec("iptables", &args.split(' ').collect::<Vec<_>>())
@@ -76,22 +75,6 @@ fn pods_routed(node: &Ns, net: &str, pods: &[(&Ns, u8)]) {
     }
 }
 
-/// Applies the whole fix after closing the stuck socket, then connects from
-/// the same client address and port.
-fn fix_then_connect(
-    f: &Value,
-    client_ns: &Ns,
-    syn: Option<std::os::fd::OwnedFd>,
-    src: SocketAddr,
-    dst: SocketAddr,
-) {
-    drop(syn);
-    for cmd in strs(&f["fix"]) {
-        run_fix(&cmd);
-    }
-    connect_from(client_ns, src, dst).expect("the same 5-tuple after the fix");
-}
-
 /// The control after a fix: kdrop again, as the test traced the incident,
 /// and a handshake from a new client port whose SYN passes the node three
 /// times, each answered (the count an unanswered or looped-back finding
@@ -107,13 +90,13 @@ fn quiet_after_the_fix(args: &[&str], client: &Ns, server: &Ns, src: SocketAddr,
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
     let rule = format!("-A INPUT -p tcp -m tcp --dport {} -j DROP", src.port());
-    for e in done.events().into_iter().filter(|e| of(e, src)) {
-        let f = &e["finding"];
+    for e in done.records().into_iter().filter(|e| of(e, src)) {
+        let f = e.finding();
         assert!(
-            matches!(e["kind"].as_str(), Some("drop" | "unanswered"))
-                && f["cause"] == "netfilter_rule"
-                && f["summary"].as_str().unwrap().ends_with(&rule)
-                && strs(&f["inspect"])[0].starts_with(&format!("ip netns exec {} ", client.name)),
+            matches!(e.kind.as_str(), "drop" | "unanswered")
+                && f.cause == "netfilter_rule"
+                && f.summary.ends_with(&rule)
+                && f.inspect[0].starts_with(&format!("ip netns exec {} ", client.name)),
             "{e:#}"
         );
     }
@@ -145,7 +128,7 @@ fn incident2(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
     let recs = records(k, src);
     let f = one_verdict(&recs, "hairpin_no_reverse_nat");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "hairpin: the SYN-ACK from 10.245.1.9:8080 matches the reply side of a DNAT'd \
              connection (10.245.1.5:{sport} -> 100.67.31.133:80 => 10.245.1.9:8080) but arrived \
@@ -153,14 +136,14 @@ fn incident2(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
         )
     );
     assert!(
-        strs(&f["fix"]).last().unwrap().starts_with(&format!(
+        f.fix.last().unwrap().starts_with(&format!(
             "ip netns exec {} sysctl -w net.bridge.bridge-nf-call-iptables=1",
             node.name
         )),
-        "{f}"
+        "{f:?}"
     );
     // br_netfilter is built in or loaded here: no modprobe before it.
-    assert_kinds(&strs(&f["fix"]), &[Kind::BridgeNfCall]);
+    assert_kinds(&f.fix, &[Kind::BridgeNfCall]);
     fix_then_connect(&f, &a, syn, src, dst);
 }
 
@@ -291,7 +274,7 @@ fn incident4_on(
     // From the node alone the client's socket is out of sight: the pod's
     // RST refusing the SYN-ACK decides the handshake, no "unanswered".
     let recs = if node_only {
-        records_until(k, src, "first verdict", |e| !e["finding"].is_null())
+        records_until(k, src, "first verdict", |e| e.finding.is_some())
     } else {
         records(k, src)
     };
@@ -302,7 +285,7 @@ fn incident4_on(
         NodeNat::KubeProxy => "to service web/web:80: ",
     };
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "{service}SYN 10.245.2.5:{sport} -> 203.0.113.81:80 left by eth0 to the load balancer, came \
              back as 10.245.2.5:{sport} -> 10.71.0.10:30080 and was DNAT'd to 10.245.2.9:8080 \
@@ -311,7 +294,7 @@ fn incident4_on(
     );
     // In the node's namespace (not the pod's, not the load balancer's),
     // with the node's stale entry of the same 5-tuple deleted.
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [
@@ -326,10 +309,10 @@ fn incident4_on(
         ]
     );
     assert!(
-        strs(&f["fix_notes"])
+        f.fix_notes
             .iter()
             .any(|n| n.starts_with("externalTrafficPolicy: Cluster does not repair this")),
-        "{f}"
+        "{f:?}"
     );
     fix_then_connect(&f, &a, syn, src, dst);
     let again: SocketAddr = format!("10.245.2.5:{}", sport + 50).parse().unwrap();
@@ -537,14 +520,14 @@ fn incident5(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
     let recs = records(k, src);
     let f = one_verdict(&recs, "asymmetric_return_path");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN 172.17.0.50:{sport} -> 10.1.58.158:80 was DNAT'd to 10.1.0.13:8080 and sent \
              out eth0, but no reply came back through this host: asymmetric return path"
         )
     );
     assert_eq!(
-        strs(&f["fix"]),
+        f.fix.clone(),
         [
             format!(
                 "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.1.0.13/32 -p tcp --dport 8080 -j MASQUERADE",

@@ -11,10 +11,11 @@ use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
     connect_from,
-    handshake::{self, of, records},
-    listen, ns_name, run_fix, send_syn, strs, veth, Kdrop, Ns,
+    handshake::{self, fix_then_connect, of, records},
+    listen, ns_name,
+    record::{Finding, Record},
+    send_syn, veth, Kdrop, Ns,
 };
-use serde_json::Value;
 
 fn ns(test: &str, role: &str) -> Ns {
     Ns::new(&ns_name(&format!("{test}-{role}"))).unwrap()
@@ -46,25 +47,9 @@ fn forwarding(ns: &Ns) {
 }
 
 /// One handshake, one cause, one id, over IPv6; returns the verdict.
-fn one_verdict(recs: &[Value], cause: &str) -> Value {
-    assert!(recs.iter().all(|e| e["family"] == "ipv6"), "{recs:#?}");
+fn one_verdict(recs: &[Record], cause: &str) -> Finding {
+    assert!(recs.iter().all(|e| e.family == "ipv6"), "{recs:#?}");
     handshake::one_verdict(recs, cause)
-}
-
-/// Applies the whole fix after closing the stuck socket, then connects from
-/// the same client address and port (the stale entry is part of the fix).
-fn fix_then_connect(
-    f: &Value,
-    client: &Ns,
-    syn: std::os::fd::OwnedFd,
-    src: SocketAddr,
-    dst: SocketAddr,
-) {
-    drop(syn);
-    for cmd in strs(&f["fix"]) {
-        run_fix(&cmd);
-    }
-    connect_from(client, src, dst).expect("the same 5-tuple after the fix");
 }
 
 /// Who DNATs the Service: ip6tables (kube-proxy's iptables mode) or an
@@ -175,14 +160,14 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
     let recs = records(k, src);
     let f = one_verdict(&recs, "hairpin_no_reverse_nat");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "hairpin: the SYN-ACK from [fd00:245:1::9]:8080 matches the reply side of a DNAT'd \
              connection ([fd00:245:1::5]:{sport} -> [fd00:96::133]:80 => [fd00:245:1::9]:8080) \
              but arrived un-NAT'd: both ends are on bridge cni0"
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.iter().any(|e| e.ends_with(
             "net.bridge.bridge-nf-call-ip6tables = 0: bridged packets skip netfilter, so the \
@@ -191,15 +176,15 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
         "{ev:#?}"
     );
     assert_eq!(
-        strs(&f["fix"]).last().unwrap(),
+        f.fix.last().unwrap(),
         &format!(
             "ip netns exec {} sysctl -w net.bridge.bridge-nf-call-ip6tables=1",
             node.name
         ),
-        "{f}"
+        "{f:?}"
     );
     assert_eq!(
-        strs(&f["fix_or"][0]),
+        f.fix_or[0].clone(),
         [
             format!(
                 "ip netns exec {} ip6tables -t nat -A POSTROUTING -s fd00:245:1::5 -d fd00:245:1::9/128 -p tcp --dport 8080 -j MASQUERADE",
@@ -297,7 +282,7 @@ fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
     let recs = records(k, src);
     let f = one_verdict(&recs, "asymmetric_return_path");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN [fd00:172:17::50]:{sport} -> [fd00:1:58::158]:80 was DNAT'd to \
              [fd00:1::13]:8080 and sent out eth0, but no reply came back through this host: \
@@ -305,7 +290,7 @@ fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
         )
     );
     assert_eq!(
-        strs(&f["fix"]),
+        f.fix.clone(),
         [
             format!(
                 "ip netns exec {} ip6tables -t nat -A POSTROUTING -d fd00:1::13/128 -p tcp --dport 8080 -j MASQUERADE",
@@ -379,29 +364,29 @@ fn no_endpoints_reject_v6() {
     let src: SocketAddr = "[fd00:244:2::5]:47801".parse().unwrap();
     let dst: SocketAddr = "[fd00:96::20]:80".parse().unwrap();
     let _syn = send_syn(&pod, src, dst);
-    let e = k.expect_event("the REJECTed SYN", |e| {
-        of(e, src) && e["kind"] == "drop" && e["reason"] == "NETFILTER_DROP"
+    let e = k.expect_record("the REJECTed SYN", |e| {
+        of(e, src) && e.kind == "drop" && e.reason.as_deref() == Some("NETFILTER_DROP")
     });
     let rule = format!("{reject} \"ns6/svc6:p80 has no endpoints\" {reject_tail}");
-    assert_eq!(e["family"], "ipv6");
-    assert_eq!(e["netfilter"]["family"], "ip6", "{e}");
-    assert_eq!(e["netfilter"]["rule"], rule, "{e}");
-    let f = &e["finding"];
+    assert_eq!(e.family, "ipv6");
+    assert_eq!(e.netfilter().family.as_deref(), Some("ip6"), "{e}");
+    assert_eq!(e.netfilter().rule.as_deref(), Some(&*rule), "{e}");
+    let f = e.finding();
     // kube-proxy's own rule: named as Kubernetes names it, and no fix on
     // the node (kube-proxy rewrites its rules within seconds).
-    assert_eq!(f["cause"], "kube_no_endpoints", "{e}");
-    assert_eq!(e["service"], "ns6/svc6:80", "{e}");
+    assert_eq!(f.cause, "kube_no_endpoints", "{e}");
+    assert_eq!(e.service.as_deref(), Some("ns6/svc6:80"), "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP [fd00:96::20]:80"
     );
-    assert!(strs(&f["fix"]).is_empty(), "{e}");
+    assert!(f.fix.is_empty(), "{e}");
     assert!(
-        strs(&f["fix_notes"])[0].starts_with("give the Service ready endpoints"),
+        f.fix_notes[0].starts_with("give the Service ready endpoints"),
         "{e}"
     );
     assert_eq!(
-        strs(&f["inspect"])[..2],
+        f.inspect[..2],
         [
             "kubectl -n ns6 get endpointslices -l kubernetes.io/service-name=svc6",
             "kubectl -n ns6 get svc svc6 -o yaml"

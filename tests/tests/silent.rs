@@ -8,7 +8,7 @@ use std::{net::SocketAddr, time::Duration, time::Instant};
 
 use integration_tests::{
     connect_within, handshake, in_ns, kernel_reason, listen_backlog, run_fix, ss_listen_queues,
-    strs, Kdrop, Ns, Pair,
+    Kdrop, Ns, Pair,
 };
 
 /// A listener of backlog 1 on `server` that never accepts, its accept queue
@@ -37,28 +37,28 @@ fn given_up_on_a_full_listener(name: &str, net: u8, timeout: Duration, sport: u1
     let err = connect_within(&p.client, client, server, timeout).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
     let gave_up = t0.elapsed();
-    let e = k.expect_event_within("the handshake's verdict", Duration::from_secs(3), |e| {
-        e["saddr"] == client.ip().to_string() && e["sport"] == sport
+    let e = k.expect_record_within("the handshake's verdict", Duration::from_secs(3), |e| {
+        e.saddr == client.ip().to_string() && e.sport == sport
     });
     let verdict_after = t0.elapsed() - gave_up;
     assert!(
         verdict_after < Duration::from_secs(2),
         "verdict {verdict_after:?} after the client gave up"
     );
-    assert_eq!(e["kind"], "unanswered", "{e:#}");
-    assert_eq!(e["daddr"], server.ip().to_string());
-    assert_eq!(e["dport"], 7000);
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "listen_overflow", "{e:#}");
+    assert_eq!(e.kind, "unanswered", "{e:#}");
+    assert_eq!(e.daddr, server.ip().to_string());
+    assert_eq!(e.dport, 7000);
+    let f = e.finding();
+    assert_eq!(f.cause, "listen_overflow", "{e:#}");
     let (waiting, backlog) = ss_listen_queues(&p.server, server);
-    let summary = f["summary"].as_str().unwrap();
+    let summary = f.summary.as_str();
     assert!(
         summary.contains(&format!("is full: {waiting}/{backlog} waiting")),
         "{summary}"
     );
     // Whichever came first: the client closing in SYN-SENT, or (racing a
     // 3 s timeout) the SYN's second retransmission.
-    let sent = &strs(&f["evidence"])[0];
+    let sent = &f.evidence[0];
     assert!(
         sent.contains("then the client's connect() ended in SYN-SENT: the application closed it")
             || (timeout >= Duration::from_secs(3)
@@ -287,18 +287,18 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
     assert_eq!(healthy, (n, n), "every healthy connection opened");
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
-    let events = done.events();
-    let to_81: Vec<_> = events.iter().filter(|e| e["dport"] == 81).collect();
+    let events = done.records();
+    let to_81: Vec<_> = events.iter().filter(|e| e.dport == 81).collect();
     assert!(!to_81.is_empty(), "the port-81 drops were reported");
     for e in &to_81 {
-        assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e:#}");
+        assert_eq!(e.finding().cause, "netfilter_rule", "{e:#}");
     }
     // The healthy port: nothing at all. No death counted from other
     // connections' SYNs, no verdict of a port-81 connection that used the
     // same client port, and no RST taken for a refused SYN-ACK: the
     // client's bare RST answering the server's FIN after its SO_LINGER 0
     // abort carries the same sequence number as one refusing the SYN-ACK.
-    let healthy_records: Vec<_> = events.iter().filter(|e| e["dport"] == 80).collect();
+    let healthy_records: Vec<_> = events.iter().filter(|e| e.dport == 80).collect();
     eprintln!(
         "{n} healthy handshakes, {} records on port 81, {} on port 80",
         to_81.len(),
@@ -314,7 +314,7 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
         let c = done.counts();
         assert_eq!((c.lost, c.sampled_out), (0, 0), "{c:?}");
         assert_eq!(c.matched, c.emitted, "{c:?}");
-        let drops = events.iter().filter(|e| e["kind"] == "drop").count() as u64;
+        let drops = events.iter().filter(|e| e.kind == "drop").count() as u64;
         let tcp_own = done
             .stderr
             .iter()
@@ -377,18 +377,18 @@ fn a_client_giving_up_after_one_transmission_on_a_silent_server_is_unanswered() 
     let k = Kdrop::start(&["--netns", &p.client.name, "--port", "7001", "--json"]);
     let err = connect_within(&p.client, client, server, Duration::from_millis(800)).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
-    let e = k.expect_event_within("the unanswered SYN", Duration::from_secs(2), |e| {
-        e["sport"] == 42021
+    let e = k.expect_record_within("the unanswered SYN", Duration::from_secs(2), |e| {
+        e.sport == 42021
     });
-    assert_eq!(e["kind"], "unanswered", "{e:#}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "unanswered", "{e:#}");
+    assert_eq!(e.kind, "unanswered", "{e:#}");
+    let f = e.finding();
+    assert_eq!(f.cause, "unanswered", "{e:#}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!("SYN {client} -> {server} sent once out of c0 without an answer")
     );
     assert_eq!(
-        f["evidence"][0],
+        f.evidence[0],
         "1 transmission of the SYN, not answered; then the client's connect() ended in \
          SYN-SENT: the application closed it (a connect timeout, or it gave up)"
     );
@@ -458,7 +458,7 @@ fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_1
     let t0 = Instant::now();
     let err = connect_within(&r.client, client, server, Duration::from_millis(800)).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
-    let e = k.expect_event_within("the handshake's verdict", Duration::from_secs(6), |e| {
+    let e = k.expect_record_within("the handshake's verdict", Duration::from_secs(6), |e| {
         handshake::of(e, client)
     });
     let after = t0.elapsed();
@@ -470,27 +470,21 @@ fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_1
         after >= Duration::from_secs(2),
         "{after:?}: before the second retransmission"
     );
-    assert_eq!(e["kind"], "unanswered", "{e:#}");
-    assert_eq!(e["tcp_flags"], "SYN|ACK", "{e:#}");
+    assert_eq!(e.kind, "unanswered", "{e:#}");
+    assert_eq!(e.tcp_flags, "SYN|ACK", "{e:#}");
+    assert_eq!((e.saddr.as_str(), e.sport), ("10.218.0.1", 42031));
+    assert_eq!((e.daddr.as_str(), e.dport), ("10.219.0.2", 7002));
+    let f = e.finding();
+    assert_eq!(f.cause, "syn_ack_unanswered", "{e:#}");
     assert_eq!(
-        (e["saddr"].as_str(), e["sport"].as_u64()),
-        (Some("10.218.0.1"), Some(42031))
-    );
-    assert_eq!(
-        (e["daddr"].as_str(), e["dport"].as_u64()),
-        (Some("10.219.0.2"), Some(7002))
-    );
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "syn_ack_unanswered", "{e:#}");
-    assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN-ACK {server} -> {client} sent 3 times out of s0 without the client's final \
              ACK: the SYN-ACK or the ACK is lost between this node and 10.218.0.1, or the \
              client gave up"
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[0].starts_with(&format!(
             "tcp:tcp_retransmit_synack: the request socket {server} <- {client} retransmitted its \
@@ -517,25 +511,25 @@ fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_3
     let err = connect_within(&r.client, client, server, Duration::from_secs(3)).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
     let recs = handshake::records_until(k, client, "SYN-ACK's unanswered", |e| {
-        e["kind"] == "unanswered"
+        e.kind == "unanswered"
     });
     let f = handshake::one_verdict(&recs, "duplicate_syn");
-    assert_eq!(recs[0]["kind"], "drop", "{recs:#?}");
+    assert_eq!(recs[0].kind, "drop", "{recs:#?}");
     if let Some(reason) = kernel_reason("NOT_SPECIFIED") {
-        assert_eq!(recs[0]["reason"], reason, "{recs:#?}");
+        assert_eq!(recs[0].reason.as_deref(), Some(reason), "{recs:#?}");
     }
-    assert_eq!(recs[0]["tcp_flags"], "SYN", "{recs:#?}");
+    assert_eq!(recs[0].tcp_flags, "SYN", "{recs:#?}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN {client} -> {server} repeated while the server's SYN-ACK for it was \
              outstanding: the server resent its SYN-ACK, so the SYN-ACK or the client's final \
              ACK is being lost on the way"
         )
     );
-    let last = recs.iter().find(|e| e["kind"] == "unanswered").unwrap();
+    let last = recs.iter().find(|e| e.kind == "unanswered").unwrap();
     assert!(
-        strs(&last["finding"]["evidence"]).iter().any(|l| l
+        last.finding().evidence.iter().any(|l| l
             .starts_with("this packet of the same handshake, by itself: SYN-ACK ")
             && l.ends_with("[syn_ack_unanswered]")),
         "{last:#}"
@@ -551,21 +545,21 @@ fn a_lost_syn_ack_traced_everywhere_client_giving_up_after_3s() {
     let k = Kdrop::start(&["--port", "7002", "--json"]);
     let err = connect_within(&r.client, client, server, Duration::from_secs(3)).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
-    let recs = handshake::records_until(k, client, "first verdict", |e| !e["finding"].is_null());
+    let recs = handshake::records_until(k, client, "first verdict", |e| e.finding.is_some());
     let f = handshake::one_verdict(&recs, "netfilter_rule");
-    let nf = &recs[0]["netfilter"];
-    assert_eq!(nf["chain"], "FORWARD", "{nf:#}");
+    let nf = recs[0].netfilter();
+    assert_eq!(nf.chain.as_deref(), Some("FORWARD"), "{nf:#?}");
     assert!(
-        nf["rule"]
-            .as_str()
+        nf.rule
+            .as_deref()
             .unwrap_or_default()
             .contains("the SYN-ACKs lost"),
-        "{nf:#}"
+        "{nf:#?}"
     );
     // The repair lets replies through that chain: the same client's next
     // connection completes.
-    for cmd in strs(&f["fix"]) {
-        run_fix(&cmd);
+    for cmd in &f.fix {
+        run_fix(cmd);
     }
     let again: SocketAddr = "10.222.0.1:42034".parse().unwrap();
     connect_within(&r.client, again, server, Duration::from_secs(3))
