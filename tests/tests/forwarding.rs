@@ -2,11 +2,15 @@
 //! for the server (IP_INNOROUTES) and a next hop that never answers ARP
 //! (NEIGH_FAILED), traced with the service's port only. The router's rules
 //! and routes are the oracle: the test wrote them.
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{SocketAddr, TcpListener},
+    os::fd::OwnedFd,
+    time::Duration,
+};
 
 use integration_tests::{
-    assert_kinds, connect_from, expected_reason, listen, ns_name, run_fix, send_syn, strs, veth,
-    Kdrop, Ns,
+    assert_kinds, connect_from, listen, ns_name, reason_for, run_fix, send_syn, veth, Kdrop, Ns,
+    Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 
@@ -78,33 +82,43 @@ impl Lab {
 }
 
 /// The first drop of the client's port on the router.
-fn drop_of(k: &Kdrop, sport: u16) -> serde_json::Value {
-    k.expect_event_within("the router's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["sport"] == sport
+fn drop_of(k: &Kdrop, sport: u16) -> Record {
+    k.expect_record_within("the router's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.sport == sport
     })
+}
+
+impl Lab {
+    /// Every test's start: the server listening on the service's `port`,
+    /// kdrop tracing that port, the client's SYN from `sport` (its socket
+    /// kept open), and the router's first drop of it.
+    fn trace(&self, port: u16, sport: u16) -> (TcpListener, Kdrop, OwnedFd, Record) {
+        let srv = listen(&self.server, self.service(port));
+        let k = Kdrop::start(&["--json", "--port", &port.to_string()]);
+        let syn = send_syn(&self.client, self.client_end(sport), self.service(port));
+        let e = drop_of(&k, sport);
+        (srv, k, syn, e)
+    }
 }
 
 #[test]
 fn no_route_names_rules_tables_and_nearest_routes() {
     let l = Lab::new("fwnr", 81);
-    let _srv = listen(&l.server, l.service(7081));
-    let k = Kdrop::start(&["--json", "--port", "7081"]);
-    let _syn = send_syn(&l.client, l.client_end(41081), l.service(7081));
-    let e = drop_of(&k, 41081);
-    assert_eq!(e["reason"], expected_reason("IP_INNOROUTES"), "{e}");
-    assert_eq!(e["netns_name"], l.router.name.as_str());
-    assert_eq!(e["ifname"], "r0");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "no_route", "{e}");
+    let (_srv, k, _syn, e) = l.trace(7081, 41081);
+    assert_eq!(e.reason.as_deref(), reason_for("IP_INNOROUTES"), "{e}");
+    assert_eq!(e.netns_name.as_deref(), Some(l.router.name.as_str()));
+    assert_eq!(e.ifname, "r0");
+    let f = e.finding();
+    assert_eq!(f.cause, "no_route", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "no route to 10.81.3.2 in netns {}: 10.81.1.2 -> 10.81.3.2 arriving on r0; rules 0, \
              32766, 32767 looked in tables local, main, default, and none holds a route for it",
             l.router.name
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(
             &"rule 32766: from all lookup main: table main holds nothing for 10.81.3.2".into()
@@ -123,8 +137,8 @@ fn no_route_names_rules_tables_and_nearest_routes() {
         "{ev:?}"
     );
     // Nothing on the router says where 10.81.3.0/24 is: no command, a note.
-    assert!(strs(&f["fix"]).is_empty(), "{f}");
-    assert!(strs(&f["fix_notes"])[0].starts_with("add a route for 10.81.3.2"));
+    assert!(f.fix.is_empty(), "{f:?}");
+    assert!(f.fix_notes[0].starts_with("add a route for 10.81.3.2"));
     k.stop(libc::SIGINT);
     // The note's repair, with the next hop only the test knows: the
     // finding named what was missing.
@@ -149,20 +163,17 @@ fn a_route_no_rule_reads_is_repaired_by_the_rule_kdrop_prints() {
             "100",
         ])
         .unwrap();
-    let _srv = listen(&l.server, l.service(7082));
-    let k = Kdrop::start(&["--json", "--port", "7082"]);
-    let _syn = send_syn(&l.client, l.client_end(41083), l.service(7082));
-    let e = drop_of(&k, 41083);
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "no_route", "{e}");
+    let (_srv, k, _syn, e) = l.trace(7082, 41083);
+    let f = e.finding();
+    assert_eq!(f.cause, "no_route", "{e}");
     assert!(
-        strs(&f["evidence"]).contains(
+        f.evidence.contains(
             &"table 100 holds 10.82.3.0/24 via 10.82.2.2 dev r1, but no rule sends this packet there"
                 .into()
         ),
-        "{f}"
+        "{f:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
@@ -198,16 +209,13 @@ fn an_unreachable_rule_ahead_of_the_route_is_named_and_deleted() {
             "unreachable",
         ])
         .unwrap();
-    let _srv = listen(&l.server, l.service(7084));
-    let k = Kdrop::start(&["--json", "--port", "7084"]);
-    let _syn = send_syn(&l.client, l.client_end(41087), l.service(7084));
-    let e = drop_of(&k, 41087);
-    assert_eq!(e["reason"], expected_reason("IP_INNOROUTES"), "{e}");
-    assert_eq!(e["ifname"], "r0");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "no_route", "{e}");
+    let (_srv, k, _syn, e) = l.trace(7084, 41087);
+    assert_eq!(e.reason.as_deref(), reason_for("IP_INNOROUTES"), "{e}");
+    assert_eq!(e.ifname, "r0");
+    let f = e.finding();
+    assert_eq!(f.cause, "no_route", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "no route to 10.84.3.2 in netns {}: 10.84.1.2 -> 10.84.3.2 arriving on r0; rules 0, \
              100 looked in table local, and rule 100 (from all to 10.84.3.0/24 unreachable) ends \
@@ -215,12 +223,12 @@ fn an_unreachable_rule_ahead_of_the_route_is_named_and_deleted() {
             l.router.name
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(&"rule 100: from all to 10.84.3.0/24 unreachable: ends the lookup".into()),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
@@ -256,20 +264,17 @@ fn a_dead_next_hop_names_the_egress_device_the_gateway_and_its_state() {
     l.router
         .sysctl("net/ipv4/neigh/r1/retrans_time_ms", "100")
         .unwrap();
-    let _srv = listen(&l.server, l.service(7083));
-    let k = Kdrop::start(&["--json", "--port", "7083"]);
-    let _syn = send_syn(&l.client, l.client_end(41085), l.service(7083));
-    let e = drop_of(&k, 41085);
-    assert_eq!(e["reason"], expected_reason("NEIGH_FAILED"), "{e}");
-    assert_eq!(e["netns_name"], l.router.name.as_str());
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "neighbour_failed", "{e}");
+    let (_srv, k, _syn, e) = l.trace(7083, 41085);
+    assert_eq!(e.reason.as_deref(), reason_for("NEIGH_FAILED"), "{e}");
+    assert_eq!(e.netns_name.as_deref(), Some(l.router.name.as_str()));
+    let f = e.finding();
+    assert_eq!(f.cause, "neighbour_failed", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         "next hop 10.83.2.9 on r1 does not answer ARP (neighbour FAILED): 10.83.1.2 -> 10.83.3.2 \
          cannot be sent on"
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert_eq!(
         ev[1],
         "the route that chose it: 10.83.3.0/24 via 10.83.2.9 dev r1 (table main)"
@@ -278,7 +283,7 @@ fn a_dead_next_hop_names_the_egress_device_the_gateway_and_its_state() {
         ev[2].starts_with("neighbour 10.83.2.9 dev r1: FAILED"),
         "{ev:?}"
     );
-    assert!(strs(&f["fix"]).is_empty(), "{f}");
+    assert!(f.fix.is_empty(), "{f:?}");
     k.stop(libc::SIGINT);
     // The oracle: with a next hop that answers, the same route works.
     l.router
@@ -343,34 +348,32 @@ fn a_forwarded_syn_refused_by_rp_filter_carries_the_kernels_reverse_lookup() {
             "permanent",
         ])
         .unwrap();
-    let _srv = listen(&l.server, l.service(7085));
-    let k = Kdrop::start(&["--json", "--port", "7085"]);
-    let _syn = send_syn(&l.client, l.client_end(41089), l.service(7085));
-    let e = drop_of(&k, 41089);
-    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"), "{e}");
-    assert_eq!(e["ifname"], "r0");
-    assert_eq!(e["finding"]["cause"], "rp_filter_strict", "{e}");
+    let (_srv, k, _syn, e) = l.trace(7085, 41089);
+    assert_eq!(e.reason.as_deref(), reason_for("IP_RPFILTER"), "{e}");
+    assert_eq!(e.ifname, "r0");
+    assert_eq!(e.finding().cause, "rp_filter_strict", "{e}");
     // The first drop arms the route-lookup probe; a retransmission (1 s,
     // 3 s, 7 s) carries the kernel's own lookup. Without custom rules the
     // kernel reads one table, main (local is merged into it,
     // `fib_lookup` in include/net/ip_fib.h, v6.18).
-    let again = k.expect_event_within(
+    let again = k.expect_record_within(
         "a retransmission's drop with the kernel's own lookup",
         Duration::from_secs(20),
         |e| {
-            e["sport"] == 41089
-                && e["finding"]["evidence"][1]
-                    .as_str()
+            e.sport == 41089
+                && e.finding
+                    .as_ref()
+                    .and_then(|f| f.evidence.get(1))
                     .is_some_and(|l| l.starts_with("kernel: "))
         },
     );
-    let f = &again["finding"];
+    let f = again.finding();
     assert_eq!(
-        f["evidence"][1],
+        f.evidence[1],
         "kernel: reverse lookup of 10.85.1.2 (from 10.85.3.2): table main → dev r2 via 10.85.4.2",
-        "{f}"
+        "{f:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [format!(
