@@ -2,8 +2,8 @@
 use std::net::Ipv4Addr;
 
 use integration_tests::{
-    attachable_rungs, expected_cause, expected_reason, expected_rp_filter_cause,
-    handshake::is_tuple, inode, kdrop_bin, ns_name, send_syn, Kdrop, Pair,
+    attachable_rungs, expected_cause, expected_reason, expected_rp_filter_cause, inode, kdrop_bin,
+    ns_name, reason_for, send_syn, Kdrop, Pair,
 };
 use kdrop::lab::rp_filter::RpFilter;
 
@@ -26,20 +26,17 @@ fn rp_filter_drop_is_ip_rpfilter_with_exact_tuple() {
     let dst = "10.31.7.9:3306".parse().unwrap();
     let _syn = send_syn(&lab.client, src, dst);
 
-    let e = k.expect_event("the rp_filter drop", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["kind"], "drop");
-    assert_eq!(e["reason"], expected_reason("IP_RPFILTER"));
-    assert_eq!(e["tcp_flags"], "SYN");
-    assert_eq!(e["family"], "ipv4");
-    assert_eq!(e["ifname"], "ens6");
-    assert_eq!(e["netns"], inode(&lab.node));
-    assert_eq!(e["netns_name"], lab.node.name.as_str());
-    assert!(
-        e["location"].as_str().unwrap().starts_with("ip_rcv_finish"),
-        "{e}"
-    );
-    assert_eq!(e["finding"]["cause"], expected_rp_filter_cause());
-    assert!(e["ts"].as_str().unwrap().ends_with('Z'));
+    let e = k.expect_record("the rp_filter drop", |e| e.is_tuple(&src, &dst));
+    assert_eq!(e.kind, "drop");
+    assert_eq!(e.reason.as_deref(), reason_for("IP_RPFILTER"));
+    assert_eq!(e.tcp_flags, "SYN");
+    assert_eq!(e.family, "ipv4");
+    assert_eq!(e.ifname, "ens6");
+    assert_eq!(e.netns, inode(&lab.node));
+    assert_eq!(e.netns_name.as_deref(), Some(lab.node.name.as_str()));
+    assert!(e.location.starts_with("ip_rcv_finish"), "{e}");
+    assert_eq!(e.finding().cause, expected_rp_filter_cause());
+    assert!(e.ts.as_str().ends_with('Z'));
 
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
@@ -67,13 +64,13 @@ fn syn_to_closed_port_is_no_socket_v4_and_v6() {
         (p.client_v6(42002), p.server_v6(5501)),
     ] {
         let _syn = send_syn(&p.client, src, dst);
-        let e = k.expect_event("the NO_SOCKET drop", |e| is_tuple(e, &src, &dst));
-        assert_eq!(e["reason"], expected_reason("NO_SOCKET"));
-        assert_eq!(e["tcp_flags"], "SYN");
-        assert_eq!(e["family"], if src.is_ipv4() { "ipv4" } else { "ipv6" });
-        assert_eq!(e["ifname"], "s0");
-        assert_eq!(e["netns"], inode(&p.server));
-        assert_eq!(e["finding"]["cause"], expected_cause("no_socket"));
+        let e = k.expect_record("the NO_SOCKET drop", |e| e.is_tuple(&src, &dst));
+        assert_eq!(e.reason.as_deref(), reason_for("NO_SOCKET"));
+        assert_eq!(e.tcp_flags, "SYN");
+        assert_eq!(e.family, if src.is_ipv4() { "ipv4" } else { "ipv6" });
+        assert_eq!(e.ifname, "s0");
+        assert_eq!(e.netns, inode(&p.server));
+        assert_eq!(e.finding().cause, expected_cause("no_socket"));
     }
     let c = k.stop(libc::SIGTERM).counts();
     assert_eq!(c.matched, c.emitted + c.lost, "{c:?}");
@@ -92,16 +89,16 @@ fn iptables_drop_in_input_is_netfilter_drop() {
     let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "5502"]);
     let (src, dst) = (p.client_v4(42003), p.server_v4(5502));
     let _syn = send_syn(&p.client, src, dst);
-    let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
-    assert_eq!(e["ifname"], "s0");
-    assert_eq!(e["netns"], inode(&p.server));
+    let e = k.expect_record("the netfilter drop", |e| e.is_tuple(&src, &dst));
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"));
+    assert_eq!(e.ifname, "s0");
+    assert_eq!(e.netns, inode(&p.server));
     // Also without drop reasons (5.10): nf_hook_slow frees only on NF_DROP,
     // and the rule walker's verdict, where its probe attached, says so too.
-    assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e}");
+    assert_eq!(e.finding().cause, "netfilter_rule", "{e}");
     assert_eq!(
-        e["netfilter"]["rule"],
-        "-A INPUT -p tcp -m tcp --dport 5502 -j DROP"
+        e.netfilter().rule.as_deref(),
+        Some("-A INPUT -p tcp -m tcp --dport 5502 -j DROP")
     );
     k.stop(libc::SIGINT);
 }
@@ -136,8 +133,8 @@ fn filters_that_do_not_match_see_nothing() {
     ];
     let _syn = send_syn(&p.client, src, dst);
     for k in &matching {
-        k.expect_event("the drop, through a matching filter", |e| {
-            is_tuple(e, &src, &dst)
+        k.expect_record("the drop, through a matching filter", |e| {
+            e.is_tuple(&src, &dst)
         });
     }
     // The kernel counts synchronously at the drop: once a matching tracer has
@@ -179,9 +176,9 @@ fn non_handshake_drops_need_all_flags() {
     ]);
     let (src, dst) = (p.client_v4(42005), p.server_v4(5505));
     let _syn = send_syn(&p.client, src, dst);
-    let e = all.expect_event("the dropped ACK", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["tcp_flags"], "ACK");
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"));
+    let e = all.expect_record("the dropped ACK", |e| e.is_tuple(&src, &dst));
+    assert_eq!(e.tcp_flags, "ACK");
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"));
     assert_eq!(handshake_only.stop(libc::SIGINT).counts().matched, 0);
     drop(listener);
 }
@@ -206,15 +203,12 @@ fn every_attachable_rung_reports_the_drop() {
         assert!(ready.contains(&format!("via {rung}")), "{ready}");
         let (src, dst) = (p.client_v4(42010 + i as u16), p.server_v4(5508));
         let _syn = send_syn(&p.client, src, dst);
-        let e = k.expect_event(&format!("the drop via {rung}"), |e| is_tuple(e, &src, &dst));
-        assert_eq!(e["reason"], expected_reason("NO_SOCKET"), "{rung}: {e}");
-        assert_eq!(e["tcp_flags"], "SYN", "{rung}: {e}");
-        assert_eq!(e["ifname"], "s0", "{rung}: {e}");
-        assert_eq!(e["netns"], inode(&p.server), "{rung}: {e}");
-        assert!(
-            e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
-            "{rung}: {e}"
-        );
+        let e = k.expect_record(&format!("the drop via {rung}"), |e| e.is_tuple(&src, &dst));
+        assert_eq!(e.reason.as_deref(), reason_for("NO_SOCKET"), "{rung}: {e}");
+        assert_eq!(e.tcp_flags, "SYN", "{rung}: {e}");
+        assert_eq!(e.ifname, "s0", "{rung}: {e}");
+        assert_eq!(e.netns, inode(&p.server), "{rung}: {e}");
+        assert!(e.location.starts_with("tcp_v4_rcv"), "{rung}: {e}");
         let c = k.stop(libc::SIGINT).counts();
         assert_eq!(c.matched, c.emitted + c.lost, "{rung}: {c:?}");
     }
@@ -246,12 +240,9 @@ fn tracepoint_rung_mounts_tracefs_when_needed() {
     assert!(seen.contains("via tracepoint"), "{seen}");
     let (src, dst) = (p.client_v4(42020), p.server_v4(5509));
     let _syn = send_syn(&p.client, src, dst);
-    let e = k.expect_event("the drop via the tracepoint", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["reason"], expected_reason("NO_SOCKET"), "{e}");
-    assert_eq!(e["ifname"], "s0", "{e}");
-    assert!(
-        e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
-        "{e}"
-    );
+    let e = k.expect_record("the drop via the tracepoint", |e| e.is_tuple(&src, &dst));
+    assert_eq!(e.reason.as_deref(), reason_for("NO_SOCKET"), "{e}");
+    assert_eq!(e.ifname, "s0", "{e}");
+    assert!(e.location.starts_with("tcp_v4_rcv"), "{e}");
     k.stop(libc::SIGINT);
 }

@@ -10,11 +10,10 @@
 use std::{io::ErrorKind, net::SocketAddr, path::PathBuf};
 
 use integration_tests::{
-    assert_kinds, connect_from, expected_reason, handshake::is_tuple, inode, listen, ns_name,
-    run_fix, send_syn, strs, veth, Kdrop, Ns,
+    assert_kinds, connect_from, inode, listen, ns_name, reason_for, run_fix, send_syn, veth, Kdrop,
+    Ns, Record,
 };
 use kdrop::diagnosis::{fix_kinds::Kind, netfilter::fixes::FixKind};
-use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -118,35 +117,35 @@ impl Cluster {
 }
 
 /// The drop of a SYN `src -> dst` in the node, as kdrop reports it.
-fn node_drop(k: &Kdrop, c: &Cluster, src: SocketAddr, dst: SocketAddr) -> Value {
+fn node_drop(k: &Kdrop, c: &Cluster, src: SocketAddr, dst: SocketAddr) -> Record {
     let _syn = send_syn(&c.client, src, dst);
     let node = inode(&c.node);
-    let e = k.expect_event("the drop in the node", |e| {
-        is_tuple(e, &src, &dst) && e["netns"] == node && e["kind"] == "drop"
+    let e = k.expect_record("the drop in the node", |e| {
+        e.is_tuple(&src, &dst) && e.netns == node && e.kind == "drop"
     });
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"), "{e}");
     e
 }
 
 /// kube-proxy's own finding: named for the Service, nothing to run, the
 /// objects to look at.
-fn check_kube_finding(e: &Value, cause: &str, summary: &str, ns: &str, svc: &str) {
-    let f = &e["finding"];
-    assert_eq!(f["cause"], cause, "{e}");
+fn check_kube_finding(e: &Record, cause: &str, summary: &str, ns: &str, svc: &str) {
+    let f = e.finding();
+    assert_eq!(f.cause, cause, "{e}");
     assert!(
-        f["summary"].as_str().unwrap().contains(summary),
+        f.summary.contains(summary),
         "summary {} lacks {summary}",
-        f["summary"]
+        f.summary
     );
-    assert!(strs(&f["fix"]).is_empty(), "{e}");
-    let inspect = strs(&f["inspect"]);
+    assert!(f.fix.is_empty(), "{e}");
+    let inspect = f.inspect.clone();
     for want in [
         format!("kubectl -n {ns} get endpointslices -l kubernetes.io/service-name={svc}"),
         format!("kubectl -n {ns} get svc {svc} -o yaml"),
     ] {
         assert!(inspect.contains(&want), "{want} not in {inspect:?}");
     }
-    let notes = strs(&f["fix_notes"]).join("\n");
+    let notes = f.fix_notes.join("\n");
     assert!(notes.contains("deleting it repairs nothing"), "{notes}");
 }
 
@@ -156,11 +155,11 @@ fn no_endpoints_reject() {
     let (src, vip) = (sa("10.0.1.2:41001"), sa("172.30.0.46:80"));
     let k = Kdrop::start(&["--json", "--port", "80"]);
     let e = node_drop(&k, &c, src, vip);
-    assert_eq!(e["netfilter"]["table"], "filter", "{e}");
-    assert_eq!(e["netfilter"]["chain"], "KUBE-SERVICES", "{e}");
+    assert_eq!(e.netfilter().table.as_deref(), Some("filter"), "{e}");
+    assert_eq!(e.netfilter().chain.as_deref(), Some("KUBE-SERVICES"), "{e}");
     assert_eq!(
-        e["netfilter"]["rule"],
-        saved("ns6/svc6:p80 has no endpoints"),
+        e.netfilter().rule.as_deref(),
+        Some(&*saved("ns6/svc6:p80 has no endpoints")),
         "{e}"
     );
     check_kube_finding(
@@ -170,7 +169,7 @@ fn no_endpoints_reject() {
         "ns6",
         "svc6",
     );
-    assert_eq!(e["service"], "ns6/svc6:80", "{e}");
+    assert_eq!(e.service.as_deref(), Some("ns6/svc6:80"), "{e}");
     k.stop(libc::SIGINT);
     // The REJECT answers: refused, not timed out.
     let err = connect_from(&c.client, sa("10.0.1.2:41011"), vip).unwrap_err();
@@ -189,10 +188,14 @@ fn no_local_endpoint_drop() {
     let (src, np) = (sa("192.168.7.2:41002"), sa("192.168.7.1:3001"));
     let k = Kdrop::start(&["--json", "--port", "3001"]);
     let e = node_drop(&k, &c, src, np);
-    assert_eq!(e["netfilter"]["chain"], "KUBE-EXTERNAL-SERVICES", "{e}");
     assert_eq!(
-        e["netfilter"]["rule"],
-        saved("--dst-type LOCAL -m tcp --dport 3001 -j DROP"),
+        e.netfilter().chain.as_deref(),
+        Some("KUBE-EXTERNAL-SERVICES"),
+        "{e}"
+    );
+    assert_eq!(
+        e.netfilter().rule.as_deref(),
+        Some(&*saved("--dst-type LOCAL -m tcp --dport 3001 -j DROP")),
         "{e}"
     );
     check_kube_finding(
@@ -202,12 +205,12 @@ fn no_local_endpoint_drop() {
         "ns2",
         "svc2",
     );
-    let notes = strs(&e["finding"]["fix_notes"]).join("\n");
+    let notes = e.finding().fix_notes.join("\n");
     assert!(
         notes.contains("run a ready endpoint of the Service on this node"),
         "{notes}"
     );
-    assert_eq!(e["service"], "ns2/svc2:80", "{e}");
+    assert_eq!(e.service.as_deref(), Some("ns2/svc2:80"), "{e}");
     k.stop(libc::SIGINT);
     // The note's repair: svc2's endpoint 10.180.0.2 runs on this node.
     c.restore("v1.31-iptables-ready.rules");
@@ -245,18 +248,19 @@ fn cluster_ip_names_its_service() {
     // After DNAT, the packet in FORWARD goes to the backend endpoint.
     let (src, backend) = (sa("10.0.1.2:41004"), sa("10.180.0.1:80"));
     let e = node_drop(&k, &c, src, backend);
-    assert_eq!(e["netfilter"]["chain"], "FORWARD", "{e}");
+    assert_eq!(e.netfilter().chain.as_deref(), Some("FORWARD"), "{e}");
     assert_eq!(
-        e["netfilter"]["rule"], "-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP",
+        e.netfilter().rule.as_deref(),
+        Some("-A FORWARD -d 10.180.0.1/32 -p tcp -m tcp --dport 80 -j DROP"),
         "{e}"
     );
-    assert_eq!(e["service"], "ns1/svc1:80", "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "netfilter_rule", "{e}");
-    let summary = f["summary"].as_str().unwrap();
+    assert_eq!(e.service.as_deref(), Some("ns1/svc1:80"), "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "netfilter_rule", "{e}");
+    let summary = f.summary.as_str();
     assert!(summary.starts_with("to service ns1/svc1:80: "), "{summary}");
     k.stop(libc::SIGINT);
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     // kube-proxy's rules are not repaired; this one is the test's own.
     assert_kinds(&fix, &[Kind::Netfilter(FixKind::IptablesAcceptBeforeRule)]);
     for cmd in &fix {
@@ -277,7 +281,7 @@ fn nftables_mode() {
     let k = Kdrop::start(&["--json", "--port", "80"]);
     let (src, vip) = (sa("10.0.1.2:41005"), sa("172.30.0.46:80"));
     let e = node_drop(&k, &c, src, vip);
-    assert_eq!(e["netfilter"]["table"], "kube-proxy", "{e}");
+    assert_eq!(e.netfilter().table.as_deref(), Some("kube-proxy"), "{e}");
     check_kube_finding(
         &e,
         "kube_no_endpoints",
@@ -285,7 +289,7 @@ fn nftables_mode() {
         "ns6",
         "svc6",
     );
-    assert_eq!(e["service"], "ns6/svc6:80", "{e}");
+    assert_eq!(e.service.as_deref(), Some("ns6/svc6:80"), "{e}");
     k.stop(libc::SIGINT);
     let k = Kdrop::start(&["--json", "--port", "3001"]);
     let (src, np) = (sa("192.168.0.9:41006"), sa("192.168.0.2:3001"));
@@ -297,6 +301,6 @@ fn nftables_mode() {
         "ns2",
         "svc2",
     );
-    assert_eq!(e["service"], "ns2/svc2:80", "{e}");
+    assert_eq!(e.service.as_deref(), Some("ns2/svc2:80"), "{e}");
     k.stop(libc::SIGINT);
 }

@@ -50,7 +50,7 @@ fn count_stops_after_n_events() {
     }
     let done = k.wait(Duration::from_secs(10));
     assert!(done.status.success(), "{done:?}");
-    assert_eq!(done.events().len(), 2, "{done:?}");
+    assert_eq!(done.records().len(), 2, "{done:?}");
     assert_eq!(done.counts().received, 2);
 }
 
@@ -279,16 +279,16 @@ fn lab_catches_the_rp_filter_drop_and_cleans_up() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = integration_tests::Record::parse(String::from_utf8_lossy(&out.stdout).trim_end());
     assert_eq!(
-        e["reason"],
-        integration_tests::expected_reason("IP_RPFILTER")
+        e.reason.as_deref(),
+        integration_tests::reason_for("IP_RPFILTER")
     );
-    assert_eq!(e["saddr"], "198.51.100.7");
-    assert_eq!(e["daddr"], "10.0.2.20");
-    assert_eq!(e["dport"], 8080);
-    assert_eq!(e["ifname"], "eth1");
-    let ns = e["netns_name"].as_str().unwrap();
+    assert_eq!(e.saddr, "198.51.100.7");
+    assert_eq!(e.daddr, "10.0.2.20");
+    assert_eq!(e.dport, 8080);
+    assert_eq!(e.ifname, "eth1");
+    let ns = e.netns_name.as_deref().unwrap();
     assert!(
         !std::path::Path::new("/run/netns").join(ns).exists(),
         "{ns} left behind"

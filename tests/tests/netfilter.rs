@@ -9,11 +9,9 @@ use std::{
 };
 
 use integration_tests::{
-    expected_reason,
-    handshake::is_tuple,
     inode,
     nf::{ipt, Backend, BrNetfilter},
-    ns_name, send_syn, veth, Kdrop, Ns, Pair,
+    ns_name, reason_for, send_syn, veth, Kdrop, Ns, Pair, Record,
 };
 use serde_json::Value;
 
@@ -47,10 +45,10 @@ fn load(ns: &Ns, tool: &str, name: &str, text: &str) {
 }
 
 /// Sends a SYN and returns kdrop's event for it.
-fn drop_of(k: &Kdrop, ns: &Ns, src: SocketAddr, dst: SocketAddr) -> Value {
+fn drop_of(k: &Kdrop, ns: &Ns, src: SocketAddr, dst: SocketAddr) -> Record {
     let _syn = send_syn(ns, src, dst);
-    let e = k.expect_event("the netfilter drop", |e| is_tuple(e, &src, &dst));
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
+    let e = k.expect_record("the netfilter drop", |e| e.is_tuple(&src, &dst));
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"), "{e}");
     e
 }
 
@@ -67,11 +65,11 @@ struct Want<'a> {
     rule: Option<&'a str>,
 }
 
-fn check(e: &Value, w: &Want) {
-    let nf = &e["netfilter"];
+fn check(e: &Record, w: &Want) {
+    let nf = e.netfilter();
     // Where a rule walker's verdict probe attached (kernels with kprobes),
     // its verdict comes first and the counters name the rule after it.
-    let method = nf["method"].as_str().unwrap_or_default();
+    let method = nf.method.as_str();
     assert!(
         method == w.method
             || (method.starts_with("kernel verdict (")
@@ -79,22 +77,19 @@ fn check(e: &Value, w: &Want) {
         "method in {e}"
     );
     let pairs = [
-        ("dropped_by", w.dropped_by),
-        ("hook", w.hook),
-        ("family", w.family),
-        ("backend", w.backend),
-        ("table", w.table),
-        ("chain", w.chain),
+        ("dropped_by", Some(nf.dropped_by.as_str()), w.dropped_by),
+        ("hook", nf.hook.as_deref(), w.hook),
+        ("family", nf.family.as_deref(), w.family),
+        ("backend", nf.backend.as_deref(), w.backend),
+        ("table", nf.table.as_deref(), w.table),
+        ("chain", nf.chain.as_deref(), w.chain),
     ];
-    for (field, want) in pairs {
-        assert_eq!(nf[field], want, "{field} in {e}");
+    for (field, got, want) in pairs {
+        assert_eq!(got, Some(want), "{field} in {e}");
     }
-    match w.rule {
-        Some(r) => assert_eq!(nf["rule"], r, "{e}"),
-        None => assert!(nf["rule"].is_null(), "{e}"),
-    }
-    assert_eq!(e["finding"]["cause"], w.cause, "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap();
+    assert_eq!(nf.rule.as_deref(), w.rule, "{e}");
+    assert_eq!(e.finding().cause, w.cause, "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(summary.contains(w.chain), "{summary}");
     if let Some(r) = w.rule {
         assert!(summary.contains(r), "{summary}");
@@ -116,7 +111,7 @@ fn input_drop(b: Backend, net: u8) {
         (true, p.client_v6(42102), p.server_v6(6101)),
     ] {
         let e = drop_of(&k, &p.client, src, dst);
-        assert_eq!(e["netns"], inode(&p.server));
+        assert_eq!(e.netns, inode(&p.server));
         check(
             &e,
             &Want {
@@ -131,11 +126,11 @@ fn input_drop(b: Backend, net: u8) {
                 rule: Some("-A INPUT -p tcp -m tcp --dport 6101 -j DROP"),
             },
         );
-        assert_eq!(e["netfilter"]["rule_number"], 4, "{e}");
-        let after = e["netfilter"]["packets_after"].as_u64().unwrap();
-        let before = e["netfilter"]["packets_before"].as_u64().unwrap();
+        assert_eq!(e.netfilter().rule_number, Some(4), "{e}");
+        let after = e.netfilter().packets_after.unwrap();
+        let before = e.netfilter().packets_before.unwrap();
         assert!(after > before, "{e}");
-        let look = e["finding"]["inspect"][0].as_str().unwrap();
+        let look = e.finding().inspect[0].as_str();
         assert_eq!(
             look,
             format!(
@@ -169,7 +164,7 @@ fn output_drop(b: Backend, net: u8) {
     ipt(&p.client, b, false, "-A OUTPUT -p tcp --dport 6102 -j DROP");
     let k = Kdrop::start(&["--json", "--netns", &p.client.name, "-p", "6102"]);
     let e = drop_of(&k, &p.client, p.client_v4(42103), p.server_v4(6102));
-    assert_eq!(e["netns"], inode(&p.client));
+    assert_eq!(e.netns, inode(&p.client));
     check(
         &e,
         &Want {
@@ -222,7 +217,8 @@ fn reject(b: Backend, net: u8) {
         },
     );
     assert_eq!(
-        e["netfilter"]["target"], "REJECT --reject-with tcp-reset",
+        e.netfilter().target.as_deref(),
+        Some("REJECT --reject-with tcp-reset"),
         "{e}"
     );
     k.stop(libc::SIGINT);
@@ -338,8 +334,8 @@ fn forward_policy_on_bridge(b: Backend, net: u8) {
             )
         };
         let e = drop_of(&k, &client, src, dst);
-        assert_eq!(e["netns"], inode(&bridge));
-        assert_eq!(e["ifname"], "bp0", "{e}");
+        assert_eq!(e.netns, inode(&bridge));
+        assert_eq!(e.ifname, "bp0", "{e}");
         check(
             &e,
             &Want {
@@ -354,7 +350,7 @@ fn forward_policy_on_bridge(b: Backend, net: u8) {
                 rule: None,
             },
         );
-        assert_eq!(e["netfilter"]["target"], "DROP", "{e}");
+        assert_eq!(e.netfilter().target.as_deref(), Some("DROP"), "{e}");
     }
     k.stop(libc::SIGINT);
 }
@@ -408,9 +404,9 @@ fn nft_chain_policy_drop() {
                 rule: None,
             },
         );
-        assert_eq!(e["netfilter"]["target"], "drop", "{e}");
+        assert_eq!(e.netfilter().target.as_deref(), Some("drop"), "{e}");
         assert_eq!(
-            e["finding"]["inspect"][0],
+            e.finding().inspect[0],
             format!(
                 "ip netns exec {} nft -a list chain inet kdt input",
                 p.server.name
@@ -477,7 +473,7 @@ fn nft_rule_drop() {
             rule: Some("tcp dport 6107 ip saddr 10.72.0.1 counter drop"),
         },
     );
-    assert_eq!(e["netfilter"]["handle"], counted, "{e}");
+    assert_eq!(e.netfilter().handle, Some(counted), "{e}");
     let e = drop_of(&k, &p.client, p.client_v6(42110), p.server_v6(6107));
     check(
         &e,
@@ -493,7 +489,7 @@ fn nft_rule_drop() {
             rule: Some("ip6 saddr fd00:72::1 tcp dport 6107 drop"),
         },
     );
-    assert_eq!(e["netfilter"]["handle"], uncounted, "{e}");
+    assert_eq!(e.netfilter().handle, Some(uncounted), "{e}");
     k.stop(libc::SIGINT);
 }
 
@@ -522,8 +518,8 @@ fn conntrack_invalid(b: Backend, net: u8) {
     let k = Kdrop::start(&["--json", "--netns", &p.client.name, "-p", "6108"]);
     let client = p.client_v4(42111);
     let _syn = send_syn(&p.client, client, server);
-    let e = k.expect_event("the dropped SYN-ACK", |e| is_tuple(e, &server, &client));
-    assert_eq!(e["tcp_flags"], "SYN|ACK", "{e}");
+    let e = k.expect_record("the dropped SYN-ACK", |e| e.is_tuple(&server, &client));
+    assert_eq!(e.tcp_flags, "SYN|ACK", "{e}");
     check(
         &e,
         &Want {
@@ -538,7 +534,7 @@ fn conntrack_invalid(b: Backend, net: u8) {
             rule: Some("-A INPUT -m conntrack --ctstate INVALID -j DROP"),
         },
     );
-    assert_eq!(e["netfilter"]["ctstate_invalid"], true, "{e}");
+    assert!(e.netfilter().ctstate_invalid, "{e}");
     k.stop(libc::SIGINT);
     drop(listener);
 }
@@ -604,7 +600,7 @@ fn busy_ruleset(b: Backend, net: u8) {
             }
         });
         // The noise is under way once its first drops are reported.
-        let decoy = k.expect_event("a decoy drop", |e| e["saddr"] == format!("10.{net}.0.3"));
+        let decoy = k.expect_record("a decoy drop", |e| e.saddr == format!("10.{net}.0.3"));
         let e = drop_of(&k, &p.client, p.client_v4(42112), p.server_v4(6109));
         stop.store(true, Ordering::Relaxed);
         noise.join().unwrap();
@@ -613,8 +609,10 @@ fn busy_ruleset(b: Backend, net: u8) {
     // The decoy, to the same port from the client's other address, is its
     // own rule's: the counters told the two apart under the same noise.
     assert_eq!(
-        decoy["netfilter"]["rule"],
-        format!("-A KDT-ZONE -s 10.{net}.0.3/32 -p tcp -m tcp --dport 6109 -j DROP"),
+        decoy.netfilter().rule.as_deref(),
+        Some(&*format!(
+            "-A KDT-ZONE -s 10.{net}.0.3/32 -p tcp -m tcp --dport 6109 -j DROP"
+        )),
         "{decoy}"
     );
     // Whether other counters moved inside this drop's own snapshot window
@@ -636,7 +634,7 @@ fn busy_ruleset(b: Backend, net: u8) {
             rule: Some(&target),
         },
     );
-    assert_eq!(e["netfilter"]["rule_number"], 102, "{e}");
+    assert_eq!(e.netfilter().rule_number, Some(102), "{e}");
     k.stop(libc::SIGINT);
 }
 

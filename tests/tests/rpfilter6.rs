@@ -9,11 +9,10 @@
 use std::{net::SocketAddr, time::Duration};
 
 use integration_tests::{
-    assert_kinds, connect_from, connect_within, listen, ns_name, run_fix, send_syn, strs, veth,
-    wait_connected, Kdrop, Ns,
+    assert_kinds, connect_from, connect_within, handshake, listen, ns_name, run_fix, send_syn,
+    veth, wait_connected, Kdrop, Ns, Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
-use serde_json::Value;
 
 const PORT: u16 = 8443;
 const CLIENT: &str = "fd00:61:9::1";
@@ -103,26 +102,26 @@ fn lab(test: &str) -> Lab {
 }
 
 /// The drop of the client's SYN, with its finding.
-fn traced_drop(l: &Lab, sport: u16) -> (Value, std::os::fd::OwnedFd) {
+fn traced_drop(l: &Lab, sport: u16) -> (Record, std::os::fd::OwnedFd) {
     let k = Kdrop::start(&["--json", "--port", &PORT.to_string()]);
     let src: SocketAddr = format!("[{CLIENT}]:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("[{SERVER}]:{PORT}").parse().unwrap();
     let syn = send_syn(&l.client, src, dst);
-    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["saddr"] == CLIENT && e["sport"] == sport
+    let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.saddr == CLIENT && e.sport == sport
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
-    assert_eq!(e["ifname"], "eth1", "{e}");
+    assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.ifname, "eth1", "{e}");
     (e, syn)
 }
 
 /// What both rules share: the way back, the rule that chose it, the fix.
-fn check_way_back(e: &Value, l: &Lab, asked: &str) {
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "rpfilter6", "{e}");
+fn check_way_back(e: &Record, l: &Lab, asked: &str) {
+    let f = e.finding();
+    assert_eq!(f.cause, "rpfilter6", "{e}");
     let ns = format!("ip netns exec {} ", l.node.name);
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(&format!(
             "reverse lookup as the rule makes it (strict): `{ns}ip -6 route get {CLIENT} from \
@@ -143,7 +142,7 @@ fn check_way_back(e: &Value, l: &Lab, asked: &str) {
     );
     // The node has no IPv6 rule of its own: table 100 is free.
     assert_eq!(
-        strs(&f["fix"]),
+        f.fix,
         [
             format!("{ns}ip -6 route add {CLIENT}/128 dev eth1 table 100"),
             format!("{ns}ip -6 rule add from {SERVER} to {CLIENT}/128 lookup 100 priority 32765"),
@@ -151,19 +150,17 @@ fn check_way_back(e: &Value, l: &Lab, asked: &str) {
     );
 }
 
-fn fix_then_connect(e: &Value, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16) {
-    drop(syn);
-    let fix = strs(&e["finding"]["fix"]);
-    assert_kinds(&fix, &[Kind::Rpfilter6Route, Kind::Rpfilter6Rule]);
-    for cmd in fix {
-        run_fix(&cmd);
-    }
-    connect_from(
+/// The route and the rule, applied; then a new connection (the next port).
+fn fix_then_connect(e: &Record, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16) {
+    let f = e.finding();
+    assert_kinds(&f.fix, &[Kind::Rpfilter6Route, Kind::Rpfilter6Rule]);
+    handshake::fix_then_connect(
+        f,
         &l.client,
+        syn,
         format!("[{CLIENT}]:{}", sport + 1).parse().unwrap(),
         format!("[{SERVER}]:{PORT}").parse().unwrap(),
-    )
-    .expect("a new connection after the fix");
+    );
 }
 
 #[test]
@@ -188,9 +185,9 @@ fn ip6tables_rpfilter_strict() {
     let _srv = listen(&l.node, format!("[{SERVER}]:{PORT}").parse().unwrap());
     let (e, syn) = traced_drop(&l, 48101);
     let rule = "-A PREROUTING -m rpfilter --invert -j DROP";
-    assert_eq!(e["netfilter"]["rule"], rule, "{e}");
+    assert_eq!(e.netfilter().rule.as_deref(), Some(rule), "{e}");
     assert_eq!(
-        e["finding"]["summary"],
+        e.finding().summary,
         format!(
             "IPv6 reverse-path check failed on eth1: iptables-nft rule in raw/PREROUTING \
              (strict) drops it: the way back to {CLIENT} leaves by eth0, not eth1 (table main, \
@@ -199,7 +196,7 @@ fn ip6tables_rpfilter_strict() {
     );
     check_way_back(&e, &l, " oif eth1");
     assert_eq!(
-        strs(&e["finding"]["fix_or"][0]),
+        e.finding().fix_or[0].clone(),
         [format!(
             "ip netns exec {} ip6tables-nft -t raw -R PREROUTING 1 -m rpfilter --loose --invert -j DROP",
             l.node.name
@@ -221,9 +218,9 @@ fn nft_fib_saddr_iif() {
     let _srv = listen(&l.node, format!("[{SERVER}]:{PORT}").parse().unwrap());
     let (e, syn) = traced_drop(&l, 48201);
     let rule = "fib saddr . iif oif missing counter drop";
-    assert_eq!(e["netfilter"]["rule"], rule, "{e}");
+    assert_eq!(e.netfilter().rule.as_deref(), Some(rule), "{e}");
     assert_eq!(
-        e["finding"]["summary"],
+        e.finding().summary,
         format!(
             "IPv6 reverse-path check failed on eth1: nftables rule in fw/pre (strict) drops it: \
              the way back to {CLIENT} leaves by eth0, not eth1 (table main, rule 32766: from all \
@@ -263,8 +260,8 @@ fn asymmetric_lab(test: &str) -> Lab {
 
 /// Applies kdrop's loose-mode repair as printed (it must be of `kind`),
 /// then a new connection and the dropped SYN's retransmission complete.
-fn loosen_then_connect(e: &Value, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16, kind: Kind) {
-    let or = strs(&e["finding"]["fix_or"][0]);
+fn loosen_then_connect(e: &Record, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16, kind: Kind) {
+    let or = e.finding().fix_or[0].clone();
     assert_kinds(&or, &[kind]);
     for cmd in &or {
         run_fix(cmd);
@@ -301,7 +298,7 @@ fn ip6tables_rpfilter_loosened() {
     let _srv = listen(&l.node, format!("[{SERVER}]:{PORT}").parse().unwrap());
     let (e, syn) = traced_drop(&l, 48501);
     assert_eq!(
-        strs(&e["finding"]["fix_or"][0]),
+        e.finding().fix_or[0].clone(),
         [format!(
             "ip netns exec {} ip6tables-nft -t raw -R PREROUTING 1 -m rpfilter --loose --invert -j DROP",
             l.node.name
@@ -322,7 +319,7 @@ fn nft_fib_loosened() {
     }
     let _srv = listen(&l.node, format!("[{SERVER}]:{PORT}").parse().unwrap());
     let (e, syn) = traced_drop(&l, 48601);
-    let or = strs(&e["finding"]["fix_or"][0]);
+    let or = e.finding().fix_or[0].clone();
     assert!(
         or.len() == 1
             && or[0].starts_with(&format!(
@@ -404,15 +401,15 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
     let src: SocketAddr = format!("[{client_addr}]:48301").parse().unwrap();
     let dst: SocketAddr = format!("[{server}]:{PORT}").parse().unwrap();
     let syn = send_syn(&client, src, dst);
-    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["saddr"] == client_addr && e["sport"] == 48301
+    let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.saddr == client_addr && e.sport == 48301
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
+    assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
     let rule = "-A PREROUTING -m rpfilter --validmark --invert -j DROP";
-    let f = &e["finding"];
+    let f = e.finding();
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "IPv6 reverse-path check failed on eth1: iptables-nft rule in raw/PREROUTING \
              (strict) drops it: the way back to {client_addr} leaves by eth0, not eth1 (table \
@@ -421,7 +418,7 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
         "{e}"
     );
     let ns = format!("ip netns exec {} ", node.name);
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(&format!(
             "reverse lookup as the rule makes it (strict): `{ns}ip -6 route get {client_addr} \
@@ -434,7 +431,7 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
     // for the router's link-local address), as table 2 goes.
     let router_ll = link_local(&router, "r1");
     assert_eq!(
-        strs(&f["fix"]),
+        f.fix,
         [
             format!("{ns}ip -6 route add {client_addr}/128 via {router_ll} dev eth1 table 100"),
             format!(
@@ -443,7 +440,7 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
         ]
     );
     drop(syn);
-    for cmd in strs(&f["fix"]) {
+    for cmd in f.fix.clone() {
         run_fix(&cmd);
     }
     connect_from(
@@ -531,19 +528,19 @@ fn a_routed_client_is_repaired_through_its_router() {
     let k = Kdrop::start(&["--json", "--port", &port.to_string()]);
     let src: SocketAddr = format!("[{client_addr}]:48401").parse().unwrap();
     let syn = send_syn(&client, src, dst);
-    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["saddr"] == client_addr && e["sport"] == 48401
+    let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.saddr == client_addr && e.sport == 48401
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e["reason"], "NETFILTER_DROP", "{e}");
-    assert_eq!(e["ifname"], "eth1", "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "rpfilter6", "{e}");
+    assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.ifname, "eth1", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "rpfilter6", "{e}");
     let ns = format!("ip netns exec {} ", node.name);
     // The router's address as the node's neighbour table has it: the
     // link-local one its solicitations came from.
     let router_addr = link_local(&router, "r1");
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         [
@@ -553,7 +550,7 @@ fn a_routed_client_is_repaired_through_its_router() {
             ),
         ]
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev.iter().any(|l| l.starts_with(&format!(
             "the packet came from 02:00:00:00:e8:03 = {router_addr} on eth1 ("
