@@ -50,6 +50,14 @@ pub fn ipt(ns: &Ns, b: Backend, v6: bool, args: &str) {
         .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
+/// Plain `iptables ARGS` (split on whitespace) in `ns`: a lab's own rules,
+/// with whichever backend `iptables` is here.
+pub fn iptables(ns: &Ns, args: &str) {
+    let args: Vec<&str> = args.split_whitespace().collect();
+    ns.exec("iptables", &args)
+        .unwrap_or_else(|e| panic!("iptables {}: {e:#}", args.join(" ")));
+}
+
 /// A ruleset loaded with `nft -f` from a file removed afterwards (`nft -f
 /// -` would need a pipe).
 pub fn nft(ns: &Ns, name: &str, text: &str) {

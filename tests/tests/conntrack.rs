@@ -6,17 +6,13 @@ use std::{net::SocketAddr, path::Path, time::Duration};
 
 use integration_tests::record::Finding;
 use integration_tests::{
-    answered_three_times, assert_kinds, bound, connect_from, ns_name, reason_for, run_fix,
-    send_syn, veth, Kdrop, Ns,
+    answered_three_times, assert_kinds, bound, connect_from, in_ns, nf::iptables, ns_name,
+    pods_on_bridge, reason_for, run_fix, send_syn, veth, Kdrop, Ns,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 
 fn listen(ns: &Ns, addr: &str) -> std::net::TcpListener {
     integration_tests::listen(ns, addr.parse().unwrap())
-}
-
-fn iptables(ns: &Ns, args: &[&str]) {
-    ns.exec("iptables", args).unwrap();
 }
 
 /// Incident 5: office client -> gateway/router -> node B (route for the
@@ -37,16 +33,7 @@ const BACKEND: &str = "10.0.0.13";
 fn masquerade_to_backend(node: &Ns) {
     iptables(
         node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-d",
-            BACKEND,
-            "-j",
-            "MASQUERADE",
-        ],
+        &format!("-t nat -A POSTROUTING -d {BACKEND} -j MASQUERADE"),
     );
 }
 
@@ -117,25 +104,7 @@ fn asymmetric(test: &str) -> Asym {
         .ip(&["route", "add", "default", "via", "10.0.0.1"])
         .unwrap();
     a.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    iptables(
-        &a.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-d",
-            VIP,
-            "-p",
-            "tcp",
-            "--dport",
-            "8005",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "10.0.0.13:8005",
-        ],
-    );
+    iptables(&a.node, &format!("-t nat -A PREROUTING -d {VIP} -p tcp --dport 8005 -j DNAT --to-destination 10.0.0.13:8005"));
     a.pod
         .ip(&["addr", "add", &format!("{BACKEND}/24"), "dev", "eth0"])
         .unwrap();
@@ -236,59 +205,15 @@ struct Hairpin {
 
 const CLUSTER_IP: &str = "100.67.30.133";
 
-/// Bridge cni0 at `<net>.1/24` in `node`, each pod on it at `<net>.<last>`
-/// through a veth (pod side eth0, node side veth<last>), routed by the node.
-fn pods_on_cni0<const N: usize>(node: &Ns, net: &str, pods: [(&Ns, u8); N]) {
-    node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
-    node.ip(&["link", "set", "cni0", "up"]).unwrap();
-    node.ip(&["addr", "add", &format!("{net}.1/24"), "dev", "cni0"])
-        .unwrap();
-    for (pod, last) in pods {
-        let port = format!("veth{last}");
-        veth(
-            pod,
-            "eth0",
-            &format!("02:00:00:00:01:{last:02x}"),
-            node,
-            &port,
-            &format!("02:00:00:00:02:{last:02x}"),
-        )
-        .unwrap();
-        node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
-        pod.ip(&["addr", "add", &format!("{net}.{last}/24"), "dev", "eth0"])
-            .unwrap();
-        pod.ip(&["route", "add", "default", "via", &format!("{net}.1")])
-            .unwrap();
-    }
-}
-
 fn hairpin(test: &str, bridge_nf_call_iptables: &str) -> Hairpin {
     let h = Hairpin {
         node: Ns::new(&ns_name(&format!("{test}-node"))).unwrap(),
         pod_a: Ns::new(&ns_name(&format!("{test}-a"))).unwrap(),
         pod_b: Ns::new(&ns_name(&format!("{test}-b"))).unwrap(),
     };
-    pods_on_cni0(&h.node, "10.244.1", [(&h.pod_a, 5), (&h.pod_b, 9)]);
+    pods_on_bridge(&h.node, "10.244.1", &[(&h.pod_a, 5), (&h.pod_b, 9)], 0x01);
     h.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    iptables(
-        &h.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-d",
-            CLUSTER_IP,
-            "-p",
-            "tcp",
-            "--dport",
-            "8002",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "10.244.1.9:8002",
-        ],
-    );
+    iptables(&h.node, &format!("-t nat -A PREROUTING -d {CLUSTER_IP} -p tcp --dport 8002 -j DNAT --to-destination 10.244.1.9:8002"));
     // br_netfilter may be built in or loaded on this host (then new
     // namespaces start with bridge-nf-call-iptables=1): the incident is a
     // node where bridged traffic skips iptables.
@@ -456,25 +381,7 @@ fn control_backend_behind_a_router_reports_nothing() {
         .unwrap();
     far.ip(&["route", "add", "default", "via", "10.245.0.1"])
         .unwrap();
-    iptables(
-        &h.node,
-        &[
-            "-t",
-            "nat",
-            "-I",
-            "PREROUTING",
-            "-d",
-            CLUSTER_IP,
-            "-p",
-            "tcp",
-            "--dport",
-            "8003",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "10.245.0.9:8003",
-        ],
-    );
+    iptables(&h.node, &format!("-t nat -I PREROUTING -d {CLUSTER_IP} -p tcp --dport 8003 -j DNAT --to-destination 10.245.0.9:8003"));
     let _l = listen(&far, "10.245.0.9:8003");
     // --host: other runs on this shared kernel drop packets with port 8003 too.
     let k = Kdrop::start(&["--json", "--port", "8003", "--host", "10.244.1.5"]);
@@ -539,29 +446,11 @@ fn lb_loopback(test: &str) -> Loop {
     l.node
         .ip(&["route", "add", "default", "via", "10.70.0.1"])
         .unwrap();
-    pods_on_cni0(&l.node, "10.244.2", [(&l.pod_a, 5), (&l.pod_b, 9)]);
+    pods_on_bridge(&l.node, "10.244.2", &[(&l.pod_a, 5), (&l.pod_b, 9)], 0x01);
     l.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
     // NodePort with externalTrafficPolicy=Local: DNAT to the local backend,
     // no masquerade.
-    iptables(
-        &l.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-d",
-            "10.70.0.10",
-            "-p",
-            "tcp",
-            "--dport",
-            "30080",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "10.244.2.9:8004",
-        ],
-    );
+    iptables(&l.node, "-t nat -A PREROUTING -d 10.70.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.244.2.9:8004");
     l.lb.ip(&["addr", "add", "10.70.0.1/24", "dev", "lb0"])
         .unwrap();
     l.lb.ip(&["route", "add", "10.244.2.0/24", "via", "10.70.0.10"])
@@ -572,25 +461,7 @@ fn lb_loopback(test: &str) -> Loop {
     l.lb.sysctl("net/ipv4/conf/lb0/send_redirects", "0")
         .unwrap();
     // The load balancer keeps the client's address (no SNAT).
-    iptables(
-        &l.lb,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-d",
-            LB_VIP,
-            "-p",
-            "tcp",
-            "--dport",
-            "8004",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "10.70.0.10:30080",
-        ],
-    );
+    iptables(&l.lb, &format!("-t nat -A PREROUTING -d {LB_VIP} -p tcp --dport 8004 -j DNAT --to-destination 10.70.0.10:30080"));
     l
 }
 
@@ -659,45 +530,10 @@ fn incident4_lb_loopback_without_snat_and_its_fix() {
 #[test]
 fn control_vip_served_locally_with_snat_reports_nothing() {
     let l = lb_loopback("lbloopc");
+    iptables(&l.node, &format!("-t nat -I PREROUTING -s 10.244.2.0/24 -d {LB_VIP} -p tcp --dport 8004 -j DNAT --to-destination 10.244.2.9:8004"));
     iptables(
         &l.node,
-        &[
-            "-t",
-            "nat",
-            "-I",
-            "PREROUTING",
-            "-s",
-            "10.244.2.0/24",
-            "-d",
-            LB_VIP,
-            "-p",
-            "tcp",
-            "--dport",
-            "8004",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            "10.244.2.9:8004",
-        ],
-    );
-    iptables(
-        &l.node,
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            "10.244.2.0/24",
-            "-d",
-            "10.244.2.9",
-            "-p",
-            "tcp",
-            "--dport",
-            "8004",
-            "-j",
-            "MASQUERADE",
-        ],
+        "-t nat -A POSTROUTING -s 10.244.2.0/24 -d 10.244.2.9 -p tcp --dport 8004 -j MASQUERADE",
     );
     let _b = listen(&l.pod_b, "10.244.2.9:8004");
     let k = Kdrop::start(&["--json", "--netns", &l.node.name, "--port", "8004"]);
@@ -773,7 +609,7 @@ fn snat_to_one_port(test: &str, snat_to: &[&str]) -> Snat {
         "-j",
     ];
     rule.extend_from_slice(snat_to);
-    iptables(&s.router, &rule);
+    iptables(&s.router, &rule.join(" "));
     s
 }
 
@@ -911,18 +747,7 @@ fn control_snat_with_a_port_range_reports_nothing() {
 /// Runs `conntrack` inside `ns`, returning stdout; fails the test if it
 /// fails (`-D` that deleted nothing included).
 fn conntrack(ns: &Ns, args: &[&str]) -> String {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns.name, "conntrack"])
-        .args(args)
-        .output()
-        .expect("running conntrack");
-    assert!(
-        out.status.success(),
-        "conntrack {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    in_ns(ns, &[&["conntrack"], args].concat())
 }
 
 /// Waits (bounded) until `ns` has a conntrack entry from source port `sport`.
@@ -945,10 +770,7 @@ fn wait_entry(ns: &Ns, sport: u16) {
 fn an_entry_that_dies_unreplied_is_reported_once() {
     let a = asymmetric("ctdes");
     masquerade_to_backend(&a.node);
-    iptables(
-        &a.pod,
-        &["-A", "INPUT", "-p", "tcp", "--dport", "8005", "-j", "DROP"],
-    );
+    iptables(&a.pod, "-A INPUT -p tcp --dport 8005 -j DROP");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     assert!(
         k.stderr_seen

@@ -10,43 +10,11 @@ use std::{net::SocketAddr, path::Path};
 use integration_tests::{
     answered_three_times, assert_kinds, connect_within,
     handshake::{fix_then_connect, of, one_verdict, records, records_until},
-    listen, ns_name, send_syn, veth, Kdrop, Ns,
+    listen,
+    nf::iptables,
+    pods_on_bridge, role_ns, send_syn, veth, Kdrop, Ns,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
-
-fn ipt(ns: &Ns, args: &str) {
-    ns.exec("iptables", &args.split(' ').collect::<Vec<_>>())
-        .unwrap();
-}
-
-fn ns(test: &str, role: &str) -> Ns {
-    Ns::new(&ns_name(&format!("{test}-{role}"))).unwrap()
-}
-
-/// Pods on the node's bridge cni0 (`net`.1/24), each behind a veth.
-fn pods_on_bridge(node: &Ns, net: &str, pods: &[(&Ns, u8)]) {
-    node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
-    node.ip(&["link", "set", "cni0", "up"]).unwrap();
-    node.ip(&["addr", "add", &format!("{net}.1/24"), "dev", "cni0"])
-        .unwrap();
-    for (pod, last) in pods {
-        let port = format!("veth{last}");
-        veth(
-            pod,
-            "eth0",
-            &format!("02:00:00:00:61:{last:02x}"),
-            node,
-            &port,
-            &format!("02:00:00:00:62:{last:02x}"),
-        )
-        .unwrap();
-        node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
-        pod.ip(&["addr", "add", &format!("{net}.{last}/24"), "dev", "eth0"])
-            .unwrap();
-        pod.ip(&["route", "add", "default", "via", &format!("{net}.1")])
-            .unwrap();
-    }
-}
 
 /// Pods routed by the node with no bridge (Calico's way): a /32 on each
 /// veth, the node answering ARP for the pods' gateway 169.254.1.1.
@@ -108,12 +76,12 @@ const BACKEND_PORT: u16 = 8080;
 /// Incident 2: pod A -> ClusterIP:80, DNAT'd to pod B:8080 on the same
 /// bridge, bridged replies skip netfilter.
 fn incident2(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
-    let node = ns(test, "node");
-    let a = ns(test, "a");
-    let b = ns(test, "b");
-    pods_on_bridge(&node, "10.245.1", &[(&a, 5), (&b, 9)]);
+    let node = role_ns(test, "node");
+    let a = role_ns(test, "a");
+    let b = role_ns(test, "b");
+    pods_on_bridge(&node, "10.245.1", &[(&a, 5), (&b, 9)], 0x61);
     node.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    ipt(
+    iptables(
         &node,
         "-t nat -A PREROUTING -d 100.67.31.133 -p tcp --dport 80 -j DNAT --to-destination 10.245.1.9:8080",
     );
@@ -215,10 +183,10 @@ fn incident4_on(
     node_only: bool,
     nat: NodeNat,
 ) {
-    let node = ns(test, "node");
-    let lb = ns(test, "lb");
-    let a = ns(test, "a");
-    let b = ns(test, "b");
+    let node = role_ns(test, "node");
+    let lb = role_ns(test, "lb");
+    let a = role_ns(test, "a");
+    let b = role_ns(test, "b");
     veth(
         &node,
         "eth0",
@@ -235,7 +203,7 @@ fn incident4_on(
     pods_routed(&node, "10.245.2", &[(&a, 5), (&b, 9)]);
     node.sysctl("net/ipv4/ip_forward", "1").unwrap();
     match nat {
-        NodeNat::Plain => ipt(
+        NodeNat::Plain => iptables(
             &node,
             "-t nat -A PREROUTING -d 10.71.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.245.2.9:8080",
         ),
@@ -255,7 +223,7 @@ fn incident4_on(
     lb.sysctl("net/ipv4/ip_forward", "1").unwrap();
     lb.sysctl("net/ipv4/conf/all/send_redirects", "0").unwrap();
     lb.sysctl("net/ipv4/conf/lb0/send_redirects", "0").unwrap();
-    ipt(
+    iptables(
         &lb,
         "-t nat -A PREROUTING -d 203.0.113.81 -p tcp --dport 80 -j DNAT --to-destination 10.71.0.10:30080",
     );
@@ -445,10 +413,10 @@ fn attempt(
 /// node B's namespace alone (`--netns`), as on a real node B, where the
 /// client is another host.
 fn incident5(test: &str, args: &[&str], sport: u16, client_does: Client, node_only: bool) {
-    let client = ns(test, "cl");
-    let router = ns(test, "rt");
-    let node = ns(test, "nb");
-    let pod = ns(test, "pod");
+    let client = role_ns(test, "cl");
+    let router = role_ns(test, "rt");
+    let node = role_ns(test, "nb");
+    let pod = role_ns(test, "pod");
     veth(
         &client,
         "c0",
@@ -504,7 +472,7 @@ fn incident5(test: &str, args: &[&str], sport: u16, client_does: Client, node_on
     node.ip(&["route", "add", "default", "via", "10.1.0.1"])
         .unwrap();
     node.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    ipt(
+    iptables(
         &node,
         "-t nat -A PREROUTING -d 10.1.58.158 -p tcp --dport 80 -j DNAT --to-destination 10.1.0.13:8080",
     );

@@ -12,20 +12,10 @@ use std::{net::SocketAddr, path::Path};
 use integration_tests::{
     connect_from,
     handshake::{self, fix_then_connect, of, records},
-    listen, ns_name,
+    ip6, listen,
     record::{Finding, Record},
-    send_syn, veth, Kdrop, Ns,
+    role_ns, send_syn, veth, Kdrop, Ns,
 };
-
-fn ns(test: &str, role: &str) -> Ns {
-    Ns::new(&ns_name(&format!("{test}-{role}"))).unwrap()
-}
-
-fn ip6(ns: &Ns, args: &str) {
-    let mut a = vec!["-6"];
-    a.extend(args.split(' '));
-    ns.ip(&a).unwrap_or_else(|e| panic!("ip {args}: {e:#}"));
-}
 
 /// An address usable at once (no duplicate address detection).
 fn addr(ns: &Ns, cidr: &str, dev: &str) {
@@ -108,9 +98,9 @@ const BACKEND_PORT: u16 = 8080;
 /// ip6tables to pod B:8080 on the same bridge; bridge-nf-call-ip6tables=0,
 /// so the bridged reply skips netfilter and is not un-DNAT'd.
 fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
-    let node = ns(test, "node");
-    let a = ns(test, "a");
-    let b = ns(test, "b");
+    let node = role_ns(test, "node");
+    let a = role_ns(test, "a");
+    let b = role_ns(test, "b");
     node.ip(&["link", "add", "cni0", "type", "bridge"]).unwrap();
     node.ip(&["link", "set", "cni0", "address", "02:00:00:00:70:01"])
         .unwrap();
@@ -215,10 +205,10 @@ fn hairpin_v6_nft_inet_traced_unfiltered() {
 /// router's other side; the backend answers through the router,
 /// bypassing node B.
 fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
-    let client = ns(test, "cl");
-    let router = ns(test, "rt");
-    let node = ns(test, "nb");
-    let pod = ns(test, "pod");
+    let client = role_ns(test, "cl");
+    let router = role_ns(test, "rt");
+    let node = role_ns(test, "nb");
+    let pod = role_ns(test, "pod");
     for (n, dev, mac, peer_dev, peer_mac) in [
         (&client, "c0", "01", "r0", "02"),
         (&node, "eth0", "03", "rb", "04"),
@@ -331,8 +321,8 @@ fn asymmetric_v6_nft_inet_traced_by_the_client_network() {
 #[test]
 fn no_endpoints_reject_v6() {
     let test = "v6ne";
-    let node = ns(test, "node");
-    let pod = ns(test, "pod");
+    let node = role_ns(test, "node");
+    let pod = role_ns(test, "pod");
     veth(
         &pod,
         "eth0",

@@ -9,7 +9,7 @@
 use std::{net::SocketAddr, time::Duration};
 
 use integration_tests::{
-    assert_kinds, connect_from, connect_within, handshake, listen, ns_name, run_fix, send_syn,
+    assert_kinds, connect_from, connect_within, handshake, ip6, listen, ns_name, run_fix, send_syn,
     veth, wait_connected, Kdrop, Ns, Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
@@ -17,12 +17,6 @@ use kdrop::diagnosis::fix_kinds::Kind;
 const PORT: u16 = 8443;
 const CLIENT: &str = "fd00:61:9::1";
 const SERVER: &str = "fd00:61:1::2";
-
-fn ip6(ns: &Ns, args: &str) {
-    let mut a = vec!["-6"];
-    a.extend(args.split(' '));
-    ns.ip(&a).unwrap_or_else(|e| panic!("ip {args}: {e:#}"));
-}
 
 /// `dev`'s link-local address in `ns`, as the kernel gave it: the address
 /// a router's neighbour solicitations come from (`ndisc_send_ns` takes the
