@@ -25,8 +25,8 @@ struct Asym {
     pod: Ns,
 }
 
-const VIP: &str = "10.0.58.158";
-const BACKEND: &str = "10.0.0.13";
+const VIP: &str = "10.100.58.158";
+const BACKEND: &str = "10.100.0.13";
 
 /// The control's fix, in place from the start: the node masquerades what
 /// it sends to the backend, so replies come back through it.
@@ -81,14 +81,14 @@ fn asymmetric(test: &str) -> Asym {
     }
     a.router.ip(&["link", "set", "vpc", "up"]).unwrap();
     a.router
-        .ip(&["addr", "add", "10.0.0.1/24", "dev", "vpc"])
+        .ip(&["addr", "add", "10.100.0.1/24", "dev", "vpc"])
         .unwrap();
     a.router
         .ip(&["addr", "add", "172.16.0.1/24", "dev", "r0"])
         .unwrap();
     // The route for the service CIDR points at node B.
     a.router
-        .ip(&["route", "add", "10.0.58.0/24", "via", "10.0.0.12"])
+        .ip(&["route", "add", "10.100.58.0/24", "via", "10.100.0.12"])
         .unwrap();
     a.router.sysctl("net/ipv4/ip_forward", "1").unwrap();
     a.client
@@ -98,18 +98,18 @@ fn asymmetric(test: &str) -> Asym {
         .ip(&["route", "add", "default", "via", "172.16.0.1"])
         .unwrap();
     a.node
-        .ip(&["addr", "add", "10.0.0.12/24", "dev", "eth0"])
+        .ip(&["addr", "add", "10.100.0.12/24", "dev", "eth0"])
         .unwrap();
     a.node
-        .ip(&["route", "add", "default", "via", "10.0.0.1"])
+        .ip(&["route", "add", "default", "via", "10.100.0.1"])
         .unwrap();
     a.node.sysctl("net/ipv4/ip_forward", "1").unwrap();
-    iptables(&a.node, &format!("-t nat -A PREROUTING -d {VIP} -p tcp --dport 8005 -j DNAT --to-destination 10.0.0.13:8005"));
+    iptables(&a.node, &format!("-t nat -A PREROUTING -d {VIP} -p tcp --dport 8005 -j DNAT --to-destination 10.100.0.13:8005"));
     a.pod
         .ip(&["addr", "add", &format!("{BACKEND}/24"), "dev", "eth0"])
         .unwrap();
     a.pod
-        .ip(&["route", "add", "default", "via", "10.0.0.1"])
+        .ip(&["route", "add", "default", "via", "10.100.0.1"])
         .unwrap();
     a
 }
@@ -117,7 +117,7 @@ fn asymmetric(test: &str) -> Asym {
 #[test]
 fn incident5_asymmetric_return_path_and_its_fix() {
     let a = asymmetric("asym");
-    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let _l = listen(&a.pod, "10.100.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let src: SocketAddr = "172.16.0.50:45005".parse().unwrap();
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
@@ -131,8 +131,8 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     assert_eq!(e.daddr, VIP);
     assert_eq!(e.dport, 8005);
     assert_eq!(e.ifname, "eth0");
-    assert_eq!(e.ct().orig.dst, "10.0.58.158:8005");
-    assert_eq!(e.ct().reply.src, "10.0.0.13:8005");
+    assert_eq!(e.ct().orig.dst, "10.100.58.158:8005");
+    assert_eq!(e.ct().reply.src, "10.100.0.13:8005");
     let status = e.ct().status.clone();
     assert!(status.contains(&"DST_NAT".to_string()), "{status:?}");
     assert!(!status.contains(&"SEEN_REPLY".to_string()), "{status:?}");
@@ -140,7 +140,7 @@ fn incident5_asymmetric_return_path_and_its_fix() {
     assert_eq!(f.cause, "asymmetric_return_path", "{e}");
     assert_eq!(
         f.summary,
-        "SYN 172.16.0.50:45005 -> 10.0.58.158:8005 was DNAT'd to 10.0.0.13:8005 and sent out \
+        "SYN 172.16.0.50:45005 -> 10.100.58.158:8005 was DNAT'd to 10.100.0.13:8005 and sent out \
          eth0, but no reply came back through this host: asymmetric return path"
     );
     assert!(
@@ -152,13 +152,13 @@ fn incident5_asymmetric_return_path_and_its_fix() {
         fix,
         [
             format!(
-                "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 8005 -j MASQUERADE",
+                "ip netns exec {} iptables -t nat -A POSTROUTING -d 10.100.0.13/32 -p tcp --dport 8005 -j MASQUERADE",
                 a.node.name
             ),
             // The entry made without SNAT: the same port's retries keep it.
             format!(
                 "ip netns exec {} conntrack -D -p tcp --orig-src 172.16.0.50 --orig-port-src 45005 \
-                 --orig-dst 10.0.58.158 --orig-port-dst 8005",
+                 --orig-dst 10.100.58.158 --orig-port-dst 8005",
                 a.node.name
             ),
         ]
@@ -184,7 +184,7 @@ fn incident5_asymmetric_return_path_and_its_fix() {
 fn control_masquerade_reports_nothing() {
     let a = asymmetric("asymc");
     masquerade_to_backend(&a.node);
-    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let _l = listen(&a.pod, "10.100.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
     let src = "172.16.0.50:45007".parse().unwrap();
@@ -375,14 +375,14 @@ fn control_backend_behind_a_router_reports_nothing() {
     )
     .unwrap();
     h.node
-        .ip(&["addr", "add", "10.245.0.1/24", "dev", "tofar"])
+        .ip(&["addr", "add", "10.101.0.1/24", "dev", "tofar"])
         .unwrap();
-    far.ip(&["addr", "add", "10.245.0.9/24", "dev", "eth0"])
+    far.ip(&["addr", "add", "10.101.0.9/24", "dev", "eth0"])
         .unwrap();
-    far.ip(&["route", "add", "default", "via", "10.245.0.1"])
+    far.ip(&["route", "add", "default", "via", "10.101.0.1"])
         .unwrap();
-    iptables(&h.node, &format!("-t nat -I PREROUTING -d {CLUSTER_IP} -p tcp --dport 8003 -j DNAT --to-destination 10.245.0.9:8003"));
-    let _l = listen(&far, "10.245.0.9:8003");
+    iptables(&h.node, &format!("-t nat -I PREROUTING -d {CLUSTER_IP} -p tcp --dport 8003 -j DNAT --to-destination 10.101.0.9:8003"));
+    let _l = listen(&far, "10.101.0.9:8003");
     // --host: other runs on this shared kernel drop packets with port 8003 too.
     let k = Kdrop::start(&["--json", "--port", "8003", "--host", "10.244.1.5"]);
     let dst: SocketAddr = format!("{CLUSTER_IP}:8003").parse().unwrap();
@@ -802,9 +802,9 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
     assert_eq!(e.sport, 45008);
     assert_eq!(e.daddr, VIP);
     assert_eq!(e.ifname, "eth0");
-    assert_eq!(e.ct().orig.dst, "10.0.58.158:8005");
-    assert_eq!(e.ct().reply.src, "10.0.0.13:8005");
-    assert_eq!(e.ct().reply.dst, "10.0.0.12:45008");
+    assert_eq!(e.ct().orig.dst, "10.100.58.158:8005");
+    assert_eq!(e.ct().reply.src, "10.100.0.13:8005");
+    assert_eq!(e.ct().reply.dst, "10.100.0.12:45008");
     let f = e.finding();
     assert_eq!(f.cause, "unanswered", "{e}");
     // Once, or twice where the guest is slow (a VM under TCG) and the
@@ -813,8 +813,8 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
     let summary = f.summary.as_str();
     assert!(
         [
-            "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent once out of eth0 without an answer",
-            "SYN 172.16.0.50:45008 -> 10.0.58.158:8005 sent 2 times out of eth0 without an answer",
+            "SYN 172.16.0.50:45008 -> 10.100.58.158:8005 sent once out of eth0 without an answer",
+            "SYN 172.16.0.50:45008 -> 10.100.58.158:8005 sent 2 times out of eth0 without an answer",
         ]
         .contains(&summary),
         "{summary}"
@@ -828,8 +828,8 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
     let died = ev.last().unwrap();
     assert!(
         died.starts_with(
-            "conntrack: the entry 172.16.0.50:45008 -> 10.0.58.158:8005 (reply 10.0.0.13:8005 -> \
-             10.0.0.12:45008) died without ever seeing a reply in netns "
+            "conntrack: the entry 172.16.0.50:45008 -> 10.100.58.158:8005 (reply 10.100.0.13:8005 -> \
+             10.100.0.12:45008) died without ever seeing a reply in netns "
         ),
         "{ev:?}"
     );
@@ -862,7 +862,7 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
 fn control_an_answered_entry_that_dies_is_filtered_in_the_kernel() {
     let a = asymmetric("ctdesc");
     masquerade_to_backend(&a.node);
-    let _l = listen(&a.pod, "10.0.0.13:8005");
+    let _l = listen(&a.pod, "10.100.0.13:8005");
     let k = Kdrop::start(&["--json", "--netns", &a.node.name, "--port", "8005"]);
     let dst: SocketAddr = format!("{VIP}:8005").parse().unwrap();
     connect_from(&a.client, "172.16.0.50:45009".parse().unwrap(), dst).expect("handshake");

@@ -496,12 +496,12 @@ fn dnat_handshake_seen_and_found(test: &str, net: u8, v6: bool) {
 
 #[test]
 fn a_dnatted_syn_is_announced_and_found_by_its_reply_tuple_ipv4() {
-    dnat_handshake_seen_and_found("ctnl4", 71, false);
+    dnat_handshake_seen_and_found("ctnl4", 168, false);
 }
 
 #[test]
 fn a_dnatted_syn_is_announced_and_found_by_its_reply_tuple_ipv6() {
-    dnat_handshake_seen_and_found("ctnl6", 72, true);
+    dnat_handshake_seen_and_found("ctnl6", 169, true);
 }
 
 /// kdrop reads net.netfilter.nf_conntrack_events in each namespace, says

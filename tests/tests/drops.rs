@@ -193,7 +193,7 @@ fn every_attachable_rung_reports_the_drop() {
     for want in integration_tests::oracle::kernel().kfree_skb_rungs {
         assert!(rungs.iter().any(|r| r == want), "{want} missing: {rungs:?}");
     }
-    let p = Pair::new("rungs", 57);
+    let p = Pair::new("rungs", 165);
     for (i, rung) in rungs.iter().enumerate() {
         let k = Kdrop::start_env(
             &["--json", "--netns", &p.server.name, "-p", "5508"],
@@ -219,7 +219,7 @@ fn every_attachable_rung_reports_the_drop() {
 /// classic tracepoint may be used, kdrop mounts tracefs and reports the drop.
 #[test]
 fn tracepoint_rung_mounts_tracefs_when_needed() {
-    let p = Pair::new("tracefs", 58);
+    let p = Pair::new("tracefs", 166);
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(

@@ -91,7 +91,7 @@ fn the_image_runs_as_the_daemonset_and_names_a_pods_drop() {
     let r = recorded(&mut cri, &cart, &cart_id);
     // A namespace of the test's on the node, there before kdrop starts (a
     // series' labels are fixed when kdrop first sees it).
-    let pair = Pair::new("img", 67);
+    let pair = Pair::new("img", 167);
 
     // The node's address (status.hostIP) is its address on the pod network
     // here; the runtime's state is under the test's directory, not /run.

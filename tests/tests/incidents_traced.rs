@@ -196,16 +196,16 @@ fn incident4_on(
         "02:00:00:00:65:02",
     )
     .unwrap();
-    node.ip(&["addr", "add", "10.71.0.10/24", "dev", "eth0"])
+    node.ip(&["addr", "add", "10.106.0.10/24", "dev", "eth0"])
         .unwrap();
-    node.ip(&["route", "add", "default", "via", "10.71.0.1"])
+    node.ip(&["route", "add", "default", "via", "10.106.0.1"])
         .unwrap();
     pods_routed(&node, "10.245.2", &[(&a, 5), (&b, 9)]);
     node.sysctl("net/ipv4/ip_forward", "1").unwrap();
     match nat {
         NodeNat::Plain => iptables(
             &node,
-            "-t nat -A PREROUTING -d 10.71.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.245.2.9:8080",
+            "-t nat -A PREROUTING -d 10.106.0.10 -p tcp --dport 30080 -j DNAT --to-destination 10.245.2.9:8080",
         ),
         NodeNat::KubeProxy => {
             let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -216,16 +216,16 @@ fn incident4_on(
                 .unwrap_or_else(|e| panic!("{e:#}"));
         }
     }
-    lb.ip(&["addr", "add", "10.71.0.1/24", "dev", "lb0"])
+    lb.ip(&["addr", "add", "10.106.0.1/24", "dev", "lb0"])
         .unwrap();
-    lb.ip(&["route", "add", "10.245.2.0/24", "via", "10.71.0.10"])
+    lb.ip(&["route", "add", "10.245.2.0/24", "via", "10.106.0.10"])
         .unwrap();
     lb.sysctl("net/ipv4/ip_forward", "1").unwrap();
     lb.sysctl("net/ipv4/conf/all/send_redirects", "0").unwrap();
     lb.sysctl("net/ipv4/conf/lb0/send_redirects", "0").unwrap();
     iptables(
         &lb,
-        "-t nat -A PREROUTING -d 203.0.113.81 -p tcp --dport 80 -j DNAT --to-destination 10.71.0.10:30080",
+        "-t nat -A PREROUTING -d 203.0.113.81 -p tcp --dport 80 -j DNAT --to-destination 10.106.0.10:30080",
     );
     let _l = listen(&b, format!("10.245.2.9:{BACKEND_PORT}").parse().unwrap());
     let src: SocketAddr = format!("10.245.2.5:{sport}").parse().unwrap();
@@ -256,7 +256,7 @@ fn incident4_on(
         f.summary,
         format!(
             "{service}SYN 10.245.2.5:{sport} -> 203.0.113.81:80 left by eth0 to the load balancer, came \
-             back as 10.245.2.5:{sport} -> 10.71.0.10:30080 and was DNAT'd to 10.245.2.9:8080 \
+             back as 10.245.2.5:{sport} -> 10.106.0.10:30080 and was DNAT'd to 10.245.2.9:8080 \
              without SNAT: the reply goes straight to 10.245.2.5 and bypasses the load balancer"
         )
     );

@@ -94,7 +94,7 @@ fn dnat(node: &Ns, nat: Nat, vip: &str, port: u16, backend: &str, to: u16) {
 const SERVICE: u16 = 80;
 const BACKEND_PORT: u16 = 8080;
 
-/// Incident 2 over IPv6: pod A -> ClusterIP [fd00:96::133]:80, DNAT'd by
+/// Incident 2 over IPv6: pod A -> ClusterIP [fd00:108::133]:80, DNAT'd by
 /// ip6tables to pod B:8080 on the same bridge; bridge-nf-call-ip6tables=0,
 /// so the bridged reply skips netfilter and is not un-DNAT'd.
 fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
@@ -105,7 +105,7 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
     node.ip(&["link", "set", "cni0", "address", "02:00:00:00:70:01"])
         .unwrap();
     node.ip(&["link", "set", "cni0", "up"]).unwrap();
-    addr(&node, "fd00:245:1::1/64", "cni0");
+    addr(&node, "fd00:111:1::1/64", "cni0");
     for (pod, last) in [(&a, 5u8), (&b, 9)] {
         let port = format!("veth{last}");
         veth(
@@ -118,21 +118,21 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
         )
         .unwrap();
         node.ip(&["link", "set", &port, "master", "cni0"]).unwrap();
-        addr(pod, &format!("fd00:245:1::{last}/64"), "eth0");
-        ip6(pod, "route add default via fd00:245:1::1");
-        neigh(pod, "fd00:245:1::1", "02:00:00:00:70:01", "eth0");
+        addr(pod, &format!("fd00:111:1::{last}/64"), "eth0");
+        ip6(pod, "route add default via fd00:111:1::1");
+        neigh(pod, "fd00:111:1::1", "02:00:00:00:70:01", "eth0");
         let mac = format!("02:00:00:00:71:{last:02x}");
-        neigh(&node, &format!("fd00:245:1::{last}"), &mac, "cni0");
+        neigh(&node, &format!("fd00:111:1::{last}"), &mac, "cni0");
     }
-    neigh(&a, "fd00:245:1::9", "02:00:00:00:71:09", "eth0");
-    neigh(&b, "fd00:245:1::5", "02:00:00:00:71:05", "eth0");
+    neigh(&a, "fd00:111:1::9", "02:00:00:00:71:09", "eth0");
+    neigh(&b, "fd00:111:1::5", "02:00:00:00:71:05", "eth0");
     forwarding(&node);
     dnat(
         &node,
         nat,
-        "fd00:96::133",
+        "fd00:108::133",
         SERVICE,
-        "fd00:245:1::9",
+        "fd00:111:1::9",
         BACKEND_PORT,
     );
     if Path::new("/proc/sys/net/bridge/bridge-nf-call-ip6tables").exists() {
@@ -141,19 +141,19 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
     }
     let _l = listen(
         &b,
-        format!("[fd00:245:1::9]:{BACKEND_PORT}").parse().unwrap(),
+        format!("[fd00:111:1::9]:{BACKEND_PORT}").parse().unwrap(),
     );
     let k = Kdrop::start(args);
-    let src: SocketAddr = format!("[fd00:245:1::5]:{sport}").parse().unwrap();
-    let dst: SocketAddr = format!("[fd00:96::133]:{SERVICE}").parse().unwrap();
+    let src: SocketAddr = format!("[fd00:111:1::5]:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("[fd00:108::133]:{SERVICE}").parse().unwrap();
     let syn = send_syn(&a, src, dst);
     let recs = records(k, src);
     let f = one_verdict(&recs, "hairpin_no_reverse_nat");
     assert_eq!(
         f.summary,
         format!(
-            "hairpin: the SYN-ACK from [fd00:245:1::9]:8080 matches the reply side of a DNAT'd \
-             connection ([fd00:245:1::5]:{sport} -> [fd00:96::133]:80 => [fd00:245:1::9]:8080) \
+            "hairpin: the SYN-ACK from [fd00:111:1::9]:8080 matches the reply side of a DNAT'd \
+             connection ([fd00:111:1::5]:{sport} -> [fd00:108::133]:80 => [fd00:111:1::9]:8080) \
              but arrived un-NAT'd: both ends are on bridge cni0"
         )
     );
@@ -177,11 +177,11 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
         f.fix_or[0].clone(),
         [
             format!(
-                "ip netns exec {} ip6tables -t nat -A POSTROUTING -s fd00:245:1::5 -d fd00:245:1::9/128 -p tcp --dport 8080 -j MASQUERADE",
+                "ip netns exec {} ip6tables -t nat -A POSTROUTING -s fd00:111:1::5 -d fd00:111:1::9/128 -p tcp --dport 8080 -j MASQUERADE",
                 node.name
             ),
             format!(
-                "ip netns exec {} conntrack -D -f ipv6 -p tcp --orig-src fd00:245:1::5 --orig-port-src {sport} --orig-dst fd00:96::133 --orig-port-dst 80",
+                "ip netns exec {} conntrack -D -f ipv6 -p tcp --orig-src fd00:111:1::5 --orig-port-src {sport} --orig-dst fd00:108::133 --orig-port-dst 80",
                 node.name
             ),
         ]
@@ -234,48 +234,48 @@ fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
         .ip(&["link", "set", "vpc", "address", "02:00:00:00:76:07"])
         .unwrap();
     router.ip(&["link", "set", "vpc", "up"]).unwrap();
-    addr(&router, "fd00:1::1/64", "vpc");
-    addr(&router, "fd00:172:17::1/64", "r0");
-    ip6(&router, "route add fd00:1:58::/64 via fd00:1::12");
+    addr(&router, "fd00:107::1/64", "vpc");
+    addr(&router, "fd00:109:17::1/64", "r0");
+    ip6(&router, "route add fd00:107:58::/64 via fd00:107::12");
     forwarding(&router);
-    addr(&client, "fd00:172:17::50/64", "c0");
-    ip6(&client, "route add default via fd00:172:17::1");
-    addr(&node, "fd00:1::12/64", "eth0");
-    ip6(&node, "route add default via fd00:1::1");
+    addr(&client, "fd00:109:17::50/64", "c0");
+    ip6(&client, "route add default via fd00:109:17::1");
+    addr(&node, "fd00:107::12/64", "eth0");
+    ip6(&node, "route add default via fd00:107::1");
     forwarding(&node);
     dnat(
         &node,
         nat,
-        "fd00:1:58::158",
+        "fd00:107:58::158",
         SERVICE,
-        "fd00:1::13",
+        "fd00:107::13",
         BACKEND_PORT,
     );
-    addr(&pod, "fd00:1::13/64", "eth0");
-    ip6(&pod, "route add default via fd00:1::1");
-    neigh(&client, "fd00:172:17::1", "02:00:00:00:76:02", "c0");
-    neigh(&router, "fd00:172:17::50", "02:00:00:00:76:01", "r0");
-    neigh(&router, "fd00:1::12", "02:00:00:00:76:03", "vpc");
-    neigh(&router, "fd00:1::13", "02:00:00:00:76:05", "vpc");
-    neigh(&node, "fd00:1::1", "02:00:00:00:76:07", "eth0");
-    neigh(&node, "fd00:1::13", "02:00:00:00:76:05", "eth0");
-    neigh(&pod, "fd00:1::1", "02:00:00:00:76:07", "eth0");
-    neigh(&pod, "fd00:1::12", "02:00:00:00:76:03", "eth0");
+    addr(&pod, "fd00:107::13/64", "eth0");
+    ip6(&pod, "route add default via fd00:107::1");
+    neigh(&client, "fd00:109:17::1", "02:00:00:00:76:02", "c0");
+    neigh(&router, "fd00:109:17::50", "02:00:00:00:76:01", "r0");
+    neigh(&router, "fd00:107::12", "02:00:00:00:76:03", "vpc");
+    neigh(&router, "fd00:107::13", "02:00:00:00:76:05", "vpc");
+    neigh(&node, "fd00:107::1", "02:00:00:00:76:07", "eth0");
+    neigh(&node, "fd00:107::13", "02:00:00:00:76:05", "eth0");
+    neigh(&pod, "fd00:107::1", "02:00:00:00:76:07", "eth0");
+    neigh(&pod, "fd00:107::12", "02:00:00:00:76:03", "eth0");
     let _l = listen(
         &pod,
-        format!("[fd00:1::13]:{BACKEND_PORT}").parse().unwrap(),
+        format!("[fd00:107::13]:{BACKEND_PORT}").parse().unwrap(),
     );
     let k = Kdrop::start(args);
-    let src: SocketAddr = format!("[fd00:172:17::50]:{sport}").parse().unwrap();
-    let dst: SocketAddr = format!("[fd00:1:58::158]:{SERVICE}").parse().unwrap();
+    let src: SocketAddr = format!("[fd00:109:17::50]:{sport}").parse().unwrap();
+    let dst: SocketAddr = format!("[fd00:107:58::158]:{SERVICE}").parse().unwrap();
     let syn = send_syn(&client, src, dst);
     let recs = records(k, src);
     let f = one_verdict(&recs, "asymmetric_return_path");
     assert_eq!(
         f.summary,
         format!(
-            "SYN [fd00:172:17::50]:{sport} -> [fd00:1:58::158]:80 was DNAT'd to \
-             [fd00:1::13]:8080 and sent out eth0, but no reply came back through this host: \
+            "SYN [fd00:109:17::50]:{sport} -> [fd00:107:58::158]:80 was DNAT'd to \
+             [fd00:107::13]:8080 and sent out eth0, but no reply came back through this host: \
              asymmetric return path"
         )
     );
@@ -283,11 +283,11 @@ fn asymmetric(test: &str, nat: Nat, args: &[&str], sport: u16) {
         f.fix.clone(),
         [
             format!(
-                "ip netns exec {} ip6tables -t nat -A POSTROUTING -d fd00:1::13/128 -p tcp --dport 8080 -j MASQUERADE",
+                "ip netns exec {} ip6tables -t nat -A POSTROUTING -d fd00:107::13/128 -p tcp --dport 8080 -j MASQUERADE",
                 node.name
             ),
             format!(
-                "ip netns exec {} conntrack -D -f ipv6 -p tcp --orig-src fd00:172:17::50 --orig-port-src {sport} --orig-dst fd00:1:58::158 --orig-port-dst 80",
+                "ip netns exec {} conntrack -D -f ipv6 -p tcp --orig-src fd00:109:17::50 --orig-port-src {sport} --orig-dst fd00:107:58::158 --orig-port-dst 80",
                 node.name
             ),
         ]
@@ -310,7 +310,7 @@ fn asymmetric_v6_nft_inet_traced_by_the_client_network() {
     asymmetric(
         "v6ah",
         Nat::NftInet,
-        &["--json", "--host", "fd00:172:17::/64"],
+        &["--json", "--host", "fd00:109:17::/64"],
         45802,
     );
 }
@@ -332,12 +332,12 @@ fn no_endpoints_reject_v6() {
         "02:00:00:00:77:02",
     )
     .unwrap();
-    addr(&node, "fd00:244:2::1/64", "cali5");
-    addr(&pod, "fd00:244:2::5/64", "eth0");
-    ip6(&pod, "route add default via fd00:244:2::1");
-    addr(&node, "fd00:96::20/128", "lo");
+    addr(&node, "fd00:110:2::1/64", "cali5");
+    addr(&pod, "fd00:110:2::5/64", "eth0");
+    ip6(&pod, "route add default via fd00:110:2::1");
+    addr(&node, "fd00:108::20/128", "lo");
     let jump = "-A INPUT -m conntrack --ctstate NEW -m comment --comment";
-    let reject = "-A KUBE-SERVICES -d fd00:96::20/128 -p tcp -m comment --comment";
+    let reject = "-A KUBE-SERVICES -d fd00:108::20/128 -p tcp -m comment --comment";
     let reject_tail = "-m tcp --dport 80 -j REJECT --reject-with icmp6-port-unreachable";
     for (head, comment, tail) in [
         ("-N KUBE-SERVICES", None, ""),
@@ -349,10 +349,10 @@ fn no_endpoints_reject_v6() {
         args.extend(tail.split(' ').filter(|s| !s.is_empty()));
         node.exec("ip6tables", &args).unwrap();
     }
-    let _l = listen(&node, "[fd00:96::20]:80".parse().unwrap());
+    let _l = listen(&node, "[fd00:108::20]:80".parse().unwrap());
     let k = Kdrop::start(&["--json", "--port", "80"]);
-    let src: SocketAddr = "[fd00:244:2::5]:47801".parse().unwrap();
-    let dst: SocketAddr = "[fd00:96::20]:80".parse().unwrap();
+    let src: SocketAddr = "[fd00:110:2::5]:47801".parse().unwrap();
+    let dst: SocketAddr = "[fd00:108::20]:80".parse().unwrap();
     let _syn = send_syn(&pod, src, dst);
     let e = k.expect_record("the REJECTed SYN", |e| {
         of(e, src) && e.kind == "drop" && e.reason.as_deref() == Some("NETFILTER_DROP")
@@ -368,7 +368,7 @@ fn no_endpoints_reject_v6() {
     assert_eq!(e.service.as_deref(), Some("ns6/svc6:80"), "{e}");
     assert_eq!(
         f.summary,
-        "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP [fd00:96::20]:80"
+        "Service ns6/svc6 port p80 has no ready endpoints: kube-proxy rejects new connections to its cluster IP [fd00:108::20]:80"
     );
     assert!(f.fix.is_empty(), "{e}");
     assert!(
@@ -388,6 +388,6 @@ fn no_endpoints_reject_v6() {
     // "has no endpoints" REJECT goes.
     node.exec("ip6tables", &["-w", "-t", "filter", "-F", "KUBE-SERVICES"])
         .unwrap();
-    connect_from(&pod, "[fd00:244:2::5]:47802".parse().unwrap(), dst)
+    connect_from(&pod, "[fd00:110:2::5]:47802".parse().unwrap(), dst)
         .expect("a new connection after the fix");
 }

@@ -39,7 +39,7 @@ fn netstat(ns: &Ns, name: &str) -> u64 {
 /// Polls (bounded) until `cond` holds: a counter moving has no event to wait on.
 #[test]
 fn full_accept_queue_and_syn_queue_as_ss_and_netstat_see_them() {
-    let p = Pair::new("lq1", 171);
+    let p = Pair::new("lq1", 181);
     p.server
         .sysctl("net/core/somaxconn", "77")
         .and(p.server.sysctl("net/ipv4/tcp_max_syn_backlog", "99"))
@@ -151,7 +151,7 @@ fn full_accept_queue_and_syn_queue_as_ss_and_netstat_see_them() {
 
 #[test]
 fn ipv6_wildcard_listener_takes_ipv4_too() {
-    let p = Pair::new("lq2", 172);
+    let p = Pair::new("lq2", 182);
     let any6: SocketAddr = "[::]:5003".parse().unwrap();
     let _l = listen_backlog(&p.server, any6, 8);
     let snap = snapshot_in(&p.server.path()).unwrap();
@@ -277,7 +277,7 @@ fn first_listen_overflow(k: &Kdrop, sent: Instant) -> (String, serde_json::Value
 /// record comes from the server's counters, before the client gives up.
 #[test]
 fn listen_overflow_from_the_counters_traced_by_port() {
-    let p = Pair::new("lw1", 173);
+    let p = Pair::new("lw1", 183);
     let at = p.server_v4(5011);
     let (_l, _held) = full_listener(&p, at, 43000);
     let k = Kdrop::start(&["--json", "--port", "5011"]);
@@ -294,7 +294,7 @@ fn listen_overflow_from_the_counters_traced_by_port() {
 /// lines, byte for byte.
 #[test]
 fn listen_overflow_from_the_listeners_namespace_alone_recorded() {
-    let p = Pair::new("lw2", 174);
+    let p = Pair::new("lw2", 184);
     let at = p.server_v4(5012);
     let (_l, _held) = full_listener(&p, at, 43100);
     let dir = std::env::temp_dir().join(format!("kdrop-lw2-{}", std::process::id()));
@@ -340,7 +340,7 @@ fn listen_overflow_from_the_listeners_namespace_alone_recorded() {
 #[test]
 fn listen_overflow_in_monitor_metrics_and_events() {
     use integration_tests::scrape::{http_get, metrics_addr, scrape_until, value};
-    let p = Pair::new("lw3", 175);
+    let p = Pair::new("lw3", 185);
     let at = p.server_v4(5013);
     let (_l, _held) = full_listener(&p, at, 43200);
     let out = std::env::temp_dir().join(format!("kdrop-lw3-{}.jsonl", std::process::id()));
@@ -402,7 +402,7 @@ fn listen_overflow_in_monitor_metrics_and_events() {
 /// request sockets `ss` counts and TCPReqQFullDrop as netstat shows it.
 #[test]
 fn syn_queue_overflow_from_the_counters() {
-    let p = Pair::new("lw4", 176);
+    let p = Pair::new("lw4", 186);
     p.server.sysctl("net/ipv4/tcp_syncookies", "0").unwrap();
     let at = p.server_v4(5014);
     let _l = listen_backlog(&p.server, at, 2);
@@ -434,7 +434,7 @@ fn syn_queue_overflow_from_the_counters() {
     assert_eq!(e["finding"]["cause"], "syn_queue_overflow", "{e}");
     assert_eq!(
         (e["daddr"].as_str(), e["dport"].as_u64()),
-        (Some("10.176.0.2"), Some(5014))
+        (Some("10.186.0.2"), Some(5014))
     );
     let dropped = netstat(&p.server, "TCPReqQFullDrop") - before;
     assert!(dropped >= 1, "netstat shows no TCPReqQFullDrop");

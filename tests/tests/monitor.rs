@@ -141,7 +141,7 @@ fn check_accounting(m: &str) {
 
 #[test]
 fn metrics_equal_the_provoked_drops() {
-    let p = Pair::new("mon", 61);
+    let p = Pair::new("mon", 141);
     let out = std::env::temp_dir().join(format!("kdrop-mon-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&out);
     let k = Kdrop::start(&[
@@ -216,7 +216,7 @@ fn metrics_equal_the_provoked_drops() {
 
 #[test]
 fn sampling_and_cap_hold_under_a_burst() {
-    let p = Pair::new("burst", 62);
+    let p = Pair::new("burst", 142);
     pin_neighbour(&p);
     let cpus = std::thread::available_parallelism().unwrap().get() as u64;
     // 1 in 4, per CPU: the first drop on each CPU, then every fourth.
@@ -310,7 +310,7 @@ fn endpoint_is_on_loopback_by_default() {
         "02:00:00:00:01:02",
     )
     .unwrap();
-    ns.ip(&["addr", "add", "10.63.0.1/24", "dev", "m0"])
+    ns.ip(&["addr", "add", "10.143.0.1/24", "dev", "m0"])
         .unwrap();
     let k = start_in(&ns, &["monitor", "-p", "5604"]);
     assert_eq!(metrics_addr(&k), "127.0.0.1:9464".parse().unwrap());
@@ -319,7 +319,7 @@ fn endpoint_is_on_loopback_by_default() {
         status.contains("200") && body.contains("kdrop_events_total"),
         "{status}"
     );
-    let refused = http_get_in(&ns, "10.63.0.1:9464".parse().unwrap(), "/metrics");
+    let refused = http_get_in(&ns, "10.143.0.1:9464".parse().unwrap(), "/metrics");
     assert_eq!(
         refused.map_err(|e| e.kind()).err(),
         Some(std::io::ErrorKind::ConnectionRefused)
@@ -329,9 +329,9 @@ fn endpoint_is_on_loopback_by_default() {
     // Told otherwise, it listens there.
     let k = start_in(
         &ns,
-        &["monitor", "-p", "5604", "--listen", "10.63.0.1:9464"],
+        &["monitor", "-p", "5604", "--listen", "10.143.0.1:9464"],
     );
-    let (status, _) = http_get_in(&ns, "10.63.0.1:9464".parse().unwrap(), "/metrics").unwrap();
+    let (status, _) = http_get_in(&ns, "10.143.0.1:9464".parse().unwrap(), "/metrics").unwrap();
     assert!(status.contains("200"), "{status}");
     drop(k);
 }
@@ -457,7 +457,7 @@ fn urlencode(s: &str) -> String {
 
 #[test]
 fn prometheus_scrapes_the_provoked_drops() {
-    let p = Pair::new("prom", 64);
+    let p = Pair::new("prom", 144);
     // kdrop and Prometheus share a namespace of their own: fixed loopback
     // ports that nothing else on the machine can hold.
     let home = Ns::new(&ns_name("prom-home")).unwrap();
@@ -573,7 +573,7 @@ impl Drop for FakePod {
 
 #[test]
 fn drops_are_attributed_to_the_pod_of_their_namespace() {
-    let p = Pair::new("pod", 66);
+    let p = Pair::new("pod", 146);
     let uid = format!("{:08x}-1234-4abc-9def-0123456789ab", std::process::id());
     let container = "4f1a9c2be7d04a55b6e0c3d2a1f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a291";
     let _pod = FakePod::start(&p.server, &uid, container);
@@ -635,13 +635,13 @@ fn bounded_map_and_series_cap_overflow_explicitly() {
     // holds (4096), one drop each.
     const KEYS: u16 = 4100;
     const MAP_KEYS: u64 = 4096;
-    let p = Pair::new("ovf", 67);
+    let p = Pair::new("ovf", 147);
     // No SYN may wait for (or be dropped by) address resolution.
     p.client
         .ip(&[
             "neigh",
             "replace",
-            "10.67.0.2",
+            "10.147.0.2",
             "lladdr",
             "02:00:00:00:00:02",
             "dev",
@@ -800,7 +800,7 @@ fn bad_checksum_syn(ns: &Ns, src: std::net::SocketAddrV4, dst: std::net::SocketA
 /// written, not lost with the held queue.
 #[test]
 fn monitor_writes_a_held_record_at_exit() {
-    let p = Pair::new("monheld", 67);
+    let p = Pair::new("monheld", 147);
     let out = std::env::temp_dir().join(format!("kdrop-monheld-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&out);
     let k = Kdrop::start(&[

@@ -145,12 +145,12 @@ fn input_drop(b: Backend, net: u8) {
 
 #[test]
 fn input_drop_legacy() {
-    input_drop(Backend::Legacy, 61);
+    input_drop(Backend::Legacy, 121);
 }
 
 #[test]
 fn input_drop_nft() {
-    input_drop(Backend::Nft, 62);
+    input_drop(Backend::Nft, 122);
 }
 
 fn output_drop(b: Backend, net: u8) {
@@ -184,12 +184,12 @@ fn output_drop(b: Backend, net: u8) {
 
 #[test]
 fn output_drop_legacy() {
-    output_drop(Backend::Legacy, 63);
+    output_drop(Backend::Legacy, 123);
 }
 
 #[test]
 fn output_drop_nft() {
-    output_drop(Backend::Nft, 64);
+    output_drop(Backend::Nft, 124);
 }
 
 fn reject(b: Backend, net: u8) {
@@ -226,12 +226,12 @@ fn reject(b: Backend, net: u8) {
 
 #[test]
 fn reject_legacy() {
-    reject(Backend::Legacy, 65);
+    reject(Backend::Legacy, 125);
 }
 
 #[test]
 fn reject_nft() {
-    reject(Backend::Nft, 66);
+    reject(Backend::Nft, 126);
 }
 
 /// The raw table runs before conntrack and filter: its rule is the one.
@@ -265,12 +265,12 @@ fn raw_drop(b: Backend, net: u8) {
 
 #[test]
 fn raw_drop_legacy() {
-    raw_drop(Backend::Legacy, 67);
+    raw_drop(Backend::Legacy, 127);
 }
 
 #[test]
 fn raw_drop_nft() {
-    raw_drop(Backend::Nft, 68);
+    raw_drop(Backend::Nft, 128);
 }
 
 /// The Docker case: two ports of a bridge, bridge-nf-call-iptables=1, and
@@ -357,19 +357,19 @@ fn forward_policy_on_bridge(b: Backend, net: u8) {
 
 #[test]
 fn forward_policy_on_bridge_legacy() {
-    forward_policy_on_bridge(Backend::Legacy, 69);
+    forward_policy_on_bridge(Backend::Legacy, 129);
 }
 
 #[test]
 fn forward_policy_on_bridge_nft() {
-    forward_policy_on_bridge(Backend::Nft, 70);
+    forward_policy_on_bridge(Backend::Nft, 130);
 }
 
 /// nftables keeps no counter for a chain policy: kdrop walks the packet
 /// through the ruleset and says so.
 #[test]
 fn nft_chain_policy_drop() {
-    let p = Pair::new("nftpol", 71);
+    let p = Pair::new("nftpol", 131);
     load(
         &p.server,
         "nft",
@@ -441,7 +441,7 @@ fn nft_handle(ns: &Ns, family: &str, table: &str, chain: &str, text_has: &str) -
 /// walking the ruleset.
 #[test]
 fn nft_rule_drop() {
-    let p = Pair::new("nftrule", 72);
+    let p = Pair::new("nftrule", 132);
     load(
         &p.server,
         "nft",
@@ -450,13 +450,13 @@ fn nft_rule_drop() {
             chain input {
                 type filter hook input priority filter; policy accept;
                 tcp dport 6107 ip saddr 192.0.2.0/24 counter drop
-                tcp dport 6107 ip saddr 10.72.0.1 counter drop
-                ip6 saddr fd00:72::1 tcp dport 6107 drop
+                tcp dport 6107 ip saddr 10.132.0.1 counter drop
+                ip6 saddr fd00:132::1 tcp dport 6107 drop
             }
         }",
     );
-    let counted = nft_handle(&p.server, "inet", "kdt", "input", "10.72.0.1");
-    let uncounted = nft_handle(&p.server, "inet", "kdt", "input", "fd00:72::1");
+    let counted = nft_handle(&p.server, "inet", "kdt", "input", "10.132.0.1");
+    let uncounted = nft_handle(&p.server, "inet", "kdt", "input", "fd00:132::1");
     let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6107"]);
     let e = drop_of(&k, &p.client, p.client_v4(42109), p.server_v4(6107));
     check(
@@ -470,7 +470,7 @@ fn nft_rule_drop() {
             backend: "nftables",
             table: "kdt",
             chain: "input",
-            rule: Some("tcp dport 6107 ip saddr 10.72.0.1 counter drop"),
+            rule: Some("tcp dport 6107 ip saddr 10.132.0.1 counter drop"),
         },
     );
     assert_eq!(e.netfilter().handle, Some(counted), "{e}");
@@ -486,7 +486,7 @@ fn nft_rule_drop() {
             backend: "nftables",
             table: "kdt",
             chain: "input",
-            rule: Some("ip6 saddr fd00:72::1 tcp dport 6107 drop"),
+            rule: Some("ip6 saddr fd00:132::1 tcp dport 6107 drop"),
         },
     );
     assert_eq!(e.netfilter().handle, Some(uncounted), "{e}");
@@ -541,12 +541,12 @@ fn conntrack_invalid(b: Backend, net: u8) {
 
 #[test]
 fn conntrack_invalid_legacy() {
-    conntrack_invalid(Backend::Legacy, 73);
+    conntrack_invalid(Backend::Legacy, 133);
 }
 
 #[test]
 fn conntrack_invalid_nft() {
-    conntrack_invalid(Backend::Nft, 74);
+    conntrack_invalid(Backend::Nft, 134);
 }
 
 /// Hundreds of rules, and traffic that keeps moving other counters while
@@ -640,10 +640,10 @@ fn busy_ruleset(b: Backend, net: u8) {
 
 #[test]
 fn busy_ruleset_legacy() {
-    busy_ruleset(Backend::Legacy, 75);
+    busy_ruleset(Backend::Legacy, 135);
 }
 
 #[test]
 fn busy_ruleset_nft() {
-    busy_ruleset(Backend::Nft, 76);
+    busy_ruleset(Backend::Nft, 136);
 }

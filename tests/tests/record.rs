@@ -103,7 +103,7 @@ fn text_until(k: &Kdrop, what: &str, has: &str) -> Vec<String> {
 
 #[test]
 fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
-    let t = topo("rec1", 61);
+    let t = topo("rec1", 151);
     let scratch = Scratch::new("rec1");
     let bundle = scratch.0.join("incident.kdrop");
     let pcap = scratch.0.join("incident.pcapng");
@@ -165,7 +165,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     assert_eq!(first["finding"]["cause"], "rp_filter_strict", "{first}");
     assert_eq!(first["netns_name"], names[1].as_str());
     assert_eq!(first["ifname"], "ens6");
-    assert_eq!(first["saddr"], "192.0.2.61");
+    assert_eq!(first["saddr"], "192.0.2.151");
 
     // Loss first, with the live run's own counters.
     let err = String::from_utf8(out.stderr).unwrap();
@@ -187,7 +187,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     let text = explain_unprivileged(&bundle, &[]);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.contains("rp_filter"), "{text}");
-    assert!(text.contains("192.0.2.61:40100"), "{text}");
+    assert!(text.contains("192.0.2.151:40100"), "{text}");
 
     // The packets, as Wireshark's reader sees them: one per drop record,
     // the headers the kernel copied, the reason and cause in the comment.
@@ -224,7 +224,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
         let cols: Vec<&str> = row.split('|').collect();
         assert_eq!(
             cols[..4],
-            [ens6.as_str(), "192.0.2.61", "10.61.7.9", "40100"],
+            [ens6.as_str(), "192.0.2.151", "10.151.7.9", "40100"],
             "{row}"
         );
         assert!(cols[4] == "1" || cols[4] == "True", "{row}");
@@ -312,7 +312,7 @@ fn record_a_dropped_port(p: &Pair, bundle: &Path, port: u16) -> Kdrop {
 
 #[test]
 fn netfilter_rule_recorded_in_text_then_explained() {
-    let p = Pair::new("recnf", 62);
+    let p = Pair::new("recnf", 152);
     let scratch = Scratch::new("recnf");
     let bundle = scratch.0.join("nf.kdrop");
     let rule = "-A INPUT -p tcp -m tcp --dport 6201 -j DROP";
@@ -358,7 +358,7 @@ fn netfilter_rule_recorded_in_text_then_explained() {
 /// prints the same lines: the window runs on the records' own times.
 #[test]
 fn repeats_over_more_than_10_s_folded_the_same_when_explained() {
-    let p = Pair::new("recrep", 63);
+    let p = Pair::new("recrep", 153);
     let scratch = Scratch::new("recrep");
     let bundle = scratch.0.join("rep.kdrop");
     let server = p.server.name.clone();

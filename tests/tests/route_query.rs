@@ -174,9 +174,9 @@ fn word_after<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 
 #[test]
 fn reverse_query_matches_the_kernels_rp_filter_lookup() {
-    let t = topo("rq1", 61);
+    let t = topo("rq1", 154);
     let lab = t.build().unwrap();
-    let trace = FibTrace::start(&lab.node, Ipv4Addr::new(198, 18, 61, 250).into());
+    let trace = FibTrace::start(&lab.node, Ipv4Addr::new(198, 18, 154, 250).into());
     let (client, pod) = (t.client_ip.to_string(), t.pod_ip.to_string());
     // The reverse lookup: iif lo, from the pod address to the client.
     let reverse = |l: &Lookup| l.dst == client && l.src == pod && l.iif == 1 && l.err == 0;
@@ -229,9 +229,9 @@ fn lone_ns(test: &str) -> Ns {
     for d in ["v0", "v1"] {
         ns.ip(&["link", "set", d, "up"]).unwrap();
     }
-    ns.ip(&["addr", "add", "10.62.0.1/24", "dev", "v0"])
+    ns.ip(&["addr", "add", "10.155.0.1/24", "dev", "v0"])
         .unwrap();
-    ns.ip(&["addr", "add", "fd00:62::1/64", "dev", "v0", "nodad"])
+    ns.ip(&["addr", "add", "fd00:155::1/64", "dev", "v0", "nodad"])
         .unwrap();
     ns
 }
@@ -244,18 +244,18 @@ fn ask(ns: &Ns, q: RouteQuery) -> RouteLookup {
 fn errors_and_route_types_are_the_kernels() {
     let ns = lone_ns("rq2");
     for (kind, prefix) in [
-        ("unreachable", "10.63.1.0/24"),
-        ("prohibit", "10.63.2.0/24"),
-        ("blackhole", "10.63.3.0/24"),
+        ("unreachable", "10.156.1.0/24"),
+        ("prohibit", "10.156.2.0/24"),
+        ("blackhole", "10.156.3.0/24"),
     ] {
         ns.ip(&["route", "add", kind, prefix]).unwrap();
     }
     // No route at all, then each reject type: the errno ip prints.
     for (dst, errno, text) in [
-        ("10.99.0.1", libc::ENETUNREACH, "Network is unreachable"),
-        ("10.63.1.1", libc::EHOSTUNREACH, "No route to host"),
-        ("10.63.2.1", libc::EACCES, "Permission denied"),
-        ("10.63.3.1", libc::EINVAL, "Invalid argument"),
+        ("10.159.0.1", libc::ENETUNREACH, "Network is unreachable"),
+        ("10.156.1.1", libc::EHOSTUNREACH, "No route to host"),
+        ("10.156.2.1", libc::EACCES, "Permission denied"),
+        ("10.156.3.1", libc::EINVAL, "Invalid argument"),
     ] {
         let ip = ip_route_get_expecting(&ns, &[dst], false);
         assert!(ip.contains(text), "ip route get {dst}: {ip}");
@@ -269,21 +269,21 @@ fn errors_and_route_types_are_the_kernels() {
     ns.ip(&[
         "route",
         "add",
-        "10.64.0.0/16",
+        "10.157.0.0/16",
         "via",
-        "10.62.0.9",
+        "10.155.0.9",
         "table",
         "7",
     ])
     .unwrap();
-    ns.ip(&["rule", "add", "to", "10.64.0.0/16", "lookup", "7"])
+    ns.ip(&["rule", "add", "to", "10.157.0.0/16", "lookup", "7"])
         .unwrap();
-    let ip = ip_route_get(&ns, &["fibmatch", "10.64.3.4"]);
+    let ip = ip_route_get(&ns, &["fibmatch", "10.157.3.4"]);
     assert!(
-        ip.starts_with("10.64.0.0/16 via 10.62.0.9 dev v0 table 7"),
+        ip.starts_with("10.157.0.0/16 via 10.155.0.9 dev v0 table 7"),
         "{ip}"
     );
-    let mut q = RouteQuery::get("10.64.3.4".parse().unwrap());
+    let mut q = RouteQuery::get("10.157.3.4".parse().unwrap());
     q.fib_match = true;
     let RouteLookup::Found(a) = ask(&ns, q) else {
         panic!()
@@ -291,20 +291,23 @@ fn errors_and_route_types_are_the_kernels() {
     assert_eq!(
         (a.dst, a.dst_len, a.table, a.gateway),
         (
-            Some("10.64.0.0".parse().unwrap()),
+            Some("10.157.0.0".parse().unwrap()),
             16,
             7,
-            Some("10.62.0.9".parse().unwrap())
+            Some("10.155.0.9".parse().unwrap())
         )
     );
     let v0 = in_netns(&ns.path(), || kdrop::context::netns::ifindex("v0")).unwrap();
     assert_eq!(a.oif, v0);
     // IPv6: a route through a gateway, as `ip -6 route get fibmatch`.
-    ns.ip(&["-6", "route", "add", "fd00:65::/48", "via", "fd00:62::9"])
+    ns.ip(&["-6", "route", "add", "fd00:158::/48", "via", "fd00:155::9"])
         .unwrap();
-    let ip = ip_route_get(&ns, &["fibmatch", "fd00:65::1"]);
-    assert!(ip.starts_with("fd00:65::/48 via fd00:62::9 dev v0"), "{ip}");
-    let mut q = RouteQuery::get("fd00:65::1".parse().unwrap());
+    let ip = ip_route_get(&ns, &["fibmatch", "fd00:158::1"]);
+    assert!(
+        ip.starts_with("fd00:158::/48 via fd00:155::9 dev v0"),
+        "{ip}"
+    );
+    let mut q = RouteQuery::get("fd00:158::1".parse().unwrap());
     q.fib_match = true;
     let RouteLookup::Found(a) = ask(&ns, q) else {
         panic!()
@@ -312,18 +315,18 @@ fn errors_and_route_types_are_the_kernels() {
     assert_eq!(
         (a.dst, a.dst_len, a.table, a.gateway, a.oif),
         (
-            Some("fd00:65::".parse().unwrap()),
+            Some("fd00:158::".parse().unwrap()),
             48,
             254,
-            Some("fd00:62::9".parse().unwrap()),
+            Some("fd00:155::9".parse().unwrap()),
             v0
         )
     );
-    let r = ask(&ns, RouteQuery::get("fd00:99::1".parse().unwrap()));
+    let r = ask(&ns, RouteQuery::get("fd00:159::1".parse().unwrap()));
     assert!(
         matches!(r, RouteLookup::Failed { errno, .. } if errno == libc::ENETUNREACH),
         "{r:?}: {}",
-        ip_route_get_expecting(&ns, &["fd00:99::1"], false)
+        ip_route_get_expecting(&ns, &["fd00:159::1"], false)
     );
 }
 
@@ -354,7 +357,7 @@ fn v6_reverse_query_matches_ip6t_rpfilter_lookup() {
         "02:00:00:00:c3:12",
     )
     .unwrap();
-    let (pod, cli) = ("fd00:63:b::9", "2001:db8:63::7");
+    let (pod, cli) = ("fd00:156:b::9", "2001:db8:63::7");
     for (ns, args) in [
         (
             &node,
@@ -362,7 +365,7 @@ fn v6_reverse_query_matches_ip6t_rpfilter_lookup() {
                 "-6",
                 "addr",
                 "add",
-                "fd00:63:a::5/64",
+                "fd00:156:a::5/64",
                 "dev",
                 "ens4",
                 "nodad",
@@ -388,7 +391,7 @@ fn v6_reverse_query_matches_ip6t_rpfilter_lookup() {
                 "add",
                 "default",
                 "via",
-                "fd00:63:a::1",
+                "fd00:156:a::1",
                 "dev",
                 "ens4",
             ],

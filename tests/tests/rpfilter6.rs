@@ -1,7 +1,7 @@
 //! IPv6 reverse-path drops by netfilter, traced with only the service's
 //! port: an ip6tables `-m rpfilter --invert -j DROP` in raw PREROUTING
 //! (firewalld's default) and an nft `fib saddr . iif oif missing drop`.
-//! The client's address (fd00:61:9::1) reaches the node on eth1, but the
+//! The client's address (fd00:161:9::1) reaches the node on eth1, but the
 //! node's only way back to it is its default route out of eth0: the strict
 //! check fails. kdrop must name the rule, the way back (eth0, table main,
 //! the rule that chose it) and a policy route through eth1 that, applied as
@@ -15,8 +15,8 @@ use integration_tests::{
 use kdrop::diagnosis::fix_kinds::Kind;
 
 const PORT: u16 = 8443;
-const CLIENT: &str = "fd00:61:9::1";
-const SERVER: &str = "fd00:61:1::2";
+const CLIENT: &str = "fd00:161:9::1";
+const SERVER: &str = "fd00:161:1::2";
 
 /// `dev`'s link-local address in `ns`, as the kernel gave it: the address
 /// a router's neighbour solicitations come from (`ndisc_send_ns` takes the
@@ -41,7 +41,7 @@ fn link_local(ns: &Ns, dev: &str) -> String {
 
 /// The client on the node's eth1, a gateway on its eth0 (the default
 /// route). The client's neighbour entry for the node is static: its
-/// neighbour solicitations come from fd00:61:9::1 and the check would drop
+/// neighbour solicitations come from fd00:161:9::1 and the check would drop
 /// them too, so the SYN would never leave. So is the node's entry for the
 /// client, which a client on the link leaves there when it resolves the
 /// node: it tells kdrop that the SYN's sender is the client itself, on
@@ -74,7 +74,7 @@ fn lab(test: &str) -> Lab {
         "02:00:00:00:81:04",
     )
     .unwrap();
-    ip6(&client, "addr add fd00:61:1::1/64 dev c0 nodad");
+    ip6(&client, "addr add fd00:161:1::1/64 dev c0 nodad");
     ip6(&client, &format!("addr add {CLIENT}/128 dev c0 nodad"));
     ip6(
         &client,
@@ -85,9 +85,9 @@ fn lab(test: &str) -> Lab {
         &node,
         &format!("neigh replace {CLIENT} lladdr 02:00:00:00:81:01 dev eth1 nud permanent"),
     );
-    ip6(&node, "addr add fd00:61:2::2/64 dev eth0 nodad");
-    ip6(&node, "route add default via fd00:61:2::1 dev eth0");
-    ip6(&gw, "addr add fd00:61:2::1/64 dev g0 nodad");
+    ip6(&node, "addr add fd00:161:2::2/64 dev eth0 nodad");
+    ip6(&node, "route add default via fd00:161:2::1 dev eth0");
+    ip6(&gw, "addr add fd00:161:2::1/64 dev g0 nodad");
     Lab {
         client,
         node,
@@ -119,7 +119,7 @@ fn check_way_back(e: &Record, l: &Lab, asked: &str) {
     assert!(
         ev.contains(&format!(
             "reverse lookup as the rule makes it (strict): `{ns}ip -6 route get {CLIENT} from \
-             {SERVER}{asked}` answers default via fd00:61:2::1 dev eth0 table main"
+             {SERVER}{asked}` answers default via fd00:161:2::1 dev eth0 table main"
         )),
         "{ev:#?}"
     );
@@ -227,7 +227,7 @@ fn nft_fib_saddr_iif() {
 }
 
 /// The lab with the way back working: the gateway behind eth0 forwards to
-/// the client by a second link (fd00:61:3::/64), as in asymmetric routing
+/// the client by a second link (fd00:161:3::/64), as in asymmetric routing
 /// that works. The strict check still drops the SYN (the way back leaves by
 /// eth0); loose mode, kdrop's other repair (`fix_or`), only asks that a way
 /// back exist, and the SYN-ACK then goes by eth0 and the gateway.
@@ -242,11 +242,11 @@ fn asymmetric_lab(test: &str) -> Lab {
         "02:00:00:00:81:06",
     )
     .unwrap();
-    ip6(&l._gw, "addr add fd00:61:3::2/64 dev g1 nodad");
-    ip6(&l.client, "addr add fd00:61:3::1/64 dev c1 nodad");
+    ip6(&l._gw, "addr add fd00:161:3::2/64 dev g1 nodad");
+    ip6(&l.client, "addr add fd00:161:3::1/64 dev c1 nodad");
     ip6(
         &l._gw,
-        &format!("route add {CLIENT}/128 via fd00:61:3::1 dev g1"),
+        &format!("route add {CLIENT}/128 via fd00:161:3::1 dev g1"),
     );
     l._gw.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
     l
@@ -366,23 +366,26 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
         "02:00:00:00:82:06",
     )
     .unwrap();
-    let client_addr = "fd00:62:9::1";
-    let server = "fd00:62:1::2";
+    let client_addr = "fd00:162:9::1";
+    let server = "fd00:162:1::2";
     ip6(&client, &format!("addr add {client_addr}/64 dev c0 nodad"));
-    ip6(&client, "route add default via fd00:62:9::fe");
-    ip6(&router, "addr add fd00:62:9::fe/64 dev r9 nodad");
-    ip6(&router, "addr add fd00:62:1::1/64 dev r1 nodad");
+    ip6(&client, "route add default via fd00:162:9::fe");
+    ip6(&router, "addr add fd00:162:9::fe/64 dev r9 nodad");
+    ip6(&router, "addr add fd00:162:1::1/64 dev r1 nodad");
     router.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
     ip6(&node, &format!("addr add {server}/64 dev eth1 nodad"));
-    ip6(&node, "addr add fd00:62:2::2/64 dev eth0 nodad");
-    ip6(&node, "route add default via fd00:62:2::1 dev eth0");
-    ip6(&node, "route add default via fd00:62:1::1 dev eth1 table 2");
+    ip6(&node, "addr add fd00:162:2::2/64 dev eth0 nodad");
+    ip6(&node, "route add default via fd00:162:2::1 dev eth0");
+    ip6(
+        &node,
+        "route add default via fd00:162:1::1 dev eth1 table 2",
+    );
     ip6(
         &node,
         &format!("rule add from {server} lookup 2 priority 1536"),
     );
     ip6(&node, "rule add fwmark 0x80/0x80 lookup main priority 1024");
-    ip6(&gw, "addr add fd00:62:2::1/64 dev g0 nodad");
+    ip6(&gw, "addr add fd00:162:2::1/64 dev g0 nodad");
     for rule in [
         "-t raw -A PREROUTING -i eth1 -j MARK --set-xmark 0x80/0x80",
         "-t raw -A PREROUTING -m rpfilter --validmark --invert -j DROP",
@@ -416,7 +419,7 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
     assert!(
         ev.contains(&format!(
             "reverse lookup as the rule makes it (strict): `{ns}ip -6 route get {client_addr} \
-             from {server} oif eth1 mark 0x80` answers default via fd00:62:2::1 dev eth0 table \
+             from {server} oif eth1 mark 0x80` answers default via fd00:162:2::1 dev eth0 table \
              main"
         )),
         "{ev:#?}"
@@ -445,8 +448,8 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
     .expect("a new connection after the fix");
 }
 
-/// The issue's node: two links, the client (fd00:232::2) a routed host
-/// behind the router on the secondary link eth1 (fd00:231:2::1), the
+/// The issue's node: two links, the client (fd00:164::2) a routed host
+/// behind the router on the secondary link eth1 (fd00:163:2::1), the
 /// default route out of eth0, and firewalld's strict ip6tables rpfilter.
 /// Nothing is static: the router solicits the node's address, which
 /// leaves its entry (with the MAC the SYN comes from) on the node. The
@@ -457,7 +460,7 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
 #[test]
 fn a_routed_client_is_repaired_through_its_router() {
     let test = "rpf6via";
-    let (client_addr, router_global, server) = ("fd00:232::2", "fd00:231:2::1", "fd00:231:2::2");
+    let (client_addr, router_global, server) = ("fd00:164::2", "fd00:163:2::1", "fd00:163:2::2");
     let port = 7232;
     let client = Ns::new(&ns_name(&format!("{test}-c"))).unwrap();
     let router = Ns::new(&ns_name(&format!("{test}-r"))).unwrap();
@@ -491,17 +494,17 @@ fn a_routed_client_is_repaired_through_its_router() {
         "02:00:00:00:e8:06",
     );
     ip6(&client, &format!("addr add {client_addr}/64 dev c0 nodad"));
-    ip6(&client, "route add default via fd00:232::1");
-    ip6(&router, "addr add fd00:232::1/64 dev r9 nodad");
+    ip6(&client, "route add default via fd00:164::1");
+    ip6(&router, "addr add fd00:164::1/64 dev r9 nodad");
     ip6(
         &router,
         &format!("addr add {router_global}/64 dev r1 nodad"),
     );
     router.sysctl("net/ipv6/conf/all/forwarding", "1").unwrap();
     ip6(&node, &format!("addr add {server}/64 dev eth1 nodad"));
-    ip6(&node, "addr add fd00:231:1::2/64 dev eth0 nodad");
-    ip6(&node, "route add default via fd00:231:1::1 dev eth0");
-    ip6(&gw, "addr add fd00:231:1::1/64 dev g0 nodad");
+    ip6(&node, "addr add fd00:163:1::2/64 dev eth0 nodad");
+    ip6(&node, "route add default via fd00:163:1::1 dev eth0");
+    ip6(&gw, "addr add fd00:163:1::1/64 dev g0 nodad");
     node.exec(
         "ip6tables",
         &[
