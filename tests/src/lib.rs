@@ -23,6 +23,7 @@ pub mod flood;
 pub mod handshake;
 pub mod manifest;
 pub mod netpol;
+pub mod nets;
 pub mod nf;
 pub mod prom;
 pub mod record;
