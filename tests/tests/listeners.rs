@@ -10,7 +10,7 @@ use std::{
 };
 
 use integration_tests::{
-    bound, in_ns, listen_backlog, send_syn, ss_listen_queues, wait_until, Kdrop, Ns, Pair,
+    bound, in_ns, listen_backlog, send_syn, ss_listen_queues, wait_until, Kdrop, Ns, Pair, Record,
 };
 use kdrop::context::{
     listeners::{listener_for, snapshot_in},
@@ -202,32 +202,27 @@ fn refused_client(p: &Pair, src: SocketAddr, dst: SocketAddr) -> std::thread::Jo
 
 /// What every listen watch record of the full listener says, checked
 /// against `ss`, netstat and this process (the oracles outside kdrop).
-fn assert_listen_overflow(p: &Pair, e: &serde_json::Value, at: SocketAddr) {
-    assert_eq!(e["kind"], "listen_overflow", "{e}");
-    assert_eq!(e["netns_name"], p.server.name.as_str(), "{e}");
-    assert_eq!(e["daddr"], at.ip().to_string());
-    assert_eq!(e["dport"], at.port());
-    assert_eq!(e["sport"], 0);
-    assert!(e["handshake"].is_null(), "folded into a handshake: {e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "listen_overflow", "{e}");
+fn assert_listen_overflow(p: &Pair, e: &Record, at: SocketAddr) {
+    assert_eq!(e.kind, "listen_overflow", "{e}");
+    assert_eq!(e.netns_name.as_deref(), Some(p.server.name.as_str()), "{e}");
+    assert_eq!(e.daddr, at.ip().to_string());
+    assert_eq!(e.dport, at.port());
+    assert_eq!(e.sport, 0);
+    assert!(e.handshake.is_none(), "folded into a handshake: {e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "listen_overflow", "{e}");
     let (q, b) = ss_listen_queues(&p.server, at);
     assert_eq!((q, b), (2, 1));
     let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
     let owner = format!("{} (pid {})", comm.trim_end(), std::process::id());
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "accept queue of {owner} on {at} is full: {q}/{b} waiting; it is not calling \
              accept() fast enough"
         )
     );
-    let ev: Vec<&str> = f["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let ev: Vec<&str> = f.evidence.iter().map(String::as_str).collect();
     assert!(
         ev[0].starts_with("TcpExt +") && ev[0].contains(" ListenOverflows"),
         "{ev:?}"
@@ -257,13 +252,13 @@ fn assert_listen_overflow(p: &Pair, e: &serde_json::Value, at: SocketAddr) {
 
 /// The listen_overflow record of `k` (a JSON line on stdout, as printed),
 /// with how long after the client's first SYN it came.
-fn first_listen_overflow(k: &Kdrop, sent: Instant) -> (String, serde_json::Value, Duration) {
+fn first_listen_overflow(k: &Kdrop, sent: Instant) -> (String, Record, Duration) {
     let deadline = Instant::now() + bound(Duration::from_secs(5));
     let mut seen = Vec::new();
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let Some(line) = k.next_line(left) else { break };
-        let e: serde_json::Value = serde_json::from_str(&line).unwrap();
-        if e["kind"] == "listen_overflow" {
+        let e = Record::parse(&line);
+        if e.kind == "listen_overflow" {
             let after = sent.elapsed();
             eprintln!("{after:?} after the first SYN: {line}");
             return (line, e, after);
@@ -387,14 +382,14 @@ fn listen_overflow_in_monitor_metrics_and_events() {
     assert!(done.status.success(), "{done:?}");
     let text = std::fs::read_to_string(&out).unwrap();
     let _ = std::fs::remove_file(&out);
-    let e: serde_json::Value = text
+    let e = text
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|e| e["kind"] == "listen_overflow")
+        .map(Record::parse)
+        .find(|e| e.kind == "listen_overflow")
         .unwrap_or_else(|| panic!("no listen_overflow line in {text}"));
-    assert_eq!(e["finding"]["cause"], "listen_overflow");
-    assert_eq!(e["dport"], 5013);
-    assert_eq!(e["netns_name"], p.server.name.as_str());
+    assert_eq!(e.finding().cause, "listen_overflow");
+    assert_eq!(e.dport, 5013);
+    assert_eq!(e.netns_name.as_deref(), Some(p.server.name.as_str()));
 }
 
 /// A SYN queue full with SYN cookies off (clients that never send the final
@@ -431,11 +426,8 @@ fn syn_queue_overflow_from_the_counters() {
         .collect();
     let (_, e, after) = first_listen_overflow(&k, sent);
     assert!(after < bound(Duration::from_millis(2500)), "{after:?}");
-    assert_eq!(e["finding"]["cause"], "syn_queue_overflow", "{e}");
-    assert_eq!(
-        (e["daddr"].as_str(), e["dport"].as_u64()),
-        (Some("10.186.0.2"), Some(5014))
-    );
+    assert_eq!(e.finding().cause, "syn_queue_overflow", "{e}");
+    assert_eq!((e.daddr.as_str(), e.dport), ("10.186.0.2", 5014));
     let dropped = netstat(&p.server, "TCPReqQFullDrop") - before;
     assert!(dropped >= 1, "netstat shows no TCPReqQFullDrop");
     let (sq, b) = (
@@ -443,18 +435,18 @@ fn syn_queue_overflow_from_the_counters() {
         ss_listen_queues(&p.server, at).1,
     );
     assert_eq!(b, 2);
-    let f = &e["finding"];
-    let summary = f["summary"].as_str().unwrap();
+    let f = e.finding();
+    let summary = f.summary.as_str();
     assert!(
         summary.contains(&format!(
             "on {at} is full ({sq}/{b}) and SYN cookies are off: "
         )),
         "{summary} (ss: {sq} SYN-RECV, backlog {b})"
     );
-    let ev0 = f["evidence"][0].as_str().unwrap();
+    let ev0 = f.evidence[0].as_str();
     assert!(ev0.contains(" TCPReqQFullDrop in the last "), "{ev0}");
     assert_eq!(
-        f["evidence"][1],
+        f.evidence[1],
         format!(
             "listener {at} in netns {}: SYN queue {sq} request sockets, backlog {b} (it bounds \
              the SYN queue too: 6.18 refuses SYNs when more than {b} wait), accept queue 0 waiting",

@@ -11,14 +11,11 @@ use std::{
 };
 
 use integration_tests::{
-    bound, connect_within, expected_reason,
-    handshake::is_tuple,
-    listen,
+    bound, connect_within, listen,
     nf::{ipt, nft, Backend, BrNetfilter},
-    ns_name, pair_addresses, run_fix, send_syn, strs, veth, Kdrop, Ns, Pair,
+    ns_name, pair_addresses, reason_for, run_fix, send_syn, veth, Kdrop, Ns, Pair, Record,
 };
 use kdrop::diagnosis::netfilter::fixes::FixKind;
-use serde_json::Value;
 
 /// How long a repaired handshake may take on the client's own
 /// retransmissions (1 s, 3 s, 7 s, 15 s after the first SYN).
@@ -27,14 +24,14 @@ const RETRY: Duration = Duration::from_secs(12);
 /// fails is given a client's usual short patience.
 const NEW: Duration = Duration::from_secs(3);
 
-fn is_drop(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
-    e["kind"] == "drop" && is_tuple(e, src, dst)
+fn is_drop(e: &Record, src: &SocketAddr, dst: &SocketAddr) -> bool {
+    e.kind == "drop" && e.is_tuple(src, dst)
 }
 
 /// kdrop's netfilter drop of `src -> dst`.
-fn drop_of(k: &Kdrop, src: SocketAddr, dst: SocketAddr) -> Value {
-    let e = k.expect_event("the netfilter drop", |e| is_drop(e, &src, &dst));
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
+fn drop_of(k: &Kdrop, src: SocketAddr, dst: SocketAddr) -> Record {
+    let e = k.expect_record("the netfilter drop", |e| is_drop(e, &src, &dst));
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"), "{e}");
     e
 }
 
@@ -113,7 +110,7 @@ fn repaired(
     client: &Ns,
     (from, to): (SocketAddr, SocketAddr),
     leg: Leg,
-    pick: impl Fn(&Value) -> Vec<String>,
+    pick: impl Fn(&Record) -> Vec<String>,
 ) -> Vec<FixKind> {
     let k = trace(node, to.port());
     let syn = send_syn(client, from, to);
@@ -130,12 +127,12 @@ fn repaired(
     kinds
 }
 
-fn fix(e: &Value) -> Vec<String> {
-    strs(&e["finding"]["fix"])
+fn fix(e: &Record) -> Vec<String> {
+    e.finding().fix.clone()
 }
 
-fn first_or(e: &Value) -> Vec<String> {
-    strs(&e["finding"]["fix_or"][0])
+fn first_or(e: &Record) -> Vec<String> {
+    e.finding().fix_or[0].clone()
 }
 
 /// A DROP rule for the port behind unrelated rules, in INPUT of the server.
@@ -439,7 +436,7 @@ fn half_fix_fails(br: &Bridge, end: &Ends, base: u16) {
     let from = end.client_at(base);
     let syn = send_syn(&br.client, from, end.server);
     let e = drop_of(&k, from, end.server);
-    assert_eq!(e["netfilter"]["dropped_by"], "policy", "{e}");
+    assert_eq!(e.netfilter().dropped_by, "policy", "{e}");
     let half: Vec<String> = fix(&e)
         .into_iter()
         .filter(|c| FixKind::of(c) == Some(FixKind::IptablesAcceptAtPolicy))
@@ -447,10 +444,13 @@ fn half_fix_fails(br: &Bridge, end: &Ends, base: u16) {
     assert_eq!(apply(&half), [FixKind::IptablesAcceptAtPolicy]);
     // Its first SYN-ACK may meet a snapshot from before the change: the
     // first one kdrop names.
-    let reply = k.expect_event("the SYN-ACK's drop by the policy", |r| {
-        is_drop(r, &end.server, &from) && r["netfilter"]["dropped_by"] == "policy"
+    let reply = k.expect_record("the SYN-ACK's drop by the policy", |r| {
+        is_drop(r, &end.server, &from)
+            && r.netfilter
+                .as_ref()
+                .is_some_and(|n| n.dropped_by == "policy")
     });
-    assert_eq!(reply["tcp_flags"], "SYN|ACK", "{reply}");
+    assert_eq!(reply.tcp_flags, "SYN|ACK", "{reply}");
     let fresh = end.client_at(base + 1);
     assert!(
         connect_within(&br.client, fresh, end.server, NEW).is_err(),

@@ -11,11 +11,10 @@ use std::{
 };
 
 use integration_tests::{
-    expected_reason, handshake::is_tuple, inode, nf::nft, oracle, return_rung_or_skip, send_syn,
-    skip, Kdrop, Ns, Pair,
+    inode, nf::nft, oracle, reason_for, return_rung_or_skip, send_syn, skip, Kdrop, Ns, Pair,
+    Record,
 };
 use kdrop::context::netns::in_netns;
-use serde_json::Value;
 
 /// One at a time: the conntrack test shrinks the global nf_conntrack_max.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -27,36 +26,29 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// The first drop arms the verdict probes (kdrop pays for them only while a
 /// netfilter drop asks): its record names the rule from the counters; the
 /// retransmitted SYN's drop carries the kernel's own verdict.
-fn with_verdict(k: &Kdrop, what: &str, src: &SocketAddr, dst: &SocketAddr) -> Value {
-    let first = k.expect_event(what, |e| is_tuple(e, src, dst));
-    let method = first["netfilter"]["method"].as_str().unwrap_or_default();
+fn with_verdict(k: &Kdrop, what: &str, src: &SocketAddr, dst: &SocketAddr) -> Record {
+    let first = k.expect_record(what, |e| e.is_tuple(src, dst));
+    let method = first.netfilter.as_ref().map_or("", |n| n.method.as_str());
     // A packet nft_do_chain frees itself (Debian's 6.12) never has an
     // NF_DROP verdict: the caller skips on its location, no retransmission
     // would carry more.
-    let freed_inside = first["location"]
-        .as_str()
-        .is_some_and(|l| l.starts_with("nft_do_chain+"));
+    let freed_inside = first.location.starts_with("nft_do_chain+");
     if method.starts_with("kernel verdict") || freed_inside {
         return first;
     }
-    k.expect_event(
+    k.expect_record(
         &format!("{what}, retransmitted, with the kernel's verdict"),
         |e| {
-            is_tuple(e, src, dst)
-                && e["netfilter"]["method"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("kernel verdict"))
+            e.is_tuple(src, dst)
+                && e.netfilter
+                    .as_ref()
+                    .is_some_and(|n| n.method.starts_with("kernel verdict"))
         },
     )
 }
 
-fn evidence(e: &Value) -> Vec<String> {
-    e["netfilter"]["evidence"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no netfilter evidence: {e}"))
-        .iter()
-        .map(|v| v.as_str().unwrap().to_string())
-        .collect()
+fn evidence(e: &Record) -> Vec<String> {
+    e.netfilter().evidence.clone()
 }
 
 #[test]
@@ -76,20 +68,21 @@ fn ipt_do_table_verdict_confirms_the_counted_rule() {
     let (src, dst) = (p.client_v4(42201), p.server_v4(6201));
     let _syn = send_syn(&p.client, src, dst);
     let e = with_verdict(&k, "the iptables drop", &src, &dst);
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
-    let nf = &e["netfilter"];
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"), "{e}");
+    let nf = e.netfilter();
     assert_eq!(
-        nf["method"],
+        nf.method,
         format!(
             "kernel verdict ({rung} on ipt_do_table) + rule counters (iptables-legacy-save -c)"
         ),
         "{e}"
     );
     assert_eq!(
-        nf["rule"], "-A INPUT -p tcp -m tcp --dport 6201 -j DROP",
+        nf.rule.as_deref(),
+        Some("-A INPUT -p tcp -m tcp --dport 6201 -j DROP"),
         "{e}"
     );
-    assert_eq!(nf["hook"], "INPUT", "{e}");
+    assert_eq!(nf.hook.as_deref(), Some("INPUT"), "{e}");
     let ev = evidence(&e);
     assert!(
         ev[0].starts_with("kernel: ipt_do_table returned NF_DROP for this packet (")
@@ -100,7 +93,7 @@ fn ipt_do_table_verdict_confirms_the_counted_rule() {
     if oracle::kernel().module_btf {
         assert!(ev[0].contains("table filter"), "{ev:?}");
     }
-    assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e}");
+    assert_eq!(e.finding().cause, "netfilter_rule", "{e}");
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
     // The verdict records are accounted like drops (the SYN may have been
@@ -137,27 +130,24 @@ fn nft_do_chain_verdict_names_table_chain_and_hook() {
     ] {
         let _syn = send_syn(&p.client, src, dst);
         let e = with_verdict(&k, "the nftables drop", &src, &dst);
-        assert_eq!(e["netns"], inode(&p.server), "{e}");
-        let nf = &e["netfilter"];
-        assert_eq!(nf["table"], "kdv", "{e}");
-        assert_eq!(nf["chain"], "input", "{e}");
-        assert_eq!(nf["rule"], "tcp dport 6202 drop", "{e}");
+        assert_eq!(e.netns, inode(&p.server), "{e}");
+        let nf = e.netfilter();
+        assert_eq!(nf.table.as_deref(), Some("kdv"), "{e}");
+        assert_eq!(nf.chain.as_deref(), Some("input"), "{e}");
+        assert_eq!(nf.rule.as_deref(), Some("tcp dport 6202 drop"), "{e}");
         // Debian's 6.12 frees the packet inside nft_do_chain (the drop's
         // location) and returns NF_STOLEN: no NF_DROP verdict to record.
-        if e["location"].as_str().unwrap().starts_with("nft_do_chain+") {
+        if e.location.starts_with("nft_do_chain+") {
             skip(
                 "nft_do_chain_verdict",
                 "nft-frees-inside",
                 &format!("nft_do_chain freed the packet itself: no NF_DROP verdict ({e})"),
             );
-            assert_eq!(
-                nf["method"], "ruleset evaluation (nft -j list ruleset)",
-                "{e}"
-            );
+            assert_eq!(nf.method, "ruleset evaluation (nft -j list ruleset)", "{e}");
             continue;
         }
         assert_eq!(
-            nf["method"],
+            nf.method,
             format!("kernel verdict ({rung} on nft_do_chain) + ruleset evaluation (nft -j list ruleset)"),
             "{e}"
         );
@@ -168,7 +158,7 @@ fn nft_do_chain_verdict_names_table_chain_and_hook() {
             ),
             "{ev:?}"
         );
-        assert_eq!(e["finding"]["cause"], "netfilter_rule", "{e}");
+        assert_eq!(e.finding().cause, "netfilter_rule", "{e}");
     }
     k.stop(libc::SIGINT);
 }
@@ -254,15 +244,15 @@ fn conntrack_table_full_is_conntracks_own_verdict() {
     let src = p.client_v4(42206);
     let _syn = send_syn(&p.client, src, server);
     let e = with_verdict(&k, "the SYN conntrack refused", &src, &server);
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
-    let nf = &e["netfilter"];
-    assert_eq!(nf["dropped_by"], "conntrack", "{e}");
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"), "{e}");
+    let nf = e.netfilter();
+    assert_eq!(nf.dropped_by, "conntrack", "{e}");
     assert_eq!(
-        nf["method"],
+        nf.method,
         format!("kernel verdict ({rung} on nf_conntrack_in)"),
         "{e}"
     );
-    assert_eq!(nf["hook"], "PREROUTING", "{e}");
+    assert_eq!(nf.hook.as_deref(), Some("PREROUTING"), "{e}");
     let ev = evidence(&e);
     assert!(
         ev[0].starts_with(
@@ -273,7 +263,7 @@ fn conntrack_table_full_is_conntracks_own_verdict() {
     // The handshake's verdict: the table the test filled (its first drop
     // said so from conntrack's statistics; this one adds the kernel's own
     // verdict as evidence).
-    assert_eq!(e["finding"]["cause"], "conntrack_table_full", "{e}");
+    assert_eq!(e.finding().cause, "conntrack_table_full", "{e}");
     drop(_max);
     k.stop(libc::SIGINT);
     drop(listener);

@@ -9,7 +9,7 @@ use std::{net::SocketAddr, path::PathBuf, process::Command};
 use integration_tests::{
     containerd::{Containerd, BUSYBOX_IMAGE, NODE_POD_GW},
     cri::{cart_pod, recorded, ContainerSpec, PodSpec},
-    expected_reason, expected_reason_label,
+    expected_reason_label, reason_for,
     scrape::{http_get, metrics_addr, scrape_until, value},
     send_syn, send_syn_at, Kdrop, EVENT_TIMEOUT,
 };
@@ -74,15 +74,15 @@ fn drops_in_a_cri_pod_name_the_pod_and_its_container() {
     let dst: SocketAddr = format!("{}:8081", r.ip).parse().unwrap();
     let _syn = send_syn(&ctd.node, src, dst);
 
-    let e = json.expect_event("the SYN dropped in the pod", |e| e["sport"] == 46801);
-    assert_eq!(e["netns"], r.netns);
-    assert_eq!(e["reason"], expected_reason("NO_SOCKET"));
-    assert_eq!(e["pod"], r.pod.as_str(), "{e}");
-    assert_eq!(e["container"], r.container.as_str(), "{e}");
+    let e = json.expect_record("the SYN dropped in the pod", |e| e.sport == 46801);
+    assert_eq!(e.netns, u64::from(r.netns));
+    assert_eq!(e.reason.as_deref(), reason_for("NO_SOCKET"));
+    assert_eq!(e.pod.as_deref(), Some(r.pod.as_str()), "{e}");
+    assert_eq!(e.container.as_deref(), Some(r.container.as_str()), "{e}");
     // The node's address is no pod's.
-    assert!(e["client_pod"].is_null(), "{e}");
-    assert_eq!(e["backend_pod"], r.pod.as_str(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert!(e.client_pod.is_none(), "{e}");
+    assert_eq!(e.backend_pod.as_deref(), Some(r.pod.as_str()), "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.starts_with(&format!("pod {}: ", r.pod)),
         "{summary}"
@@ -125,9 +125,9 @@ fn drops_in_a_cri_pod_name_the_pod_and_its_container() {
         })
         .collect();
     for i in 0..100 {
-        let e = json.expect_event("the burst", |e| e["sport"] == 47000 + i);
-        assert_eq!(e["pod"], r.pod.as_str(), "{e}");
-        assert_eq!(e["container"], r.container.as_str(), "{e}");
+        let e = json.expect_record("the burst", |e| e.sport == 47000 + i);
+        assert_eq!(e.pod.as_deref(), Some(r.pod.as_str()), "{e}");
+        assert_eq!(e.container.as_deref(), Some(r.container.as_str()), "{e}");
     }
     drop(burst);
     view.show();
@@ -158,13 +158,17 @@ fn drops_in_a_cri_pod_name_the_pod_and_its_container() {
     let (meta, db_ip, _) = cri.pod_status(&db.id);
     let src: SocketAddr = format!("{NODE_POD_GW}:46804").parse().unwrap();
     let _syn = send_syn(&ctd.node, src, format!("{db_ip}:8081").parse().unwrap());
-    let e = json.expect_event("the SYN dropped in the db pod", |e| e["sport"] == 46804);
+    let e = json.expect_record("the SYN dropped in the db pod", |e| e.sport == 46804);
     assert_eq!(
-        e["pod"],
-        format!("{}/{}", meta.namespace, meta.name).as_str(),
+        e.pod.as_deref(),
+        Some(format!("{}/{}", meta.namespace, meta.name).as_str()),
         "{e}"
     );
-    assert_eq!(e["container"], names.join(",").as_str(), "{e}");
+    assert_eq!(
+        e.container.as_deref(),
+        Some(names.join(",").as_str()),
+        "{e}"
+    );
 
     // A Service's virtual address, DNAT'd on the node to the db pod as
     // kube-proxy's rules do: port 3306 to 8081, which the node then drops
@@ -188,26 +192,22 @@ fn drops_in_a_cri_pod_name_the_pod_and_its_container() {
     // Dropped on the node, after the DNAT: no pod's namespace, both
     // pods named from the conntrack entry's addresses.
     let _syn = from_cart(46810, 3306);
-    let e = json.expect_event("the DNAT'd SYN dropped on the node", |e| {
-        e["sport"] == 46810
-    });
-    assert_eq!(e["daddr"], db_ip.as_str(), "{e}");
-    assert!(e["pod"].is_null(), "{e}");
-    assert_eq!(e["client_pod"], r.pod.as_str(), "{e}");
-    assert_eq!(e["backend_pod"], db_pod.as_str(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    let e = json.expect_record("the DNAT'd SYN dropped on the node", |e| e.sport == 46810);
+    assert_eq!(e.daddr, db_ip.as_str(), "{e}");
+    assert!(e.pod.is_none(), "{e}");
+    assert_eq!(e.client_pod.as_deref(), Some(r.pod.as_str()), "{e}");
+    assert_eq!(e.backend_pod.as_deref(), Some(db_pod.as_str()), "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.starts_with(&format!("pod {} → pod {db_pod}: ", r.pod)),
         "{summary}"
     );
     // Refused in the backend pod: it leads, the client follows.
     let _syn = from_cart(46811, 3307);
-    let e = json.expect_event("the DNAT'd SYN dropped in the db pod", |e| {
-        e["sport"] == 46811
-    });
-    assert_eq!(e["pod"], db_pod.as_str(), "{e}");
-    assert_eq!(e["client_pod"], r.pod.as_str(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    let e = json.expect_record("the DNAT'd SYN dropped in the db pod", |e| e.sport == 46811);
+    assert_eq!(e.pod.as_deref(), Some(db_pod.as_str()), "{e}");
+    assert_eq!(e.client_pod.as_deref(), Some(r.pod.as_str()), "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.starts_with(&format!("pod {db_pod}, from pod {}: ", r.pod)),
         "{summary}"
