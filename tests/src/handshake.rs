@@ -1,29 +1,13 @@
-//! One handshake's records as kdrop printed them: which are its, all of
-//! them up to its "unanswered" record and the exit drain, and its one verdict.
+//! One handshake's records as kdrop printed them (`Record::of` says which
+//! are its): all of them up to its "unanswered" record and the exit drain,
+//! its one verdict, and its repair applied.
 use std::{collections::BTreeSet, net::SocketAddr, os::fd::OwnedFd, time::Duration};
-
-use serde_json::Value;
 
 use crate::{
     connect_from,
     record::{Finding, Record},
     run_fix, Kdrop, Ns,
 };
-
-/// Is this record about the handshake of `client` (its SYN, the SYN-ACK
-/// to it, or a packet of it after NAT that names the client's end)?
-pub fn of(e: &Record, client: SocketAddr) -> bool {
-    e.of(client)
-}
-
-/// Is this record about exactly the packet `src -> dst` (as the record
-/// names its tuple)? `Record::is_tuple` for typed records.
-pub fn is_tuple(e: &Value, src: &SocketAddr, dst: &SocketAddr) -> bool {
-    e["saddr"] == src.ip().to_string()
-        && e["sport"] == src.port()
-        && e["daddr"] == dst.ip().to_string()
-        && e["dport"] == dst.port()
-}
 
 /// Every record of `client`'s handshake: read until its "unanswered"
 /// record (the SYN's third transmission, 3 s after the first), then what
@@ -45,16 +29,16 @@ pub fn records_until(
         &format!("the handshake's {what} record"),
         Duration::from_secs(10),
         |e| {
-            if of(e, client) {
+            if e.of(client) {
                 seen.borrow_mut().push(e.clone());
             }
-            of(e, client) && last(e)
+            e.of(client) && last(e)
         },
     );
     let mut out = seen.into_inner();
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
-    out.extend(done.records().into_iter().filter(|e| of(e, client)));
+    out.extend(done.records().into_iter().filter(|e| e.of(client)));
     out
 }
 

@@ -9,7 +9,7 @@ use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
     answered_three_times, assert_kinds, connect_within,
-    handshake::{fix_then_connect, of, one_verdict, records, records_until},
+    handshake::{fix_then_connect, one_verdict, records, records_until},
     listen,
     nf::iptables,
     pods_on_bridge, role_ns, send_syn, veth, Kdrop, Ns,
@@ -58,7 +58,7 @@ fn quiet_after_the_fix(args: &[&str], client: &Ns, server: &Ns, src: SocketAddr,
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{done:?}");
     let rule = format!("-A INPUT -p tcp -m tcp --dport {} -j DROP", src.port());
-    for e in done.records().into_iter().filter(|e| of(e, src)) {
+    for e in done.records().into_iter().filter(|e| e.of(src)) {
         let f = e.finding();
         assert!(
             matches!(e.kind.as_str(), "drop" | "unanswered")

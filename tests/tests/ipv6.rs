@@ -11,7 +11,7 @@ use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
     connect_from,
-    handshake::{self, fix_then_connect, of, records},
+    handshake::{self, fix_then_connect, records},
     ip6, listen,
     record::{Finding, Record},
     role_ns, send_syn, veth, Kdrop, Ns,
@@ -355,7 +355,7 @@ fn no_endpoints_reject_v6() {
     let dst: SocketAddr = "[fd00:108::20]:80".parse().unwrap();
     let _syn = send_syn(&pod, src, dst);
     let e = k.expect_record("the REJECTed SYN", |e| {
-        of(e, src) && e.kind == "drop" && e.reason.as_deref() == Some("NETFILTER_DROP")
+        e.of(src) && e.kind == "drop" && e.reason.as_deref() == Some("NETFILTER_DROP")
     });
     let rule = format!("{reject} \"ns6/svc6:p80 has no endpoints\" {reject_tail}");
     assert_eq!(e.family, "ipv6");

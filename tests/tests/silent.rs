@@ -459,7 +459,7 @@ fn a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_1
     let err = connect_within(&r.client, client, server, Duration::from_millis(800)).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
     let e = k.expect_record_within("the handshake's verdict", Duration::from_secs(6), |e| {
-        handshake::of(e, client)
+        e.of(client)
     });
     let after = t0.elapsed();
     // The oracle: the kernel's own count and the request socket, read now.
