@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::{
     containerd::{Containerd, BUSYBOX_IMAGE},
     cri::{recorded, ContainerSpec, Cri, PodSpec, Recorded},
+    Record,
 };
 
 /// A pod as the kubelet runs it (labels as it passes them to
@@ -87,8 +88,8 @@ fn venv_tool(name: &str) -> PathBuf {
 
 /// The NetworkPolicy in kdrop's notes, validated against Kubernetes'
 /// schema for it (strict: no unknown field).
-pub fn validated_policy(e: &Value, dir: &Path) -> String {
-    let note = e["finding"]["fix_notes"][0].as_str().unwrap_or_default();
+pub fn validated_policy(e: &Record, dir: &Path) -> String {
+    let note = e.finding().fix_notes.first().map_or("", String::as_str);
     let yaml = note
         .split_once(":\n")
         .map(|(_, y)| y.to_string())
@@ -146,17 +147,12 @@ pub fn pod_peer(ns: &str, labels: &[(&str, &str)]) -> Value {
     })
 }
 
-/// A field of the record's `network_policy`.
-pub fn policy<'a>(e: &'a Value, field: &str) -> &'a Value {
-    &e["network_policy"][field]
-}
-
 /// kdrop's NetworkPolicy for record `e`, validated, checked against the
 /// test's own pods: in `ns`, for `direction` (`ingress`/`egress`) and
 /// `port`, selecting the pods labelled `protected` and one peer, the pods
 /// of `peer_ns` labelled `peer`. Returns its YAML.
 pub fn policy_allowing(
-    e: &Value,
+    e: &Record,
     dir: &Path,
     (ns, direction, port): (&str, &str, u16),
     protected: &[(&str, &str)],

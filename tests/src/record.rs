@@ -235,6 +235,13 @@ impl Record {
             .unwrap_or_else(|| panic!("no netfilter attribution: {self}"))
     }
 
+    /// The network policy denial, which this record must carry.
+    pub fn policy(&self) -> &NetworkPolicy {
+        self.network_policy
+            .as_ref()
+            .unwrap_or_else(|| panic!("no network_policy: {self}"))
+    }
+
     /// The conntrack entry, which this record must carry.
     pub fn ct(&self) -> &Ct {
         self.ct

@@ -15,9 +15,9 @@ use std::{net::SocketAddr, path::Path, process::Command, sync::Mutex, time::Dura
 use integration_tests::{
     containerd::Containerd,
     cri::Recorded,
-    netpol::{host_veth, pod, policy, policy_allowing, restore, sh},
+    netpol::{host_veth, pod, policy_allowing, restore, sh},
     scrape::{http_get, metrics_addr, scrape_until, value},
-    send_syn_at, wait_connected, Kdrop,
+    send_syn_at, wait_connected, Kdrop, Record,
 };
 use kdrop::context::netns::in_netns;
 use serde_json::Value;
@@ -206,8 +206,8 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
         send_syn_at(&cart.netns_path, src, dst)
     };
     let denied = |what: &str, sport: u16| {
-        k.expect_event(what, |e| {
-            e["sport"] == sport && e["finding"]["cause"] == "network_policy_denied"
+        k.expect_record(what, |e| {
+            e.sport == sport && e.cause() == "network_policy_denied"
         })
     };
 
@@ -220,22 +220,30 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
     // attributes from counters, not simulating the marks Calico sets along
     // the path (README, Calico): the test checks one drop at a time.
     drop(s);
-    assert_eq!(policy(&e, "dataplane"), dp.name(), "{e}");
-    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
-    assert_eq!(policy(&e, "direction"), "ingress", "{e}");
-    assert_eq!(policy(&e, "protected_pod"), db.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "peer_pod"), cart.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "port"), 5432, "{e}");
-    assert_eq!(policy(&e, "protocol"), "TCP", "{e}");
-    assert_eq!(policy(&e, "tier"), "default", "{e}");
+    assert_eq!(e.policy().dataplane, dp.name(), "{e}");
+    assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
+    assert_eq!(e.policy().direction, "ingress", "{e}");
     assert_eq!(
-        policy(&e, "chain"),
+        e.policy().protected_pod.as_deref(),
+        Some(db.pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(
+        e.policy().peer_pod.as_deref(),
+        Some(cart.pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(e.policy().port, 5432, "{e}");
+    assert_eq!(e.policy().protocol, "TCP", "{e}");
+    assert_eq!(e.policy().tier.as_deref(), Some("default"), "{e}");
+    assert_eq!(
+        e.policy().chain,
         dp.chain(&format!("cali-tw-{DB_IF}")).as_str(),
         "{e}"
     );
-    assert_eq!(policy(&e, "interface"), DB_IF, "{e}");
+    assert_eq!(e.policy().interface.as_deref(), Some(DB_IF), "{e}");
     assert_eq!(
-        policy(&e, "evaluated")[0],
+        e.policy().evaluated[0],
         format!(
             "KubernetesNetworkPolicy kdt-db/allow-monitoring ({})",
             dp.chain("cali-pi-_3lTDF2a_ZC7H2weaLbk")
@@ -243,8 +251,8 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
         .as_str(),
         "{e}"
     );
-    assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert!(e.finding().fix.is_empty(), "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.starts_with(&format!(
             "pod {} → pod {}: Calico network policy, ingress of pod {} from pod {}: no policy \
@@ -255,16 +263,16 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
     );
     // containerd's bundles give no labels, its CRI does: the policy
     // selects both pods by them, and says it allows exactly this.
-    let notes = e["finding"]["fix_notes"].to_string();
+    let notes = e.finding().fix_notes.join("\n");
     assert!(!notes.contains("labels"), "{notes}");
-    let note = e["finding"]["fix_notes"][0].as_str().unwrap_or_default();
+    let note = e.finding().fix_notes.first().map_or("", String::as_str);
     assert!(
         note.starts_with(
             "apply this NetworkPolicy (kubectl apply -f -) to allow exactly this connection:\n"
         ),
         "{notes}"
     );
-    let inspect = e["finding"]["inspect"].to_string();
+    let inspect = e.finding().inspect.join("\n");
     assert!(
         inspect.contains("kubectl get networkpolicy -n kdt-db"),
         "{inspect}"
@@ -282,21 +290,21 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
     let s = syn(41002, 5433);
     let e = denied("the explicit deny", 41002);
     drop(s);
-    assert_eq!(policy(&e, "verdict"), "denied_by_rule", "{e}");
-    assert_eq!(policy(&e, "direction"), "ingress", "{e}");
-    assert_eq!(policy(&e, "tier"), "security", "{e}");
+    assert_eq!(e.policy().verdict, "denied_by_rule", "{e}");
+    assert_eq!(e.policy().direction, "ingress", "{e}");
+    assert_eq!(e.policy().tier.as_deref(), Some("security"), "{e}");
     assert_eq!(
-        policy(&e, "chain"),
+        e.policy().chain,
         dp.chain("cali-pi-_cS5Lb0y8WoQRLr489lA").as_str(),
         "{e}"
     );
     assert_eq!(
-        policy(&e, "policy"),
-        "NetworkPolicy kdt-db/security.deny-kdt-shop",
+        e.policy().policy.as_deref(),
+        Some("NetworkPolicy kdt-db/security.deny-kdt-shop"),
         "{e}"
     );
     assert_eq!(
-        policy(&e, "endpoint_chain"),
+        e.policy().endpoint_chain,
         dp.chain(&format!("cali-tw-{DB_IF}")).as_str(),
         "{e}"
     );
@@ -312,12 +320,16 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
     let s = syn(41003, 5434);
     let e = denied("the end of cart's egress tier", 41003);
     drop(s);
-    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
-    assert_eq!(policy(&e, "direction"), "egress", "{e}");
-    assert_eq!(policy(&e, "protected_pod"), cart.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "peer_pod"), db.pod.as_str(), "{e}");
+    assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
+    assert_eq!(e.policy().direction, "egress", "{e}");
     assert_eq!(
-        policy(&e, "chain"),
+        e.policy().protected_pod.as_deref(),
+        Some(cart.pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(e.policy().peer_pod.as_deref(), Some(db.pod.as_str()), "{e}");
+    assert_eq!(
+        e.policy().chain,
         dp.chain(&format!("cali-fw-{CART_IF}")).as_str(),
         "{e}"
     );
@@ -391,13 +403,14 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
     for w in want {
         let (pod, direction, port, ..) = w;
         let lines = done
-            .events()
+            .records()
             .iter()
             .filter(|e| {
-                let p = &e["network_policy"];
-                p["protected_pod"] == pod
-                    && p["direction"] == direction
-                    && p["port"].as_u64().map(|p| p.to_string()).as_deref() == Some(port)
+                e.network_policy.as_ref().is_some_and(|p| {
+                    p.protected_pod.as_deref() == Some(pod)
+                        && p.direction == direction
+                        && p.port.to_string() == port
+                })
             })
             .count() as u64;
         let counted = series(&m, w).unwrap();
@@ -416,18 +429,27 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
         .unwrap();
     let _ = std::fs::remove_file(&bundle);
     assert!(out.status.success(), "{out:?}");
-    let replayed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+    let replayed: Vec<Record> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| Record::from_value(&v))
         .collect();
     let e = replayed
         .iter()
-        .find(|e| e["sport"] == 41001 && e["finding"]["cause"] == "network_policy_denied")
+        .find(|e| e.sport == 41001 && e.cause() == "network_policy_denied")
         .unwrap_or_else(|| panic!("the denial in the bundle: {replayed:?}"));
-    assert_eq!(policy(e, "verdict"), "no_policy_allowed", "{e}");
-    assert_eq!(policy(e, "protected_pod"), db_pod.as_str(), "{e}");
-    assert_eq!(policy(e, "peer_pod"), cart_pod.as_str(), "{e}");
-    assert_eq!(policy(e, "tier"), "default", "{e}");
+    assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
+    assert_eq!(
+        e.policy().protected_pod.as_deref(),
+        Some(db_pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(
+        e.policy().peer_pod.as_deref(),
+        Some(cart_pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(e.policy().tier.as_deref(), Some("default"), "{e}");
     // The labels came from the bundle's answers: the same policy, the same
     // notes, word for word.
     let scratch = std::env::temp_dir().join(format!("kdrop-calico-{}", std::process::id()));
@@ -440,10 +462,7 @@ fn denials_in_kubernetes_terms(dp: Dataplane) {
         ("kdt-shop", CART_LABELS),
     );
     let _ = std::fs::remove_dir_all(&scratch);
-    assert_eq!(
-        e["finding"]["fix_notes"], first["finding"]["fix_notes"],
-        "{e}"
-    );
+    assert_eq!(e.finding().fix_notes, first.finding().fix_notes, "{e}");
 }
 
 /// kdrop's first policy as Felix's iptables dataplane renders it: a policy

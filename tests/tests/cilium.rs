@@ -15,7 +15,7 @@ use std::{net::SocketAddr, process::Command};
 use integration_tests::{
     cilium::{CiliumStandIn, EGRESS, POLICY_DENIED},
     containerd::Containerd,
-    netpol::{host_veth, pod, policy, policy_allowing},
+    netpol::{host_veth, pod, policy_allowing},
     send_syn_at, Kdrop,
 };
 use serde_json::Value;
@@ -95,25 +95,33 @@ fn cilium_policy_drop_in_kubernetes_terms() {
         send_syn_at(&cart.netns_path, src, dst)
     };
     let denied = |what: &str, sport: u16| {
-        k.expect_event(what, |e| {
-            e["sport"] == sport && e["finding"]["cause"] == "network_policy_denied"
+        k.expect_record(what, |e| {
+            e.sport == sport && e.cause() == "network_policy_denied"
         })
     };
 
     let s = syn(43001);
     let e = denied("cart's egress, Cilium's first count", 43001);
     drop(s);
-    assert_eq!(e["reason"], "TC_INGRESS", "{e}");
-    assert_eq!(policy(&e, "engine"), "cilium", "{e}");
-    assert_eq!(policy(&e, "dataplane"), "ebpf", "{e}");
-    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
-    assert_eq!(policy(&e, "direction"), "egress", "{e}");
-    assert_eq!(policy(&e, "protected_pod"), cart.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "peer_pod"), db.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "port"), 5432, "{e}");
-    assert_eq!(policy(&e, "chain"), "cil_from_contai", "{e}");
-    assert_eq!(policy(&e, "interface"), cart_veth.as_str(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert_eq!(e.reason.as_deref(), Some("TC_INGRESS"), "{e}");
+    assert_eq!(e.policy().engine, "cilium", "{e}");
+    assert_eq!(e.policy().dataplane, "ebpf", "{e}");
+    assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
+    assert_eq!(e.policy().direction, "egress", "{e}");
+    assert_eq!(
+        e.policy().protected_pod.as_deref(),
+        Some(cart.pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(e.policy().peer_pod.as_deref(), Some(db.pod.as_str()), "{e}");
+    assert_eq!(e.policy().port, 5432, "{e}");
+    assert_eq!(e.policy().chain, "cil_from_contai", "{e}");
+    assert_eq!(
+        e.policy().interface.as_deref(),
+        Some(cart_veth.as_str()),
+        "{e}"
+    );
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.contains(&format!(
             "Cilium network policy, egress of pod {} to pod {}: Cilium dropped TCP port 5432 as \
@@ -122,7 +130,7 @@ fn cilium_policy_drop_in_kubernetes_terms() {
         )),
         "{summary}"
     );
-    let evidence = e["finding"]["evidence"].to_string();
+    let evidence = e.finding().evidence.join("\n");
     assert!(
         evidence.contains(&format!("Cilium's metrics map (map {map}) counts")),
         "{evidence}"
@@ -131,8 +139,8 @@ fn cilium_policy_drop_in_kubernetes_terms() {
         evidence.contains("its only drop reason so far"),
         "{evidence}"
     );
-    assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
-    let inspect = e["finding"]["inspect"].to_string();
+    assert!(e.finding().fix.is_empty(), "{e}");
+    let inspect = e.finding().inspect.join("\n");
     assert!(
         inspect.contains(&format!(
             "hubble observe --verdict DROPPED --from-pod {}",
@@ -154,7 +162,7 @@ fn cilium_policy_drop_in_kubernetes_terms() {
     let e = denied("cart's egress again", 43002);
     drop(s);
     let counted = bpftool_count(map, POLICY_DENIED, EGRESS);
-    let evidence = e["finding"]["evidence"].to_string();
+    let evidence = e.finding().evidence.join("\n");
     assert!(
         evidence.contains("POLICY_DENIED egress went from "),
         "{evidence}"

@@ -15,7 +15,7 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 use integration_tests::{
     containerd::Containerd,
     cri::Recorded,
-    netpol::{pod, policy, policy_allowing, policy_name, restore, selectors},
+    netpol::{pod, policy_allowing, policy_name, restore, selectors},
     nf::BrNetfilter,
     send_syn_at, wait_connected, Kdrop,
 };
@@ -162,8 +162,8 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
         send_syn_at(&cart.netns_path, src, dst)
     };
     let denied = |what: &str, sport: u16| {
-        k.expect_event(what, |e| {
-            e["sport"] == sport && e["finding"]["cause"] == "network_policy_denied"
+        k.expect_record(what, |e| {
+            e.sport == sport && e.cause() == "network_policy_denied"
         })
     };
     // REJECT answers the SYN with an ICMP port unreachable: the client's
@@ -178,22 +178,30 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
     refused(&s);
     let e = denied("db-0's ingress", 42001);
     drop(s);
-    assert_eq!(policy(&e, "engine"), "kube-router", "{e}");
-    assert_eq!(policy(&e, "verdict"), "no_policy_allowed", "{e}");
-    assert_eq!(policy(&e, "direction"), "ingress", "{e}");
-    assert_eq!(policy(&e, "protected_pod"), db.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "peer_pod"), cart.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "protected_addr"), db.ip.as_str(), "{e}");
-    assert_eq!(policy(&e, "port"), 5432, "{e}");
-    assert_eq!(policy(&e, "chain"), DB_FW, "{e}");
+    assert_eq!(e.policy().engine, "kube-router", "{e}");
+    assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
+    assert_eq!(e.policy().direction, "ingress", "{e}");
     assert_eq!(
-        policy(&e, "evaluated"),
-        &serde_json::json!(["NetworkPolicy kdt-db/allow-api (KUBE-NWPLCY-JTIYZ5XDNABE3YNF)"]),
+        e.policy().protected_pod.as_deref(),
+        Some(db.pod.as_str()),
         "{e}"
     );
-    assert_eq!(e["netfilter"]["chain"], DB_FW, "{e}");
-    assert!(e["finding"]["fix"].as_array().unwrap().is_empty(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert_eq!(
+        e.policy().peer_pod.as_deref(),
+        Some(cart.pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(e.policy().protected_addr, db.ip.as_str(), "{e}");
+    assert_eq!(e.policy().port, 5432, "{e}");
+    assert_eq!(e.policy().chain, DB_FW, "{e}");
+    assert_eq!(
+        e.policy().evaluated,
+        ["NetworkPolicy kdt-db/allow-api (KUBE-NWPLCY-JTIYZ5XDNABE3YNF)"],
+        "{e}"
+    );
+    assert_eq!(e.netfilter().chain.as_deref(), Some(DB_FW), "{e}");
+    assert!(e.finding().fix.is_empty(), "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.contains(&format!(
             "kube-router network policy, ingress of pod {} from pod {}: no NetworkPolicy that \
@@ -202,7 +210,7 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
         )),
         "{summary}"
     );
-    let inspect = e["finding"]["inspect"].to_string();
+    let inspect = e.finding().inspect.join("\n");
     assert!(
         inspect.contains("kubectl describe networkpolicy -n kdt-db allow-api"),
         "{inspect}"
@@ -221,14 +229,18 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
     refused(&s);
     let e = denied("cart's egress", 42002);
     drop(s);
-    assert_eq!(policy(&e, "direction"), "egress", "{e}");
-    assert_eq!(policy(&e, "protected_pod"), cart.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "peer_pod"), db.pod.as_str(), "{e}");
-    assert_eq!(policy(&e, "port"), 5433, "{e}");
-    assert_eq!(policy(&e, "chain"), CART_FW, "{e}");
+    assert_eq!(e.policy().direction, "egress", "{e}");
     assert_eq!(
-        policy(&e, "evaluated"),
-        &serde_json::json!(["NetworkPolicy kdt-shop/cart-egress (KUBE-NWPLCY-7BEPHQCNUM5BJEMH)"]),
+        e.policy().protected_pod.as_deref(),
+        Some(cart.pod.as_str()),
+        "{e}"
+    );
+    assert_eq!(e.policy().peer_pod.as_deref(), Some(db.pod.as_str()), "{e}");
+    assert_eq!(e.policy().port, 5433, "{e}");
+    assert_eq!(e.policy().chain, CART_FW, "{e}");
+    assert_eq!(
+        e.policy().evaluated,
+        ["NetworkPolicy kdt-shop/cart-egress (KUBE-NWPLCY-7BEPHQCNUM5BJEMH)"],
         "{e}"
     );
     policy_allowing(
