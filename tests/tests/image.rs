@@ -20,7 +20,7 @@ use integration_tests::{
     manifest::{daemonset_pod, deploy_dir},
     prom::Prometheus,
     scrape::{http_get_in, scrape_until, value},
-    send_syn, Pair,
+    send_syn, Pair, Record,
 };
 use serde_json::Value;
 
@@ -214,16 +214,16 @@ fn the_image_runs_as_the_daemonset_and_names_a_pods_drop() {
         "the pod's JSON event",
         |l| l.starts_with('{') && l.contains("\"sport\":46802"),
     );
-    let e: Value = serde_json::from_str(&line).unwrap();
+    let e = Record::parse(&line);
     assert_eq!(
-        (&e["pod"], &e["container"]),
-        (&r.pod.clone().into(), &r.container.clone().into())
+        (e.pod.as_deref(), e.container.as_deref()),
+        (Some(r.pod.as_str()), Some(r.container.as_str()))
     );
-    assert_eq!(e["netns"], r.netns);
+    assert_eq!(e.netns, u64::from(r.netns));
     // The pod found by its address too, without setns or ptrace: through
     // the sandbox's pid containerd wrote and /proc/PID/net.
-    assert_eq!(e["backend_pod"], r.pod.as_str(), "{e}");
-    let summary = e["finding"]["summary"].as_str().unwrap_or_default();
+    assert_eq!(e.backend_pod.as_deref(), Some(r.pod.as_str()), "{e}");
+    let summary = e.finding().summary.as_str();
     assert!(
         summary.starts_with(&format!("pod {}: ", r.pod)),
         "{summary}"

@@ -11,8 +11,8 @@ use std::{
 };
 
 use integration_tests::{
-    expected_cause, expected_reason, expected_reason_label, kdrop_bin, ns_name, send_syn, Kdrop,
-    Ns, Pair, EVENT_TIMEOUT,
+    expected_cause, expected_reason_label, kdrop_bin, ns_name, reason_for, send_syn, Kdrop, Ns,
+    Pair, Record, EVENT_TIMEOUT,
 };
 use kdrop::context::netns::in_netns;
 
@@ -201,17 +201,17 @@ fn metrics_equal_the_provoked_drops() {
             .any(|l| l.contains("matched 6, emitted 6, lost 0, sampled out 0, capped 0")),
         "{done:?}"
     );
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+    let lines: Vec<Record> = std::fs::read_to_string(&out)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(Record::parse)
         .collect();
     let _ = std::fs::remove_file(&out);
     assert_eq!(lines.len(), 6, "{lines:?}");
     assert!(lines
         .iter()
-        .all(|e| e["reason"] == expected_reason("NO_SOCKET")
-            && e["finding"]["cause"] == expected_cause("no_socket")));
+        .all(|e| e.reason.as_deref() == reason_for("NO_SOCKET")
+            && e.cause() == expected_cause("no_socket")));
 }
 
 #[test]
@@ -816,11 +816,11 @@ fn monitor_writes_a_held_record_at_exit() {
         "--output",
         out.to_str().unwrap(),
     ]);
-    let lines = || -> Vec<serde_json::Value> {
+    let lines = || -> Vec<Record> {
         std::fs::read_to_string(&out)
             .unwrap_or_default()
             .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
+            .map(Record::parse)
             .collect()
     };
     // A first drop in the namespace, written at once (a refused SYN has a
@@ -854,12 +854,9 @@ fn monitor_writes_a_held_record_at_exit() {
     let _ = std::fs::remove_file(&out);
     assert_eq!(lines.len(), 2, "{lines:?}");
     let e = &lines[1];
-    assert_eq!(e["sport"], 46601, "{e}");
-    assert_eq!(e["dport"], 5607, "{e}");
-    assert_eq!(e["tcp_flags"], "SYN", "{e}");
-    assert_eq!(e["reason"], expected_reason("TCP_CSUM"), "{e}");
-    assert!(
-        e["location"].as_str().unwrap().starts_with("tcp_v4_rcv"),
-        "{e}"
-    );
+    assert_eq!(e.sport, 46601, "{e}");
+    assert_eq!(e.dport, 5607, "{e}");
+    assert_eq!(e.tcp_flags, "SYN", "{e}");
+    assert_eq!(e.reason.as_deref(), reason_for("TCP_CSUM"), "{e}");
+    assert!(e.location.starts_with("tcp_v4_rcv"), "{e}");
 }

@@ -9,9 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{expected_reason, kdrop_bin, ns_name, send_syn, Kdrop, Pair};
+use integration_tests::{kdrop_bin, ns_name, reason_for, send_syn, Kdrop, Pair, Record};
 use kdrop::lab::rp_filter::RpFilter;
-use serde_json::Value;
 
 fn topo(test: &str, net: u8) -> RpFilter {
     RpFilter {
@@ -72,12 +71,12 @@ fn netns_exists(name: &str) -> bool {
 }
 
 /// Lines of stdout until `want` accepts one (bounded), all kept.
-fn lines_until(k: &Kdrop, what: &str, want: impl Fn(&Value) -> bool) -> Vec<String> {
+fn lines_until(k: &Kdrop, what: &str, want: impl Fn(&Record) -> bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut seen = Vec::new();
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let Some(line) = k.next_line(left) else { break };
-        let v: Value = serde_json::from_str(&line).unwrap();
+        let v = Record::parse(&line);
         seen.push(line);
         if want(&v) {
             return seen;
@@ -130,9 +129,9 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
     let syn = send_syn(&lab.client, src, dst);
     // The first SYN's drop, then its retransmission's with the kernel's
     // own route lookups (the route probe armed in between).
-    let mut live = lines_until(&k, "the rp_filter drop", |e| e["sport"] == 40100);
+    let mut live = lines_until(&k, "the rp_filter drop", |e| e.sport == 40100);
     live.extend(lines_until(&k, "the retransmission", |e| {
-        e["sport"] == 40100 && !e["route_lookups"].as_array().unwrap().is_empty()
+        e.sport == 40100 && !e.route_lookups.is_empty()
     }));
     let done = k.stop(libc::SIGINT);
     assert!(done.status.success(), "{:?}", done.stderr);
@@ -160,12 +159,12 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
         .collect();
     assert_eq!(replayed, live, "explain --json differs from the live run");
     // And they are the findings the lab provokes (not only equal).
-    let first: Value = serde_json::from_str(&replayed[0]).unwrap();
-    assert_eq!(first["reason"], expected_reason("IP_RPFILTER"));
-    assert_eq!(first["finding"]["cause"], "rp_filter_strict", "{first}");
-    assert_eq!(first["netns_name"], names[1].as_str());
-    assert_eq!(first["ifname"], "ens6");
-    assert_eq!(first["saddr"], "192.0.2.151");
+    let first = Record::parse(&replayed[0]);
+    assert_eq!(first.reason.as_deref(), reason_for("IP_RPFILTER"));
+    assert_eq!(first.finding().cause, "rp_filter_strict", "{first}");
+    assert_eq!(first.netns_name.as_deref(), Some(names[1].as_str()));
+    assert_eq!(first.ifname, "ens6");
+    assert_eq!(first.saddr, "192.0.2.151");
 
     // Loss first, with the live run's own counters.
     let err = String::from_utf8(out.stderr).unwrap();
@@ -191,10 +190,10 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
 
     // The packets, as Wireshark's reader sees them: one per drop record,
     // the headers the kernel copied, the reason and cause in the comment.
-    let drops: Vec<Value> = live
+    let drops: Vec<Record> = live
         .iter()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["kind"] == "drop")
+        .map(|l| Record::parse(l))
+        .filter(|e| e.kind == "drop")
         .collect();
     let fields = tshark(
         &pcap,
@@ -268,7 +267,7 @@ fn rp_filter_recorded_then_explained_unprivileged_after_teardown() {
 }
 
 fn kernel_has_reasons() -> bool {
-    expected_reason("IP_RPFILTER") != Value::Null
+    reason_for("IP_RPFILTER").is_some()
 }
 
 /// `tshark -r FILE ARGS`, its stdout.
@@ -337,18 +336,22 @@ fn netfilter_rule_recorded_in_text_then_explained() {
     assert_eq!(replayed, live, "explain differs from the live run");
     // The rule and its counters, from the snapshots the bundle kept.
     let json = explain_unprivileged(&bundle, &["--json"]);
-    let first: Value =
-        serde_json::from_slice(json.stdout.split(|&b| b == b'\n').next().unwrap()).unwrap();
+    let stdout = String::from_utf8(json.stdout).unwrap();
+    let first = Record::parse(stdout.lines().next().unwrap());
     assert_eq!(
-        first["reason"],
-        expected_reason("NETFILTER_DROP"),
+        first.reason.as_deref(),
+        reason_for("NETFILTER_DROP"),
         "{first}"
     );
-    assert_eq!(first["netfilter"]["rule"], rule, "{first}");
-    assert_eq!(first["netfilter"]["backend"], "iptables-legacy", "{first}");
-    assert_eq!(first["finding"]["cause"], "netfilter_rule", "{first}");
-    let before = first["netfilter"]["packets_before"].as_u64().unwrap();
-    let after = first["netfilter"]["packets_after"].as_u64().unwrap();
+    assert_eq!(first.netfilter().rule.as_deref(), Some(rule), "{first}");
+    assert_eq!(
+        first.netfilter().backend.as_deref(),
+        Some("iptables-legacy"),
+        "{first}"
+    );
+    assert_eq!(first.finding().cause, "netfilter_rule", "{first}");
+    let before = first.netfilter().packets_before.unwrap();
+    let after = first.netfilter().packets_after.unwrap();
     assert!(after > before, "{first}");
 }
 
