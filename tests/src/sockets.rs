@@ -8,7 +8,7 @@ use std::{
 
 use kdrop::context::netns::in_netns;
 
-use crate::*;
+use crate::{nf::iptables, *};
 
 fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: zeroed sockaddr_storage is valid; we fill one variant.
@@ -163,23 +163,15 @@ pub fn listen(ns: &Ns, addr: SocketAddr) -> std::net::TcpListener {
         .unwrap_or_else(|e| panic!("listening on {addr}: {e}"))
 }
 
-/// `iptables ARGS` in `ns`, failing the test if it fails.
-fn iptables_in(ns: &Ns, args: &[&str]) {
-    ns.exec("iptables", args)
-        .unwrap_or_else(|e| panic!("iptables {args:?}: {e:#}"));
-}
-
 /// Packets a rule in `chain` of `ns`'s filter table has matched, by a
 /// word of the rule (iptables -L -v -x -n).
 pub fn rule_packets(ns: &Ns, chain: &str, has: &str) -> u64 {
-    let out = std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &ns.name, "iptables", "-L", chain, "-v", "-x", "-n",
-        ])
-        .output()
-        .expect("running iptables");
-    assert!(out.status.success(), "iptables -L {chain}: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
+    rule_packets_of(ns, "iptables", chain, has)
+}
+
+/// `rule_packets` through `tool` (`ip6tables` for IPv6's rules).
+pub fn rule_packets_of(ns: &Ns, tool: &str, chain: &str, has: &str) -> u64 {
+    let text = in_ns(ns, &[tool, "-L", chain, "-v", "-x", "-n"]);
     text.lines()
         .find(|l| l.contains(has))
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
@@ -204,16 +196,11 @@ pub fn answered_three_times(
 ) -> OwnedFd {
     let port = server_port.to_string();
     let sport = src.port().to_string();
-    iptables_in(
+    iptables(
         server,
-        &[
-            "-I", "INPUT", "-p", "tcp", "--syn", "--dport", &port, "-j", "ACCEPT",
-        ],
+        &format!("-I INPUT -p tcp --syn --dport {port} -j ACCEPT"),
     );
-    iptables_in(
-        client,
-        &["-I", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],
-    );
+    iptables(client, &format!("-I INPUT -p tcp --dport {sport} -j DROP"));
     let fd = send_syn(client, src, dst);
     let deadline = Instant::now() + bound(Duration::from_secs(10));
     while rule_packets(server, "INPUT", "flags:0x17/0x02") < 3 {
@@ -224,10 +211,7 @@ pub fn answered_three_times(
         rule_packets(client, "INPUT", "DROP") >= 3,
         "SYN-ACKs not dropped"
     );
-    iptables_in(
-        client,
-        &["-D", "INPUT", "-p", "tcp", "--dport", &sport, "-j", "DROP"],
-    );
+    iptables(client, &format!("-D INPUT -p tcp --dport {sport} -j DROP"));
     // The next SYN-ACK (the server's or the client's 7 s retransmission)
     // completes it.
     let mut pfd = libc::pollfd {

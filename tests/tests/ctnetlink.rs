@@ -12,7 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{bound, ns_name, send_syn, veth, Ns, EVENT_TIMEOUT};
+use integration_tests::{
+    bound, in_ns, ns_name, rule_packets_of, send_syn, veth, Ns, EVENT_TIMEOUT,
+};
 use kdrop::{
     context::{
         conntrack_lookup::{from_client, lookup, Side},
@@ -191,18 +193,8 @@ impl Lab {
     /// The router's TCP entries as `conntrack -L ARGS` lists them.
     fn conntrack(&self, args: &[&str]) -> Vec<Listed> {
         let family = if self.v6 { "ipv6" } else { "ipv4" };
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.router.name, "conntrack", "-L"])
-            .args(["-f", family, "-p", "tcp"])
-            .args(args)
-            .output()
-            .expect("running conntrack");
-        assert!(
-            out.status.success(),
-            "conntrack -L: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
+        let list = ["conntrack", "-L", "-f", family, "-p", "tcp"];
+        in_ns(&self.router, &[&list[..], args].concat())
             .lines()
             .map(Listed::parse)
             .collect()
@@ -211,17 +203,7 @@ impl Lab {
     /// Packets the router's FORWARD drop rule has matched.
     fn forward_drops(&self) -> u64 {
         let tool = if self.v6 { "ip6tables" } else { "iptables" };
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.router.name, tool])
-            .args(["-L", "FORWARD", "-v", "-x", "-n"])
-            .output()
-            .expect("running iptables");
-        assert!(out.status.success(), "{tool} -L FORWARD: {out:?}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .find(|l| l.contains("DROP"))
-            .and_then(|l| l.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| panic!("no DROP rule in FORWARD:\n{text}"))
+        rule_packets_of(&self.router, tool, "FORWARD", "DROP")
     }
 }
 
@@ -541,13 +523,9 @@ fn nf_conntrack_events_off_is_told_and_left_alone() {
         name: Some("kdrop-test-no-such-namespace".into()),
     };
     let read = |ns: &Ns| {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns.name, "sysctl", "-n"])
-            .arg("net.netfilter.nf_conntrack_events")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "sysctl: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        in_ns(ns, &["sysctl", "-n", "net.netfilter.nf_conntrack_events"])
+            .trim()
+            .to_string()
     };
     let on_before = read(&on);
     assert_ne!(on_before, "0");

@@ -9,7 +9,7 @@ use std::{
 };
 
 use integration_tests::{
-    inode,
+    in_ns, inode,
     nf::{ipt, Backend, BrNetfilter},
     ns_name, reason_for, send_syn, veth, Kdrop, Ns, Pair, Record,
 };
@@ -419,14 +419,8 @@ fn nft_chain_policy_drop() {
 
 /// The handle nft gave the rule with this text, from nft's JSON.
 fn nft_handle(ns: &Ns, family: &str, table: &str, chain: &str, text_has: &str) -> u64 {
-    let out = std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &ns.name, "nft", "-j", "list", "chain", family, table, chain,
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "nft -j list chain: {out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = in_ns(ns, &["nft", "-j", "list", "chain", family, table, chain]);
+    let v: Value = serde_json::from_str(&out).unwrap();
     v["nftables"]
         .as_array()
         .unwrap()
