@@ -1,4 +1,5 @@
-//! kube-router's network policy (its iptables dataplane, v2.11) on two
+//! kube-router's network policy (its iptables and nftables dataplanes,
+//! v2.11) on two
 //! pods containerd ran through CRI on the node's CNI bridge: bridged
 //! traffic meets iptables through br_netfilter, as on a kube-router node
 //! (kube-bridge). The filter table and ipsets are the ones kube-router's
@@ -23,6 +24,29 @@ use kdrop::context::netns::in_netns;
 use serde_json::Value;
 
 const RULES: &str = include_str!("../fixtures/kube-router/two-pods.rules.in");
+const NFT_RULES: &str = include_str!("../fixtures/kube-router/two-pods.nft.in");
+const NFT_TABLE: &str = "ip kube-router-filter-ipv4";
+
+/// kube-router's two dataplanes (iptables, and nftables since v2.11), each
+/// test on the same pods and policies.
+#[derive(Clone, Copy, PartialEq)]
+enum Dataplane {
+    Iptables,
+    Nftables,
+}
+
+impl Dataplane {
+    fn name(self) -> &'static str {
+        match self {
+            Dataplane::Iptables => "iptables",
+            Dataplane::Nftables => "nftables",
+        }
+    }
+}
+
+/// One at a time: each kdrop traces every namespace on these ports, and
+/// both use the same ports, pods' addresses and source ports.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const DB_LABELS: &[(&str, &str)] = &[("app", "db")];
 const CART_LABELS: &[(&str, &str)] = &[("app", "cart")];
 const DB_FW: &str = "KUBE-POD-FW-6WMES3SVBEOJXPF5";
@@ -111,10 +135,142 @@ fn members<'a>(yaml: &str, pods: &[Selectable<'a>]) -> (Vec<&'a str>, Vec<&'a st
     (targets, peers)
 }
 
+fn nft_rules(db: &Recorded, cart: &Recorded, sets: &str, chain: &str, jump: &str) -> String {
+    NFT_RULES
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("{ALLOW_SETS}", sets)
+        .replace("{ALLOW_CHAIN}", chain)
+        .replace("{ALLOW_JUMP}", jump)
+        .replace("{DB_IP}", &db.ip)
+        .replace("{CART_IP}", &cart.ip)
+}
+
+/// `nft -f` of `text` in the node, replacing kube-router's whole table.
+fn nft_load(ctd: &Containerd, text: &str, file: &std::path::Path) {
+    let text = format!("table {NFT_TABLE}\ndelete table {NFT_TABLE}\n{text}");
+    std::fs::write(file, &text).unwrap();
+    let f = file.display().to_string();
+    ctd.node
+        .exec("nft", &["-f", &f])
+        .unwrap_or_else(|e| panic!("nft -f {f}: {e:#}\n{text}"));
+}
+
+/// The node's table as kube-router's full sync leaves it: iptables rules
+/// and ipsets, or its nftables table with named sets.
+fn load(dp: Dataplane, ctd: &Containerd, db: &Recorded, cart: &Recorded) {
+    match dp {
+        Dataplane::Iptables => {
+            for (name, members) in sets(db, cart) {
+                ipset(ctd, name, &members);
+            }
+            restore(
+                ctd,
+                &rules(db, cart, "", ""),
+                &ctd.dir.join("kube-router.rules"),
+            );
+        }
+        Dataplane::Nftables => nft_load(
+            ctd,
+            &nft_rules(db, cart, "", "", ""),
+            &ctd.dir.join("kube-router.nft"),
+        ),
+    }
+}
+
+/// kdrop's policy `name` as kube-router's next sync renders it (policy.go,
+/// npc_nftables.go: a chain for the policy, its rule 0's peers and the
+/// pods it selects as sets, a jump from each selected pod's chain). The
+/// chain and set names are kube-router's hashes of this name.
+fn render_allow(
+    dp: Dataplane,
+    ctd: &Containerd,
+    (db, cart): (&Recorded, &Recorded),
+    name: &str,
+    (targets, peers): (&[&str], &[&str]),
+) {
+    let (chain, src, dst) = (
+        "KUBE-NWPLCY-LMF5O4HXPP73WXLM",
+        "KUBE-SRC-X6BZQBCF5QGK2E2X",
+        "KUBE-DST-PZNYWMJW3EUGD6RB",
+    );
+    match dp {
+        Dataplane::Iptables => {
+            ipset(ctd, src, peers);
+            ipset(ctd, dst, targets);
+            let spec = format!(
+                "-A {chain} -m comment --comment \"kdt-db/{name} ingress pods\" -m set \
+                 --match-set {src} src -m set --match-set {dst} dst -p tcp --dport 5432"
+            );
+            let allow_chain = format!(
+                ":{chain} - [0:0]\n{spec} -j MARK --set-xmark 0x10000/0x10000\n{spec} -m mark \
+                 --mark 0x10000/0x10000 -j RETURN"
+            );
+            // From the chain of each pod the policy selects.
+            let jumps: String = targets
+                .iter()
+                .map(|ip| {
+                    let fw = if *ip == db.ip { DB_FW } else { CART_FW };
+                    format!(
+                        "-I {fw} 1 -d {ip} -m comment --comment \"kdt-db/{name} policy\" -j \
+                         {chain}\n"
+                    )
+                })
+                .collect();
+            restore(
+                ctd,
+                &rules(db, cart, &allow_chain, &jumps),
+                &ctd.dir.join("kube-router-allow.rules"),
+            );
+        }
+        Dataplane::Nftables => {
+            let set = |n: &str, members: &[&str]| {
+                let elements = if members.is_empty() {
+                    String::new()
+                } else {
+                    format!("\t\telements = {{ {} }}\n", members.join(", "))
+                };
+                format!(
+                    "\tset {n} {{\n\t\ttype ipv4_addr\n\t\tcomment \"netpol set\"\n{elements}\t}}\n"
+                )
+            };
+            let sets = set(src, peers) + &set(dst, targets);
+            let allow_chain = format!(
+                "\tchain {chain} {{\n\t\tip saddr @{src} ip daddr @{dst} tcp dport 5432 counter \
+                 meta mark set meta mark or 0x10000 return comment \"kdt-db/{name} ingress \
+                 pods\"\n\t}}"
+            );
+            // The fixture holds a place for db-0's chain only.
+            assert_eq!(targets, [db.ip.as_str()]);
+            let jump = format!(
+                "\t\tip daddr {} counter jump {chain} comment \"kdt-db/{name} policy\"",
+                db.ip
+            );
+            nft_load(
+                ctd,
+                &nft_rules(db, cart, &sets, &allow_chain, &jump),
+                &ctd.dir.join("kube-router-allow.nft"),
+            );
+        }
+    }
+}
+
 #[test]
-fn kube_router_policy_denials_in_kubernetes_terms() {
+fn kube_router_iptables_policy_denials_in_kubernetes_terms() {
+    denials_in_kubernetes_terms(Dataplane::Iptables);
+}
+
+#[test]
+fn kube_router_nftables_policy_denials_in_kubernetes_terms() {
+    denials_in_kubernetes_terms(Dataplane::Nftables);
+}
+
+fn denials_in_kubernetes_terms(dp: Dataplane) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let _br = BrNetfilter::ensure();
-    let ctd = Containerd::start("kuberouter");
+    let ctd = Containerd::start(&format!("kuberouter-{}", dp.name()));
     ctd.import_test_images();
     let mut cri = ctd.cri();
     let db = pod(
@@ -135,14 +291,7 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
     ctd.node
         .sysctl("net/bridge/bridge-nf-call-iptables", "1")
         .unwrap();
-    for (name, members) in sets(&db, &cart) {
-        ipset(&ctd, name, &members);
-    }
-    restore(
-        &ctd,
-        &rules(&db, &cart, "", ""),
-        &ctd.dir.join("kube-router.rules"),
-    );
+    load(dp, &ctd, &db, &cart);
     let listeners: Vec<_> = [5432u16, 5433]
         .iter()
         .map(|p| {
@@ -179,6 +328,7 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
     let e = denied("db-0's ingress", 42001);
     drop(s);
     assert_eq!(e.policy().engine, "kube-router", "{e}");
+    assert_eq!(e.policy().dataplane, dp.name(), "{e}");
     assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
     assert_eq!(e.policy().direction, "ingress", "{e}");
     assert_eq!(
@@ -251,10 +401,7 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
         ("kdt-db", DB_LABELS),
     );
 
-    // The first policy applied, as kube-router's next sync renders it
-    // (policy.go: a chain for the policy, its rule 0's peers and the pods
-    // it selects as ipsets, a jump from each selected pod's chain). The
-    // chain and set names below are kube-router's hashes of this name.
+    // The first policy applied, as kube-router's next sync renders it.
     let name = policy_name(&yaml);
     assert_eq!(name, "kdrop-allow-cart-5d8c7b9f4-q7xkz-to-db-0-5432");
     let pods = [
@@ -270,34 +417,7 @@ fn kube_router_policy_denials_in_kubernetes_terms() {
         },
     ];
     let (targets, peers) = members(&yaml, &pods);
-    let (chain, src, dst) = (
-        "KUBE-NWPLCY-LMF5O4HXPP73WXLM",
-        "KUBE-SRC-X6BZQBCF5QGK2E2X",
-        "KUBE-DST-PZNYWMJW3EUGD6RB",
-    );
-    ipset(&ctd, src, &peers);
-    ipset(&ctd, dst, &targets);
-    let spec = format!(
-        "-A {chain} -m comment --comment \"kdt-db/{name} ingress pods\" -m set --match-set \
-         {src} src -m set --match-set {dst} dst -p tcp --dport 5432"
-    );
-    let allow_chain = format!(
-        ":{chain} - [0:0]\n{spec} -j MARK --set-xmark 0x10000/0x10000\n{spec} -m mark --mark \
-         0x10000/0x10000 -j RETURN"
-    );
-    // From the chain of each pod the policy selects.
-    let jumps: String = targets
-        .iter()
-        .map(|ip| {
-            let fw = if *ip == db.ip { DB_FW } else { CART_FW };
-            format!("-I {fw} 1 -d {ip} -m comment --comment \"kdt-db/{name} policy\" -j {chain}\n")
-        })
-        .collect();
-    restore(
-        &ctd,
-        &rules(&db, &cart, &allow_chain, &jumps),
-        &ctd.dir.join("kube-router-allow.rules"),
-    );
+    render_allow(dp, &ctd, (&db, &cart), &name, (&targets, &peers));
     let s = syn(42003, 5432);
     wait_connected(&s, Duration::from_secs(3))
         .expect("a new connection once kube-router renders the NetworkPolicy");

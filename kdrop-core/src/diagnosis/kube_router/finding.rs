@@ -8,7 +8,12 @@ use crate::{
         netpol::{self, peer_phrase, pod_phrase, Conn},
         reason::{reason_evidence, DropFacts},
     },
-    model::{cause::Cause, finding::Finding, netfilter::Attribution, policy::PolicyDrop},
+    model::{
+        cause::Cause,
+        finding::Finding,
+        netfilter::{Attribution, Backend},
+        policy::PolicyDrop,
+    },
 };
 
 const REWRITTEN: &str = "kube-router writes these chains from the cluster's NetworkPolicies \
@@ -96,7 +101,10 @@ pub fn explain(
     evidence.extend(a.evidence.iter().cloned());
     let drop = PolicyDrop {
         engine: "kube-router",
-        dataplane: "iptables",
+        dataplane: match a.backend {
+            Some(Backend::Nftables) => "nftables",
+            _ => "iptables",
+        },
         verdict: "no_policy_allowed",
         direction: d.direction.name(),
         protected_pod: c.protected.map(netpol::pod_id).or_else(|| d.pod.clone()),

@@ -15,7 +15,9 @@
 //! <kind>` comments (comments.go: `reject`, `policy`, `in`, `out`), and
 //! the sentences of v2.10 and before (pod.go: "rule to REJECT traffic
 //! destined for POD name:<pod> namespace: <ns>", "run through nw policy
-//! <name>"). Its nftables dataplane (npc_nftables.go, v2.11) is not read.
+//! <name>"). Its nftables dataplane (npc_nftables.go, v2.11: table
+//! `kube-router-filter-ipv4`/`-ipv6`) has the same chains and comments,
+//! `ip saddr`/`ip daddr` where iptables has `-s`/`-d`, and `counter reject`.
 pub mod finding;
 
 use std::net::IpAddr;
@@ -67,6 +69,44 @@ struct Line {
 }
 
 impl Line {
+    /// A rule of the backend's text, in `chain` (nft's text holds no chain).
+    fn of(backend: Backend, chain: &str, text: &str) -> Option<Self> {
+        match backend {
+            Backend::Nftables => Some(Self::parse_nft(chain, text)),
+            _ => Self::parse(text),
+        }
+    }
+
+    /// `ip daddr 10.244.7.2 counter jump KUBE-POD-FW-X comment "ns/pod in"`,
+    /// as kdrop renders nft's rules.
+    fn parse_nft(chain: &str, text: &str) -> Self {
+        let mut l = Line {
+            chain: chain.to_string(),
+            ..Default::default()
+        };
+        let (body, comment) = match text.split_once(" comment \"") {
+            Some((b, c)) => (
+                b,
+                Some(c.strip_suffix('"').unwrap_or(c).replace("\\\"", "\"")),
+            ),
+            None => (text, None),
+        };
+        l.comment = comment;
+        let t: Vec<&str> = body.split_whitespace().collect();
+        for (i, w) in t.iter().enumerate() {
+            let next = t.get(i + 1).copied().unwrap_or_default();
+            let prev = if i > 0 { t[i - 1] } else { "" };
+            let addr = prev == "ip" || prev == "ip6";
+            match *w {
+                "jump" | "goto" => l.target = next.to_string(),
+                "saddr" if addr => l.src = host(next),
+                "daddr" if addr => l.dst = host(next),
+                _ => {}
+            }
+        }
+        l
+    }
+
     fn parse(text: &str) -> Option<Self> {
         let t = tokens(text);
         if t.first().map(String::as_str) != Some("-A") {
@@ -136,23 +176,26 @@ pub fn classify(
     src: IpAddr,
     dst: IpAddr,
 ) -> Option<KubeRouterDrop> {
-    if a.dropped_by != DroppedBy::Rule || a.backend == Some(Backend::Nftables) {
+    if a.dropped_by != DroppedBy::Rule {
         return None;
     }
     let chain = a.chain.as_deref()?;
     if !chain.starts_with(POD_FW) {
         return None;
     }
-    let rule = Line::parse(a.rule.as_deref()?)?;
+    let backend = a.backend.unwrap_or(Backend::IptablesNft);
+    let rule = Line::of(backend, chain, a.rule.as_deref()?)?;
     let pod = rule.comment.as_deref().and_then(rejecting_pod);
-    let table = tables
-        .iter()
-        .find(|t| t.name == a.table.as_deref().unwrap_or("filter") && t.chain(chain).is_some())?;
+    let table = tables.iter().find(|t| {
+        t.name == a.table.as_deref().unwrap_or("filter")
+            && (t.backend == Backend::Nftables) == (backend == Backend::Nftables)
+            && t.chain(chain).is_some()
+    })?;
     let lines: Vec<Line> = table
         .chains
         .iter()
-        .flat_map(|c| &c.rules)
-        .filter_map(|r| Line::parse(&r.text))
+        .flat_map(|c| c.rules.iter().map(move |r| (c, r)))
+        .filter_map(|(c, r)| Line::of(backend, &c.name, &r.text))
         .collect();
     // The pod's address: the jumps into its chain match it, and so does
     // the chain's own "from local node" accept.

@@ -239,3 +239,70 @@ fn the_finding_in_kubernetes_terms() {
     );
     assert_eq!(f.inspect[0], "kubectl get networkpolicy -n kdt-db -o yaml");
 }
+
+/// kube-router's nftables dataplane: two-pods.nft.in loaded by nft and
+/// listed back (`nft -j list ruleset`).
+mod nftables {
+    use super::*;
+    use crate::parse::nft_json::parse_ruleset;
+
+    const JSON: &str = include_str!("../../../../tests/fixtures/kube-router/two-pods-nft.json");
+
+    fn tables() -> Vec<Table> {
+        parse_ruleset(JSON).unwrap()
+    }
+
+    fn rejected_by(chain: &str) -> Attribution {
+        let t = tables();
+        let c = t[0].chain(chain).unwrap();
+        let (n, r) = c
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.verdict == crate::model::netfilter::Verdict::Reject)
+            .unwrap();
+        assert!(
+            r.text.ends_with("comment \"kdt-db/db-0 reject\"") || chain != DB_FW,
+            "{}",
+            r.text
+        );
+        let mut a = Attribution::bare(
+            DroppedBy::Rule,
+            "ruleset evaluation (nft -j list ruleset)".into(),
+        );
+        a.hook = Some(Hook::Forward);
+        a.family = Some(Family::Ip);
+        a.backend = Some(Backend::Nftables);
+        a.table = Some("kube-router-filter-ipv4".into());
+        a.chain = Some(chain.into());
+        a.rule = Some(r.text.clone());
+        a.rule_number = Some(n + 1);
+        a.handle = r.handle;
+        a
+    }
+
+    #[test]
+    fn both_directions() {
+        let d = classify(&rejected_by(DB_FW), &tables(), ip(CART), ip(DB)).unwrap();
+        assert_eq!(d.direction, Direction::Ingress);
+        assert_eq!(d.pod.as_deref(), Some("kdt-db/db-0"));
+        assert_eq!(
+            d.policies,
+            [PolicyChain {
+                chain: "KUBE-NWPLCY-JTIYZ5XDNABE3YNF".into(),
+                policy: Some("kdt-db/allow-api".into()),
+            }]
+        );
+        let d = classify(&rejected_by(CART_FW), &tables(), ip(CART), ip(DB)).unwrap();
+        assert_eq!(d.direction, Direction::Egress);
+        assert_eq!(d.pod_addr, ip(CART));
+        assert_eq!(
+            d.policies[0].policy.as_deref(),
+            Some("kdt-shop/cart-egress")
+        );
+        // The iptables tables hold no such chain.
+        let mut a = rejected_by(DB_FW);
+        a.backend = Some(Backend::IptablesNft);
+        assert_eq!(classify(&a, &tables(), ip(CART), ip(DB)), None);
+    }
+}
