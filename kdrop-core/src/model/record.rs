@@ -48,8 +48,8 @@ pub struct DropRecord {
     pub finding: Option<Finding>,
     /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
     pub netfilter: Option<Attribution>,
-    /// A connection a network policy denied (Calico's chains), in
-    /// Kubernetes terms; absent otherwise.
+    /// A connection a network policy denied (Calico, kube-router,
+    /// Cilium), in Kubernetes terms; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<PolicyDrop>,
     /// The connection attempt this record belongs to: every record of one
