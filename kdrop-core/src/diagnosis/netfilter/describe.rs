@@ -7,7 +7,7 @@ use super::{
 };
 use crate::model::netfilter::{
     Attribution, Backend, Chain, ConntrackMoved, ConntrackStats, CtState, DroppedBy, Hook, Match,
-    Snapshot, Verdict, PROTO_TCP,
+    Rule, Snapshot, Verdict, PROTO_TCP,
 };
 
 pub fn conntrack_attribution(b: ConntrackStats, a: ConntrackStats) -> Attribution {
@@ -104,39 +104,9 @@ pub(super) fn describe(
         format!("ruleset evaluation ({})", t.source)
     };
     let (before, after_n) = c.evidence.counts();
-    let place = format!("{} {}/{}", t.family.name(), t.name, c.chain.name);
-    let mut evidence = Vec::new();
-    // `rule counter ...` / `policy counter ...`, or that there is none.
-    let moved = |what: &str| match (before, after_n) {
-        (Some(b), Some(a)) => {
-            format!("{what} counter went {b} -> {a} packets between the snapshots around the drop")
-        }
-        (None, Some(a)) => format!(
-            "{what} counter stands at {a} packets (first look at this namespace: no snapshot \
-             from before)"
-        ),
-        _ => format!("the {what} has no counter"),
-    };
     let (rule, rule_number, handle, target, ctstate_invalid) = match c.kind {
         Kind::Rule(i) => {
             let r = &c.chain.rules[i];
-            evidence.push(moved("rule"));
-            let unknown: Vec<&str> = r
-                .matches
-                .iter()
-                .filter_map(|m| match m {
-                    Match::Unknown(s) => Some(s.as_str()),
-                    _ => None,
-                })
-                .collect();
-            match c.matches {
-                Tri::Yes => evidence.push("the rule's matches fit this packet".into()),
-                _ if !unknown.is_empty() => evidence.push(format!(
-                    "the rule's other matches fit this packet; not evaluated: {}",
-                    unknown.join(", ")
-                )),
-                _ => evidence.push("the rule's matches may fit this packet".into()),
-            }
             (
                 Some(r.text.clone()),
                 Some(i + 1),
@@ -145,46 +115,8 @@ pub(super) fn describe(
                 invalid_state(r),
             )
         }
-        Kind::Policy => {
-            let policy = if t.backend == Backend::Nftables {
-                "drop"
-            } else {
-                "DROP"
-            };
-            evidence.push(moved("policy"));
-            evidence.push(format!(
-                "no rule of {place} ({} hook) accepted or dropped it before the policy",
-                c.hook
-            ));
-            (None, None, None, Some(policy.to_string()), false)
-        }
+        Kind::Policy => (None, None, None, Some(policy_target(t.backend)), false),
     };
-    if !c.sure {
-        evidence.push(
-            "an earlier rule that kdrop could not fully evaluate may have decided first".into(),
-        );
-    }
-    if c.off_path {
-        evidence.push(format!(
-            "outside the hooks this packet's addresses imply ({})",
-            hooks
-                .iter()
-                .map(|h| h.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    if unrelated > 0 {
-        evidence.push(format!(
-            "{unrelated} other rule counters moved meanwhile; their matches exclude this packet"
-        ));
-    }
-    if first_sight && !counters {
-        evidence.push(
-            "first look at this namespace: later drops are compared with this snapshot".into(),
-        );
-    }
-    evidence.extend(after.problems.iter().cloned());
     Attribution {
         dropped_by: match c.kind {
             Kind::Rule(_) => DroppedBy::Rule,
@@ -206,7 +138,104 @@ pub(super) fn describe(
         accepts_established: matches!(c.kind, Kind::Policy).then(|| accepts_established(c.chain)),
         before_conntrack: before_conntrack(c),
         conntrack: None,
-        evidence,
+        evidence: evidence(c, hooks, unrelated, first_sight && !counters, after),
+    }
+}
+
+/// A chain policy's target as its backend writes it.
+fn policy_target(backend: Backend) -> String {
+    if backend == Backend::Nftables {
+        "drop"
+    } else {
+        "DROP"
+    }
+    .to_string()
+}
+
+/// The candidate's evidence in words: its counter and matches (or that no
+/// rule decided before the policy), then what makes it less sure.
+/// `first_look`: the first snapshot of the namespace, without counters.
+fn evidence(
+    c: &Candidate,
+    hooks: &[Hook],
+    unrelated: usize,
+    first_look: bool,
+    after: &Snapshot,
+) -> Vec<String> {
+    let mut evidence = match c.kind {
+        Kind::Rule(i) => rule_evidence(c, &c.chain.rules[i]),
+        Kind::Policy => vec![
+            counter_moved("policy", c.evidence.counts()),
+            format!(
+                "no rule of {} {}/{} ({} hook) accepted or dropped it before the policy",
+                c.table.family.name(),
+                c.table.name,
+                c.chain.name,
+                c.hook
+            ),
+        ],
+    };
+    if !c.sure {
+        evidence.push(
+            "an earlier rule that kdrop could not fully evaluate may have decided first".into(),
+        );
+    }
+    if c.off_path {
+        evidence.push(format!(
+            "outside the hooks this packet's addresses imply ({})",
+            hooks
+                .iter()
+                .map(|h| h.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if unrelated > 0 {
+        evidence.push(format!(
+            "{unrelated} other rule counters moved meanwhile; their matches exclude this packet"
+        ));
+    }
+    if first_look {
+        evidence.push(
+            "first look at this namespace: later drops are compared with this snapshot".into(),
+        );
+    }
+    evidence.extend(after.problems.iter().cloned());
+    evidence
+}
+
+/// A rule's counter and how far its matches fit the packet.
+fn rule_evidence(c: &Candidate, r: &Rule) -> Vec<String> {
+    let unknown: Vec<&str> = r
+        .matches
+        .iter()
+        .filter_map(|m| match m {
+            Match::Unknown(s) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    let fit = match c.matches {
+        Tri::Yes => "the rule's matches fit this packet".into(),
+        _ if !unknown.is_empty() => format!(
+            "the rule's other matches fit this packet; not evaluated: {}",
+            unknown.join(", ")
+        ),
+        _ => "the rule's matches may fit this packet".into(),
+    };
+    vec![counter_moved("rule", c.evidence.counts()), fit]
+}
+
+/// `rule counter ...` / `policy counter ...`, or that there is none.
+fn counter_moved(what: &str, counts: (Option<u64>, Option<u64>)) -> String {
+    match counts {
+        (Some(b), Some(a)) => {
+            format!("{what} counter went {b} -> {a} packets between the snapshots around the drop")
+        }
+        (None, Some(a)) => format!(
+            "{what} counter stands at {a} packets (first look at this namespace: no snapshot \
+             from before)"
+        ),
+        _ => format!("the {what} has no counter"),
     }
 }
 
@@ -232,6 +261,53 @@ mod tests {
             stats_moved(&b, &a),
             "insert_failed 0 -> 1, drop 0 -> 1 (early_drop 4, chaintoolong 0, invalid 9, clash_resolve 0)"
         );
+    }
+
+    /// A policy drop's facts: the chain, the backend's target, no rule,
+    /// and where it sits against conntrack.
+    #[test]
+    fn a_policy_drop_is_described_by_its_chain() {
+        use super::super::attribution::Evidence;
+        use crate::model::netfilter::{BaseChain, Family, Policy, Table};
+        let table = Table {
+            backend: Backend::Nftables,
+            family: Family::Inet,
+            name: "filter".into(),
+            chains: vec![],
+            source: "nft -j list ruleset".into(),
+        };
+        let chain = Chain {
+            name: "input".into(),
+            base: Some(BaseChain {
+                hook: Hook::Input,
+                priority: 0,
+                policy: Policy::Drop,
+                policy_packets: None,
+            }),
+            rules: vec![],
+        };
+        let c = Candidate {
+            table: &table,
+            chain: &chain,
+            hook: Hook::Input,
+            kind: Kind::Policy,
+            matches: Tri::Yes,
+            evidence: Evidence::Delta {
+                before: 1,
+                after: 2,
+                full: true,
+            },
+            sure: true,
+            off_path: false,
+        };
+        let a = describe(&c, &[Hook::Input], 0, false, &Snapshot::default());
+        assert_eq!(a.dropped_by, DroppedBy::Policy);
+        assert_eq!((a.rule, a.rule_number), (None, None));
+        assert_eq!(a.target.as_deref(), Some("drop"));
+        assert_eq!((a.packets_before, a.packets_after), (Some(1), Some(2)));
+        assert_eq!(a.accepts_established, Some(false));
+        assert!(!a.before_conntrack);
+        assert_eq!(a.evidence.len(), 2);
     }
 
     #[test]
