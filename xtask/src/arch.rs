@@ -47,7 +47,6 @@ const FN_ALLOW: &[(&str, &str, usize)] = &[
     ("netfilter/matching.rs", "eval", 72),
     ("programs.rs", "cgroup", 78),
     ("programs.rs", "xdp", 67),
-    ("routing.rs", "derive_reason", 91),
     ("routing.rs", "local_source", 76),
 ];
 

@@ -41,6 +41,32 @@ const EINVAL: i32 = 22;
 /// namespace's addresses; with the evidence line saying how it was derived.
 /// `None` when it cannot be known: kdrop does not guess.
 pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static str, String)> {
+    let derived = derived(d, t, c)?;
+    Some((derived.reason(), derived.evidence(d)))
+}
+
+/// How a reason the kernel did not name was derived, before any words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Derived {
+    /// A destination in 127.0.0.0/8 on a device without route_localnet.
+    Localnet,
+    /// fib_validate_source returned -EXDEV for this packet.
+    Exdev,
+    /// It returned -EINVAL; `local`: the source is the namespace's own.
+    Einval { local: bool },
+    /// No return code, but a source local to the namespace.
+    LocalSource,
+    /// No return code; the reverse lookup asked now is refused under
+    /// `rp_filter` on `iif`: `back`, it finds a route (not by `iif`), or none.
+    ReverseNow {
+        rp_filter: u32,
+        iif: String,
+        back: bool,
+    },
+}
+
+/// The facts of `derive_reason`.
+fn derived(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Derived> {
     if d.reason.is_some_and(|r| r != "NOT_SPECIFIED") {
         return None;
     }
@@ -53,11 +79,6 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
         return None;
     }
     let local = is_local(t, d.src);
-    let named = if d.reason.is_some() {
-        "NOT_SPECIFIED"
-    } else {
-        "no reason"
-    };
     let iif = t.link_name(d.iif);
     let localnet =
         c.all.route_localnet.unwrap_or(0) != 0 || c.dev(&iif).route_localnet.unwrap_or(0) != 0;
@@ -67,36 +88,12 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
     // `martian_destination`): a source check result is then another
     // packet's, whatever it says.
     if d.dst.is_loopback() && !localnet {
-        return Some((
-            "IP_LOCALNET",
-            format!(
-                "kernel: drop at {} ({named} on this kernel) while routing a packet to 127.0.0.0/8 with route_localnet off (derived from the location, the destination and the sysctl)",
-                d.location
-            ),
-        ));
+        return Some(Derived::Localnet);
     }
     match d.src_check {
-        Some(r) if r == -EXDEV => Some((
-            "IP_RPFILTER",
-            format!(
-                "kernel: drop at {} ({named} on this kernel); fib_validate_source returned -EXDEV for this packet: reverse-path filter",
-                d.location
-            ),
-        )),
-        Some(r) if r == -EINVAL => Some((
-            if local { "IP_LOCAL_SOURCE" } else { "IP_INVALID_SOURCE" },
-            format!(
-                "kernel: drop at {} ({named} on this kernel); fib_validate_source returned -EINVAL for this packet: martian source",
-                d.location
-            ),
-        )),
-        None if local => Some((
-            "IP_LOCAL_SOURCE",
-            format!(
-                "kernel: drop at {} ({named} on this kernel) while routing a packet whose source is local to this namespace, an address or a local route (derived from the location; no return code on this kernel)",
-                d.location
-            ),
-        )),
+        Some(r) if r == -EXDEV => Some(Derived::Exdev),
+        Some(r) if r == -EINVAL => Some(Derived::Einval { local }),
+        None if local => Some(Derived::LocalSource),
         // No return code for this packet (its drop armed the probe that
         // gives one): the reverse lookup the kernel answers now, against
         // the rp_filter in force.
@@ -111,24 +108,62 @@ pub fn derive_reason(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<(&'static s
                 Some(ref devs) => rp == 1 && !devs.contains(&d.iif),
                 None => rp != 0,
             };
-            refused.then(|| {
-                (
-                    "IP_RPFILTER",
-                    format!(
-                        "kernel: drop at {} ({named} on this kernel) while routing; rp_filter {rp} \
-                         on {iif} and the reverse lookup, asked now, {} (derived: no return code \
-                         for this packet)",
-                        d.location,
-                        if back.is_some() {
-                            format!("does not leave by {iif}")
-                        } else {
-                            "finds no route back".to_string()
-                        }
-                    ),
-                )
+            refused.then(|| Derived::ReverseNow {
+                rp_filter: rp,
+                iif,
+                back: back.is_some(),
             })
         }
         _ => None,
+    }
+}
+
+impl Derived {
+    fn reason(&self) -> &'static str {
+        match self {
+            Derived::Localnet => "IP_LOCALNET",
+            Derived::Exdev | Derived::ReverseNow { .. } => "IP_RPFILTER",
+            Derived::Einval { local: true } | Derived::LocalSource => "IP_LOCAL_SOURCE",
+            Derived::Einval { local: false } => "IP_INVALID_SOURCE",
+        }
+    }
+
+    /// The evidence line: where the kernel dropped it, what it named, and
+    /// how the reason was derived.
+    fn evidence(&self, d: &RouteDrop) -> String {
+        let named = if d.reason.is_some() {
+            "NOT_SPECIFIED"
+        } else {
+            "no reason"
+        };
+        let at = format!("kernel: drop at {} ({named} on this kernel)", d.location);
+        match self {
+            Derived::Localnet => format!(
+                "{at} while routing a packet to 127.0.0.0/8 with route_localnet off (derived from the location, the destination and the sysctl)"
+            ),
+            Derived::Exdev => format!(
+                "{at}; fib_validate_source returned -EXDEV for this packet: reverse-path filter"
+            ),
+            Derived::Einval { .. } => format!(
+                "{at}; fib_validate_source returned -EINVAL for this packet: martian source"
+            ),
+            Derived::LocalSource => format!(
+                "{at} while routing a packet whose source is local to this namespace, an address or a local route (derived from the location; no return code on this kernel)"
+            ),
+            Derived::ReverseNow {
+                rp_filter,
+                iif,
+                back,
+            } => format!(
+                "{at} while routing; rp_filter {rp_filter} on {iif} and the reverse lookup, \
+                 asked now, {} (derived: no return code for this packet)",
+                if *back {
+                    format!("does not leave by {iif}")
+                } else {
+                    "finds no route back".to_string()
+                }
+            ),
+        }
     }
 }
 
@@ -1018,6 +1053,21 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_martian_source_is_derived_local_or_not() {
+        let mut d = drop("NOT_SPECIFIED", &[], 0);
+        d.src_check = Some(-EINVAL);
+        let t = incident1();
+        let got = derived(&d, &t, &confs(0, 0, 0));
+        assert_eq!(got, Some(Derived::Einval { local: false }));
+        d.src = ip("10.0.2.20");
+        d.dst = ip("10.0.2.99");
+        assert_eq!(
+            derived(&d, &t, &confs(0, 0, 0)),
+            Some(Derived::Einval { local: true })
+        );
     }
 
     #[test]
