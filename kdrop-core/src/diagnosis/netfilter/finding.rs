@@ -334,20 +334,10 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
         .netns
         .map(|n| format!("ip netns exec {n} "))
         .unwrap_or_default();
-    let family = a.family.map_or("", |x| x.name());
-    let table = a.table.as_deref().unwrap_or("");
-    let chain = a.chain.as_deref().unwrap_or("");
-    let hook = a.hook.map_or_else(String::new, |h| format!(", {h} hook"));
-    let backend = a.backend.map_or("", |b| b.name());
     let mut r = repair(a, f, &ns);
-    let rule = a.rule.as_deref().unwrap_or("");
-    let which = match (a.rule_number, a.handle) {
-        (_, Some(h)) => format!("rule (handle {h})"),
-        (Some(n), None) => format!("rule {n}"),
-        _ => "rule".into(),
-    };
-    let (cause, summary) = match a.dropped_by {
-        DroppedBy::Rule if a.ctstate_invalid => {
+    let cause = cause(a);
+    match cause {
+        Cause::ConntrackInvalid => {
             r.inspect.push(format!("{ns}conntrack -S"));
             r.notes.push(
                 "conntrack calls a packet INVALID when it fits no connection it tracks (a \
@@ -355,64 +345,21 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
                  skips this host one way, or an entry that expired, is the usual cause"
                     .into(),
             );
-            (
-                Cause::ConntrackInvalid,
-                format!(
-                    "conntrack could not place this packet in a connection (state INVALID) and {backend} {which} in {table}/{chain} ({family}{hook}) drops INVALID packets: {rule}"
-                ),
-            )
         }
-        DroppedBy::Rule => (
-            Cause::NetfilterRule,
-            format!("{backend} {which} in {table}/{chain} ({family}{hook}) dropped it: {rule}"),
-        ),
-        DroppedBy::Policy => (
-            Cause::NetfilterPolicy,
-            format!(
-                "no rule accepted it: policy {} of {backend} chain {table}/{chain} ({family}{hook})",
-                a.target.as_deref().unwrap_or("DROP")
-            ),
-        ),
-        DroppedBy::Conntrack => {
+        Cause::ConntrackDrop => {
             r.inspect.push(format!("{ns}conntrack -S"));
             r.inspect.push(format!(
                 "{ns}sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max"
             ));
-            (
-                Cause::ConntrackDrop,
-                "conntrack itself dropped it (table full, or the entry could not be inserted)".into(),
-            )
         }
-        DroppedBy::Nat => (
-            Cause::NatDrop,
-            format!(
-                "the NAT step dropped it ({family}{hook}{}): no address or port to map it to",
-                if table.is_empty() {
-                    String::new()
-                } else {
-                    format!(", table {table}")
-                }
-            ),
-        ),
-        DroppedBy::Table => (
-            Cause::NetfilterTable,
-            format!(
-                "{} table {table}{} ({family}{hook}) dropped it: a rule or the chain policy; the counters do not say which",
-                if backend.is_empty() { "netfilter" } else { backend },
-                if chain.is_empty() {
-                    String::new()
-                } else {
-                    format!(", chain {chain}")
-                }
-            ),
-        ),
-    };
+        _ => {}
+    }
     let mut evidence = vec![reason_evidence(f)];
     evidence.push(format!("method: {}", a.method));
     evidence.extend(a.evidence.iter().cloned());
     Finding {
         cause,
-        summary,
+        summary: summary(a),
         evidence,
         fix: r.fix,
         fix_or: r.fix_or,
@@ -421,10 +368,80 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
     }
 }
 
+/// The cause an attribution names: a rule dropping INVALID packets is
+/// conntrack's refusal, not the rule's.
+fn cause(a: &Attribution) -> Cause {
+    match a.dropped_by {
+        DroppedBy::Rule if a.ctstate_invalid => Cause::ConntrackInvalid,
+        DroppedBy::Rule => Cause::NetfilterRule,
+        DroppedBy::Policy => Cause::NetfilterPolicy,
+        DroppedBy::Conntrack => Cause::ConntrackDrop,
+        DroppedBy::Nat => Cause::NatDrop,
+        DroppedBy::Table => Cause::NetfilterTable,
+    }
+}
+
+/// Who dropped it, in the words of its backend, table, chain and rule.
+fn summary(a: &Attribution) -> String {
+    let family = a.family.map_or("", |x| x.name());
+    let table = a.table.as_deref().unwrap_or("");
+    let chain = a.chain.as_deref().unwrap_or("");
+    let hook = a.hook.map_or_else(String::new, |h| format!(", {h} hook"));
+    let backend = a.backend.map_or("", |b| b.name());
+    let rule = a.rule.as_deref().unwrap_or("");
+    let which = match (a.rule_number, a.handle) {
+        (_, Some(h)) => format!("rule (handle {h})"),
+        (Some(n), None) => format!("rule {n}"),
+        _ => "rule".into(),
+    };
+    match a.dropped_by {
+        DroppedBy::Rule if a.ctstate_invalid => format!(
+            "conntrack could not place this packet in a connection (state INVALID) and {backend} {which} in {table}/{chain} ({family}{hook}) drops INVALID packets: {rule}"
+        ),
+        DroppedBy::Rule => {
+            format!("{backend} {which} in {table}/{chain} ({family}{hook}) dropped it: {rule}")
+        }
+        DroppedBy::Policy => format!(
+            "no rule accepted it: policy {} of {backend} chain {table}/{chain} ({family}{hook})",
+            a.target.as_deref().unwrap_or("DROP")
+        ),
+        DroppedBy::Conntrack => {
+            "conntrack itself dropped it (table full, or the entry could not be inserted)".into()
+        }
+        DroppedBy::Nat => format!(
+            "the NAT step dropped it ({family}{hook}{}): no address or port to map it to",
+            if table.is_empty() {
+                String::new()
+            } else {
+                format!(", table {table}")
+            }
+        ),
+        DroppedBy::Table => format!(
+            "{} table {table}{} ({family}{hook}) dropped it: a rule or the chain policy; the counters do not say which",
+            if backend.is_empty() { "netfilter" } else { backend },
+            if chain.is_empty() {
+                String::new()
+            } else {
+                format!(", chain {chain}")
+            }
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{diagnosis::netfilter::fixes::FixKind, model::netfilter::Hook};
+
+    #[test]
+    fn a_rule_dropping_invalid_packets_is_conntracks_refusal() {
+        let mut a = Attribution::bare(DroppedBy::Rule, "rule counters".into());
+        assert_eq!(cause(&a), Cause::NetfilterRule);
+        a.ctstate_invalid = true;
+        assert_eq!(cause(&a), Cause::ConntrackInvalid);
+        a.dropped_by = DroppedBy::Nat;
+        assert_eq!(cause(&a), Cause::NatDrop);
+    }
 
     fn facts() -> DropFacts<'static> {
         DropFacts {
