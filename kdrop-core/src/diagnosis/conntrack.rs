@@ -131,94 +131,119 @@ fn fill(d: &CtDrop) -> String {
     }
 }
 
-fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
-    let ns = d.netns_exec;
-    let mut evidence = vec![d.kernel.clone(), stats];
-    let mut fix = Vec::new();
-    let mut notes = Vec::new();
-    let mut inspect = vec![format!("{ns}conntrack -S")];
-    let summary = match d.ct {
-        Some(ct) => {
-            // As the packet left NAT: the reply tuple turned around.
-            let (out_src, out_dst) = (ct.reply.dst, ct.reply.src);
-            let snat = ct.status & d.bits.src_nat != 0;
-            let dnat = ct.status & d.bits.dst_nat != 0;
-            evidence.push(format!(
-                "the packet's conntrack entry, never confirmed: {}",
-                ct_text(ct, d.status)
-            ));
-            evidence.push(format!(
-                "__nf_conntrack_confirm found reply tuple {} -> {} already in the table and TCP \
-                 allows no clash resolution: the entry is not inserted and the packet is dropped",
-                ct.reply.src, ct.reply.dst
-            ));
-            if let Some(h) = &d.holder {
-                evidence.push(format!("the entry holding that tuple: {h}"));
-            }
-            inspect.push(format!(
-                "{ns}conntrack -L -p tcp --reply-src {} --reply-port-src {} --reply-dst {} --reply-port-dst {}",
-                ct.reply.src.ip(),
-                ct.reply.src.port(),
-                ct.reply.dst.ip(),
-                ct.reply.dst.port()
-            ));
-            let rule = snat
+/// A packet's entry that could not be confirmed, and what NAT did to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Clash<'a> {
+    ct: &'a Ct,
+    snat: bool,
+    dnat: bool,
+    /// The SNAT rule that gave it its source, when it was SNAT'd.
+    rule: Option<&'a NatRule>,
+}
+
+impl<'a> Clash<'a> {
+    fn of(d: &CtDrop<'a>, ct: &'a Ct) -> Self {
+        let snat = ct.status & d.bits.src_nat != 0;
+        // As the packet left NAT: the reply tuple turned around.
+        let out_src = ct.reply.dst;
+        Clash {
+            ct,
+            snat,
+            dnat: ct.status & d.bits.dst_nat != 0,
+            rule: snat
                 .then(|| pick_snat_rule(d.nat_rules, out_src.ip()))
-                .flatten();
-            if let Some(r) = rule {
-                evidence.push(format!(
-                    "NAT rule: {} ({} {}/{} rule {})",
-                    r.text,
-                    r.backend.name(),
-                    r.table,
-                    r.chain,
-                    r.number
-                ));
-                if let Some(f) = widen_fix(r, ns) {
-                    fix.push(Kind::SnatWiden.fix(f));
-                }
-            }
-            if (snat || dnat) && fix.is_empty() {
-                notes.push(
-                    "give the SNAT/MASQUERADE rule a port range and random port selection \
-                     (iptables --to-source ADDR:1024-65535 --random-fully; nftables snat to \
-                     ADDR:1024-65535 fully-random), or more source addresses"
-                        .into(),
-                );
-            }
-            let nat = match (snat, dnat) {
-                (true, _) => format!(", SNAT'd to {out_src} -> {out_dst},"),
-                (false, true) => format!(", DNAT'd to {out_src} -> {out_dst},"),
-                _ => String::new(),
-            };
-            format!(
-                "{}: {} -> {}{} could not be confirmed: another connection already has reply \
-                 tuple {} -> {}, so conntrack dropped it (insert_failed)",
-                if snat || dnat {
-                    "NAT port clash"
-                } else {
-                    "conntrack insert failed"
-                },
-                ct.orig.src,
-                ct.orig.dst,
-                nat,
-                ct.reply.src,
-                ct.reply.dst
-            )
+                .flatten(),
         }
-        None => "conntrack could not insert the packet's entry (insert_failed): its tuple \
+    }
+}
+
+fn insert_failed_finding(d: &CtDrop, stats: String) -> Finding {
+    let mut f = Finding {
+        cause: Cause::ConntrackInsertFailed,
+        summary: "conntrack could not insert the packet's entry (insert_failed): its tuple \
                  clashes with an existing connection"
             .into(),
-    };
-    Finding {
-        cause: Cause::ConntrackInsertFailed,
-        summary,
-        evidence,
-        fix,
-        fix_notes: notes,
-        inspect,
+        evidence: vec![d.kernel.clone(), stats],
+        inspect: vec![format!("{}conntrack -S", d.netns_exec)],
         ..Finding::default()
+    };
+    if let Some(ct) = d.ct {
+        clash_words(d, &Clash::of(d, ct), &mut f);
     }
+    f
+}
+
+/// The clash's evidence, what to look at and the repair: the entry, the
+/// tuple already taken, the NAT rule and its widening (or a note).
+fn clash_words(d: &CtDrop, c: &Clash, f: &mut Finding) {
+    let (ns, ct) = (d.netns_exec, c.ct);
+    f.evidence.push(format!(
+        "the packet's conntrack entry, never confirmed: {}",
+        ct_text(ct, d.status)
+    ));
+    f.evidence.push(format!(
+        "__nf_conntrack_confirm found reply tuple {} -> {} already in the table and TCP \
+         allows no clash resolution: the entry is not inserted and the packet is dropped",
+        ct.reply.src, ct.reply.dst
+    ));
+    if let Some(h) = &d.holder {
+        f.evidence
+            .push(format!("the entry holding that tuple: {h}"));
+    }
+    f.inspect.push(format!(
+        "{ns}conntrack -L -p tcp --reply-src {} --reply-port-src {} --reply-dst {} --reply-port-dst {}",
+        ct.reply.src.ip(),
+        ct.reply.src.port(),
+        ct.reply.dst.ip(),
+        ct.reply.dst.port()
+    ));
+    if let Some(r) = c.rule {
+        f.evidence.push(format!(
+            "NAT rule: {} ({} {}/{} rule {})",
+            r.text,
+            r.backend.name(),
+            r.table,
+            r.chain,
+            r.number
+        ));
+        if let Some(w) = widen_fix(r, ns) {
+            f.fix.push(Kind::SnatWiden.fix(w));
+        }
+    }
+    if (c.snat || c.dnat) && f.fix.is_empty() {
+        f.fix_notes.push(
+            "give the SNAT/MASQUERADE rule a port range and random port selection \
+             (iptables --to-source ADDR:1024-65535 --random-fully; nftables snat to \
+             ADDR:1024-65535 fully-random), or more source addresses"
+                .into(),
+        );
+    }
+    f.summary = clash_summary(c);
+}
+
+/// `NAT port clash: A -> B, SNAT'd to C -> B, could not be confirmed ...`.
+fn clash_summary(c: &Clash) -> String {
+    let ct = c.ct;
+    let (out_src, out_dst) = (ct.reply.dst, ct.reply.src);
+    let nat = match (c.snat, c.dnat) {
+        (true, _) => format!(", SNAT'd to {out_src} -> {out_dst},"),
+        (false, true) => format!(", DNAT'd to {out_src} -> {out_dst},"),
+        _ => String::new(),
+    };
+    format!(
+        "{}: {} -> {}{} could not be confirmed: another connection already has reply \
+         tuple {} -> {}, so conntrack dropped it (insert_failed)",
+        if c.snat || c.dnat {
+            "NAT port clash"
+        } else {
+            "conntrack insert failed"
+        },
+        ct.orig.src,
+        ct.orig.dst,
+        nat,
+        ct.reply.src,
+        ct.reply.dst
+    )
 }
 
 /// The SNAT rule that maps to `addr`, else the only MASQUERADE rule.
@@ -686,6 +711,21 @@ mod tests {
                 ..b
             },
         )
+    }
+
+    /// The clash's facts: SNAT'd, by the rule that maps to its source.
+    #[test]
+    fn a_clash_knows_its_nat_and_rule() {
+        let m = clash();
+        let ct = snat_ct();
+        let rules = [
+            rule("-A POSTROUTING -o eth9 -j MASQUERADE"),
+            rule("-A POSTROUTING -o r1 -p tcp -j SNAT --to-source 10.98.2.1:40000"),
+        ];
+        let d = drop(&m, Some(&ct), &rules);
+        let c = Clash::of(&d, &ct);
+        assert!(c.snat && !c.dnat);
+        assert_eq!(c.rule, Some(&rules[1]));
     }
 
     /// Whether the entry was SNAT'd, DNAT'd or neither decides the summary
