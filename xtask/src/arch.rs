@@ -35,7 +35,6 @@ const FN_ALLOW: &[(&str, &str, usize)] = &[
     ("handshake/refused.rs", "hairpin", 76),
     ("handshake/tracker.rs", "count", 69),
     ("kube/mod.rs", "classify", 71),
-    ("kube/services.rs", "from_rules", 83),
     ("kube_router/finding.rs", "explain", 65),
     ("kube_router/mod.rs", "classify", 64),
     ("listen.rs", "overflow", 82),

@@ -255,6 +255,10 @@ mod pairs {
     }
 }
 
+/// Service ports by their Service's key, as the cluster IP rules give them:
+/// the other names of the Service take them.
+type Ports = HashMap<(String, String, String), u16>;
+
 impl Services {
     /// From the iptables tables of a snapshot (kube-proxy's iptables mode
     /// writes `nat` and `filter`).
@@ -270,79 +274,10 @@ impl Services {
 
     pub fn from_rules(rules: impl IntoIterator<Item = KubeRule>) -> Self {
         let mut s = Services::default();
-        let mut ports: HashMap<(String, String, String), u16> = HashMap::new();
+        let mut ports = Ports::new();
         for r in rules {
             let Some(svc) = r.svc() else { continue };
-            if let Some(h) = chain_hash(&r.chain).or_else(|| chain_hash(&r.target)) {
-                s.chains.entry(h.to_string()).or_insert_with(|| svc.clone());
-            }
-            let remark = r.remark();
-            if r.target == "KUBE-MARK-DROP" {
-                let no_local = remark.contains("has no local endpoints");
-                if no_local || r.chain.starts_with("KUBE-FW-") {
-                    let e = s.mark_drops.entry(svc.key()).or_insert(no_local);
-                    *e |= no_local;
-                }
-            }
-            let kind = match remark {
-                "cluster IP" => Some(Kind::ClusterIp),
-                "external IP" => Some(Kind::ExternalIp),
-                "loadbalancer IP" | "LB IP" => Some(Kind::LoadBalancer),
-                _ => None,
-            };
-            match (&r.chain[..], kind, r.dst, r.dport) {
-                ("KUBE-SERVICES", Some(kind), Some(ip), Some(port)) => {
-                    if kind == Kind::ClusterIp {
-                        ports.insert(svc.key(), port);
-                    }
-                    // nat's comment names the kind; filter's guessed it.
-                    s.vips
-                        .insert(SocketAddr::new(ip, port), Frontend { svc, kind });
-                }
-                // `-d 127.0.0.0/8` is the localhost variant of the same port.
-                ("KUBE-NODEPORTS", None, _, Some(port))
-                    if remark.is_empty() && r.target.starts_with("KUBE-") =>
-                {
-                    s.node_ports.entry(port).or_insert(Frontend {
-                        svc,
-                        kind: Kind::NodePort,
-                    });
-                }
-                // The filter rules of a Service without (local) endpoints
-                // are the only trace of its addresses kube-proxy leaves.
-                ("KUBE-SERVICES" | "KUBE-EXTERNAL-SERVICES", None, dst, Some(port))
-                    if remark.starts_with("has no") =>
-                {
-                    match (dst, r.dst_local) {
-                        (Some(ip), _) => {
-                            let kind = if r.chain == "KUBE-SERVICES" {
-                                Kind::ClusterIp
-                            } else {
-                                Kind::ExternalIp
-                            };
-                            if kind == Kind::ClusterIp {
-                                ports.entry(svc.key()).or_insert(port);
-                            }
-                            s.vips
-                                .entry(SocketAddr::new(ip, port))
-                                .or_insert(Frontend { svc, kind });
-                        }
-                        (None, true) => {
-                            s.node_ports.entry(port).or_insert(Frontend {
-                                svc,
-                                kind: Kind::NodePort,
-                            });
-                        }
-                        _ => {}
-                    }
-                }
-                _ => {}
-            }
-            if r.chain.starts_with("KUBE-SEP-") {
-                if let Some(to) = r.to_destination {
-                    s.endpoints.insert(to, r.svc().expect("checked above"));
-                }
-            }
+            s.add_rule(&r, svc, &mut ports);
         }
         let fill = |svc: &mut SvcPort| svc.port = ports.get(&svc.key()).copied();
         s.vips.values_mut().for_each(|f| fill(&mut f.svc));
@@ -350,6 +285,102 @@ impl Services {
         s.endpoints.values_mut().for_each(fill);
         s.chains.values_mut().for_each(fill);
         s
+    }
+
+    /// What one of kube-proxy's rules names for `svc`: its chain's hash,
+    /// a drop mark, a frontend, an endpoint.
+    fn add_rule(&mut self, r: &KubeRule, svc: SvcPort, ports: &mut Ports) {
+        if let Some(h) = chain_hash(&r.chain).or_else(|| chain_hash(&r.target)) {
+            self.chains
+                .entry(h.to_string())
+                .or_insert_with(|| svc.clone());
+        }
+        if r.target == "KUBE-MARK-DROP" {
+            let no_local = r.remark().contains("has no local endpoints");
+            if no_local || r.chain.starts_with("KUBE-FW-") {
+                let e = self.mark_drops.entry(svc.key()).or_insert(no_local);
+                *e |= no_local;
+            }
+        }
+        if r.chain.starts_with("KUBE-SEP-") {
+            if let Some(to) = r.to_destination {
+                self.endpoints.insert(to, svc.clone());
+            }
+        }
+        self.add_frontend(r, svc, ports);
+    }
+
+    /// A virtual address or node port a rule names (its comment says the
+    /// kind), and the port of a cluster IP.
+    fn add_frontend(&mut self, r: &KubeRule, svc: SvcPort, ports: &mut Ports) {
+        let remark = r.remark();
+        let kind = match remark {
+            "cluster IP" => Some(Kind::ClusterIp),
+            "external IP" => Some(Kind::ExternalIp),
+            "loadbalancer IP" | "LB IP" => Some(Kind::LoadBalancer),
+            _ => None,
+        };
+        match (&r.chain[..], kind, r.dst, r.dport) {
+            ("KUBE-SERVICES", Some(kind), Some(ip), Some(port)) => {
+                if kind == Kind::ClusterIp {
+                    ports.insert(svc.key(), port);
+                }
+                // nat's comment names the kind; filter's guessed it.
+                self.vips
+                    .insert(SocketAddr::new(ip, port), Frontend { svc, kind });
+            }
+            // `-d 127.0.0.0/8` is the localhost variant of the same port.
+            ("KUBE-NODEPORTS", None, _, Some(port))
+                if remark.is_empty() && r.target.starts_with("KUBE-") =>
+            {
+                self.node_ports.entry(port).or_insert(Frontend {
+                    svc,
+                    kind: Kind::NodePort,
+                });
+            }
+            // The filter rules of a Service without (local) endpoints
+            // are the only trace of its addresses kube-proxy leaves.
+            ("KUBE-SERVICES" | "KUBE-EXTERNAL-SERVICES", None, dst, Some(port))
+                if remark.starts_with("has no") =>
+            {
+                self.add_without_endpoints(r, dst, port, svc, ports)
+            }
+            _ => {}
+        }
+    }
+
+    /// A frontend from the filter rule of a Service without (local)
+    /// endpoints: a virtual address, or a node port (`--dst-type LOCAL`).
+    fn add_without_endpoints(
+        &mut self,
+        r: &KubeRule,
+        dst: Option<IpAddr>,
+        port: u16,
+        svc: SvcPort,
+        ports: &mut Ports,
+    ) {
+        match (dst, r.dst_local) {
+            (Some(ip), _) => {
+                let kind = if r.chain == "KUBE-SERVICES" {
+                    Kind::ClusterIp
+                } else {
+                    Kind::ExternalIp
+                };
+                if kind == Kind::ClusterIp {
+                    ports.entry(svc.key()).or_insert(port);
+                }
+                self.vips
+                    .entry(SocketAddr::new(ip, port))
+                    .or_insert(Frontend { svc, kind });
+            }
+            (None, true) => {
+                self.node_ports.entry(port).or_insert(Frontend {
+                    svc,
+                    kind: Kind::NodePort,
+                });
+            }
+            _ => {}
+        }
     }
 
     pub fn is_empty(&self) -> bool {

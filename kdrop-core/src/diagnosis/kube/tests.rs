@@ -906,3 +906,21 @@ fn a_source_range_drop_names_the_client_as_a_cidr() {
         );
     }
 }
+
+/// One rule's facts: a cluster IP names a frontend and gives the
+/// Service's port to its other names.
+#[test]
+fn a_cluster_ip_rule_names_a_frontend_and_its_port() {
+    let r = KubeRule::parse(
+        "-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"ns1/svc1:p80 cluster IP\" -m tcp --dport 80 -j KUBE-SVC-ABC",
+    )
+    .unwrap();
+    let svc = r.svc().unwrap();
+    let mut s = Services::default();
+    let mut ports = HashMap::new();
+    s.add_rule(&r, svc.clone(), &mut ports);
+    let a: SocketAddr = "10.96.0.10:80".parse().unwrap();
+    assert_eq!(s.vips[&a].kind, Kind::ClusterIp);
+    assert_eq!(ports[&svc.key()], 80);
+    assert_eq!(s.chains["ABC"], svc);
+}
