@@ -108,30 +108,70 @@ pub fn counters_line_since(
     format!("TcpExt {}", parts.join(", "))
 }
 
+/// How a listener's accept queue shows that it refused a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Queue {
+    /// Full now.
+    Full,
+    /// Room now, but the kernel refused (the final ACK's reason) or the
+    /// overflow counter moved since the previous read.
+    Overflowed,
+}
+
+/// The facts of `overflow`: whether, and how, the queue refused.
+fn queue(f: &ListenerFound, seen: &Seen) -> Option<Queue> {
+    if f.listener.accept_queue_full() {
+        Some(Queue::Full)
+    } else if matches!(seen, Seen::FinalAck(_)) || overflows_moved(f) {
+        Some(Queue::Overflowed)
+    } else {
+        None
+    }
+}
+
 /// The verdict for a connection `t` (client -> listener) that a listener
 /// could not take, or None when the listener shows no overflow.
 pub fn overflow(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Option<Finding> {
+    let queue = queue(f, seen)?;
     let l = &f.listener;
-    let full = l.accept_queue_full();
-    let final_ack = matches!(seen, Seen::FinalAck(_));
-    if !full && !final_ack && !overflows_moved(f) {
-        return None;
-    }
     let who = owner_text(&f.owners);
     let (q, b) = (l.accept_queue, l.accept_backlog);
-    let summary = if full {
-        format!(
+    let summary = match queue {
+        Queue::Full => format!(
             "accept queue of {who} on {} is full: {q}/{b} waiting; it is not calling accept() \
              fast enough",
             l.local
-        )
-    } else {
-        format!(
+        ),
+        Queue::Overflowed => format!(
             "accept queue of {who} on {} overflowed (now {q}/{b} waiting): it is not calling \
              accept() fast enough",
             l.local
-        )
+        ),
     };
+    let (fix, fix_notes) = repair(f, &who);
+    let port = l.local.port();
+    Some(Finding {
+        cause: Cause::ListenOverflow,
+        summary,
+        evidence: overflow_evidence(f, t, seen),
+        fix,
+        fix_notes,
+        inspect: vec![
+            format!("{}ss -ltnp 'sport = :{port}'", f.exec),
+            format!(
+                "{}nstat -az TcpExtListenOverflows TcpExtListenDrops",
+                f.exec
+            ),
+        ],
+        ..Finding::default()
+    })
+}
+
+/// What was seen of the connection, the listener and its owners, the
+/// sysctls that size its queues, and its counters.
+fn overflow_evidence(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Vec<String> {
+    let l = &f.listener;
+    let (q, b) = (l.accept_queue, l.accept_backlog);
     let s = &f.sysctls;
     let opt = |v: Option<u32>| v.map_or("unreadable".into(), |v| v.to_string());
     let mut evidence = vec![match seen {
@@ -174,23 +214,7 @@ pub fn overflow(f: &ListenerFound, t: &Tuple, seen: &Seen) -> Option<Finding> {
         opt(s.tcp_syncookies)
     ));
     evidence.push(counters_line(&f.counters, f.counters_before.as_ref()));
-    let (fix, fix_notes) = repair(f, &who);
-    let port = l.local.port();
-    Some(Finding {
-        cause: Cause::ListenOverflow,
-        summary,
-        evidence,
-        fix,
-        fix_notes,
-        inspect: vec![
-            format!("{}ss -ltnp 'sport = :{port}'", f.exec),
-            format!(
-                "{}nstat -az TcpExtListenOverflows TcpExtListenDrops",
-                f.exec
-            ),
-        ],
-        ..Finding::default()
-    })
+    evidence
 }
 
 /// The node can repair one case: the backlog in force is net.core.somaxconn
@@ -398,6 +422,20 @@ mod tests {
         );
         assert!(fd.fix_notes[1].contains("until mysqld (pid 812) calls listen() again"));
         assert_eq!(fd.evidence[4], "TcpExt ListenOverflows 2, ListenDrops 2");
+    }
+
+    #[test]
+    fn the_queue_is_full_or_overflowed_since_the_last_read() {
+        let seen = Seen::Unanswered("x".into());
+        assert_eq!(
+            queue(&found(129, 128, 4096, None, 0), &seen),
+            Some(Queue::Full)
+        );
+        assert_eq!(
+            queue(&found(0, 128, 4096, Some(5), 6), &seen),
+            Some(Queue::Overflowed)
+        );
+        assert_eq!(queue(&found(0, 128, 4096, Some(5), 5), &seen), None);
     }
 
     #[test]
