@@ -397,50 +397,68 @@ impl<'a> Walker<'a> {
                 }
                 self.maybe_dropped = true;
             }
-            match &r.verdict {
-                Verdict::Drop | Verdict::Reject | Verdict::Continue => {}
-                Verdict::Accept | Verdict::Terminal => {
-                    if definite {
-                        return Flow::Accepted;
-                    }
-                    *sure = false;
-                }
-                Verdict::Return => {
-                    if definite {
-                        return Flow::FellThrough;
-                    }
-                    *sure = false;
-                }
-                Verdict::Jump(target) | Verdict::Goto(target) => {
-                    let Some(tci) = t.chains.iter().position(|x| &x.name == target) else {
-                        continue;
-                    };
-                    let mut inner = *sure && definite;
-                    let flow = self.walk_chain(ti, tci, hook, &mut inner, depth + 1);
-                    if !definite {
-                        *sure = false;
-                        continue;
-                    }
-                    *sure = inner;
-                    match (flow, matches!(r.verdict, Verdict::Goto(_))) {
-                        (Flow::FellThrough, false) => {}
-                        // A goto chain that falls through returns past us.
-                        (Flow::FellThrough, true) => return Flow::FellThrough,
-                        (f, _) => return f,
-                    }
-                }
-                Verdict::Map { chains, .. } => {
-                    for target in chains {
-                        if let Some(tci) = t.chains.iter().position(|x| &x.name == target) {
-                            let mut inner = false;
-                            self.walk_chain(ti, tci, hook, &mut inner, depth + 1);
-                        }
-                    }
-                    *sure = false;
-                }
+            if let Some(flow) = self.follow(ti, &r.verdict, definite, hook, sure, depth) {
+                return flow;
             }
         }
         Flow::FellThrough
+    }
+
+    /// Where a rule's verdict, once its matches fit (`definite`) or may,
+    /// takes the walk: `Some` flow when it ends the chain's walk here,
+    /// `None` to go on with the next rule; jumps and gotos walk their chain
+    /// first. An uncertain turn makes the rest not `sure`.
+    fn follow(
+        &mut self,
+        ti: usize,
+        verdict: &Verdict,
+        definite: bool,
+        hook: Hook,
+        sure: &mut bool,
+        depth: usize,
+    ) -> Option<Flow> {
+        let t: &'a Table = self.tables[ti];
+        match verdict {
+            Verdict::Drop | Verdict::Reject | Verdict::Continue => {}
+            Verdict::Accept | Verdict::Terminal => {
+                if definite {
+                    return Some(Flow::Accepted);
+                }
+                *sure = false;
+            }
+            Verdict::Return => {
+                if definite {
+                    return Some(Flow::FellThrough);
+                }
+                *sure = false;
+            }
+            Verdict::Jump(target) | Verdict::Goto(target) => {
+                let tci = t.chains.iter().position(|x| &x.name == target)?;
+                let mut inner = *sure && definite;
+                let flow = self.walk_chain(ti, tci, hook, &mut inner, depth + 1);
+                if !definite {
+                    *sure = false;
+                    return None;
+                }
+                *sure = inner;
+                match (flow, matches!(verdict, Verdict::Goto(_))) {
+                    (Flow::FellThrough, false) => {}
+                    // A goto chain that falls through returns past us.
+                    (Flow::FellThrough, true) => return Some(Flow::FellThrough),
+                    (f, _) => return Some(f),
+                }
+            }
+            Verdict::Map { chains, .. } => {
+                for target in chains {
+                    if let Some(tci) = t.chains.iter().position(|x| &x.name == target) {
+                        let mut inner = false;
+                        self.walk_chain(ti, tci, hook, &mut inner, depth + 1);
+                    }
+                }
+                *sure = false;
+            }
+        }
+        None
     }
 }
 
