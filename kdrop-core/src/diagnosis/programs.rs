@@ -11,7 +11,7 @@ use crate::model::cause::Cause;
 use crate::model::{
     finding::{Finding, Fix},
     packet::Tuple,
-    progs::{CgroupProgs, HookProgs, ProgInfo, TcFilter, XdpProg},
+    progs::{Agent, CgroupProgs, HookProgs, ProgInfo, TcFilter, XdpProg},
 };
 
 /// Drop reasons a program on the path gives.
@@ -121,6 +121,31 @@ pub fn explain(d: &ProgDrop) -> Option<Finding> {
     }
 }
 
+/// What can be done about the program(s) that dropped it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Remedy<'a> {
+    /// An agent owns the program: change the policy there.
+    Agent(&'a Agent),
+    /// A bpf link holds it: it goes when its holders close it.
+    Link(u32),
+    /// Nothing holds it but its attachment: detach it.
+    Detach,
+    /// Several programs ran: which one dropped it is unknown.
+    Unknown(usize),
+}
+
+/// The cgroup programs' remedy: one program's, or none for several.
+fn cgroup_remedy(c: &CgroupProgs) -> Remedy<'_> {
+    match c.progs.as_slice() {
+        [p] => match (&p.prog.agent, p.link_id) {
+            (Some(a), _) => Remedy::Agent(a),
+            (None, Some(l)) => Remedy::Link(l),
+            (None, None) => Remedy::Detach,
+        },
+        progs => Remedy::Unknown(progs.len()),
+    }
+}
+
 fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
     let who = c
         .owner
@@ -150,40 +175,7 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
         .iter()
         .map(|p| format!("{} id {} on {}", p.prog.name, p.prog.id, p.attached_to))
         .collect();
-    let (fix, fix_notes) = match c.progs.as_slice() {
-        [p] => match (&p.prog.agent, p.link_id) {
-            (Some(a), _) => (
-                Vec::new(),
-                vec![format!(
-                    "the program belongs to {} ({}): change the policy in {}",
-                    a.name, a.evidence, a.name
-                )],
-            ),
-            (None, Some(l)) => (
-                Vec::new(),
-                vec![format!(
-                    "attached through bpf link {l}: it goes when its holders (evidence) close it"
-                )],
-            ),
-            (None, None) => (
-                vec![Kind::CgroupDetach.fix(format!(
-                    "bpftool cgroup detach {} {} id {}",
-                    p.attached_to, c.hook, p.prog.id
-                ))],
-                vec![format!(
-                    "detaching removes everything the program does for the sockets of {}",
-                    p.attached_to
-                )],
-            ),
-        },
-        _ => (
-            Vec::new(),
-            vec![format!(
-                "kdrop cannot tell which of the {} programs returned the drop",
-                c.progs.len()
-            )],
-        ),
-    };
+    let (fix, fix_notes) = cgroup_repair(c, cgroup_remedy(c));
     Finding {
         cause: Cause::BpfCgroup,
         summary: format!(
@@ -198,6 +190,44 @@ fn cgroup(d: &ProgDrop, c: &CgroupProgs, packet: &str) -> Finding {
         inspect: vec![format!("bpftool cgroup show {} effective", c.cgroup)],
         ..Finding::default()
     }
+}
+
+/// The cgroup remedy as commands and notes.
+fn cgroup_repair(c: &CgroupProgs, remedy: Remedy) -> (Vec<Fix>, Vec<String>) {
+    match (remedy, c.progs.first()) {
+        (Remedy::Agent(a), _) => (Vec::new(), vec![agent_note(a)]),
+        (Remedy::Link(l), _) => (
+            Vec::new(),
+            vec![format!(
+                "attached through bpf link {l}: it goes when its holders (evidence) close it"
+            )],
+        ),
+        (Remedy::Detach, Some(p)) => (
+            vec![Kind::CgroupDetach.fix(format!(
+                "bpftool cgroup detach {} {} id {}",
+                p.attached_to, c.hook, p.prog.id
+            ))],
+            vec![format!(
+                "detaching removes everything the program does for the sockets of {}",
+                p.attached_to
+            )],
+        ),
+        (_, _) => (
+            Vec::new(),
+            vec![format!(
+                "kdrop cannot tell which of the {} programs returned the drop",
+                c.progs.len()
+            )],
+        ),
+    }
+}
+
+/// `the program belongs to cilium (...): change the policy in cilium`.
+fn agent_note(a: &Agent) -> String {
+    format!(
+        "the program belongs to {} ({}): change the policy in {}",
+        a.name, a.evidence, a.name
+    )
 }
 
 /// The tc hook's programs, in the order the kernel runs them: tcx
@@ -324,6 +354,21 @@ fn tc(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
     }
 }
 
+/// The XDP programs' remedy: their agent's, else detaching the only one;
+/// `None` for several, or none left.
+fn xdp_remedy(h: &HookProgs) -> Option<Remedy<'_>> {
+    let agent = h
+        .xdp
+        .iter()
+        .filter_map(|x| h.progs.iter().find(|p| p.id == x.prog_id))
+        .find_map(|p| p.agent.as_ref());
+    match (agent, h.xdp.as_slice()) {
+        (Some(a), _) => Some(Remedy::Agent(a)),
+        (None, [_]) => Some(Remedy::Detach),
+        _ => None,
+    }
+}
+
 fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
     let (dev, ns) = (&h.dev, d.netns);
     let mut evidence = vec![d.kernel.clone()];
@@ -335,20 +380,15 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
             p.map_or(format!("BPF program id {}", x.prog_id), prog_text)
         ));
     }
-    let agent = h
-        .xdp
-        .iter()
-        .filter_map(|x| h.progs.iter().find(|p| p.id == x.prog_id))
-        .find_map(|p| p.agent.clone());
-    let (fix, fix_notes) = match (&agent, h.xdp.as_slice()) {
-        (Some(a), _) => (
+    let (fix, fix_notes) = match (xdp_remedy(h), h.xdp.first()) {
+        (Some(Remedy::Agent(a)), _) => (
             Vec::new(),
             vec![format!(
                 "the XDP program belongs to {} ({}): change the policy in {}",
                 a.name, a.evidence, a.name
             )],
         ),
-        (None, [x]) => (
+        (Some(Remedy::Detach), Some(x)) => (
             vec![Kind::XdpDetach.fix(format!(
                 "{}ip link set dev {dev} {} off",
                 d.netns_exec,
@@ -360,6 +400,20 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
         ),
         _ => (Vec::new(), Vec::new()),
     };
+    Finding {
+        cause: Cause::XdpProgram,
+        summary: xdp_summary(h, packet, ns),
+        evidence,
+        fix,
+        fix_notes,
+        inspect: vec![format!("{}ip -d link show dev {dev}", d.netns_exec)],
+        ..Finding::default()
+    }
+}
+
+/// The XDP programs by name, or that none is attached any more.
+fn xdp_summary(h: &HookProgs, packet: &str, ns: &str) -> String {
+    let dev = &h.dev;
     let names: Vec<String> = h
         .xdp
         .iter()
@@ -372,23 +426,13 @@ fn xdp(d: &ProgDrop, h: &HookProgs, packet: &str) -> Finding {
                 })
         })
         .collect();
-    Finding {
-        cause: Cause::XdpProgram,
-        summary: if names.is_empty() {
-            format!(
-                "{packet} dropped by XDP on {dev} in netns {ns}, by a program no longer attached"
-            )
-        } else {
-            format!(
-                "{packet} dropped by the XDP program on {dev} in netns {ns}: {}",
-                names.join(", ")
-            )
-        },
-        evidence,
-        fix,
-        fix_notes,
-        inspect: vec![format!("{}ip -d link show dev {dev}", d.netns_exec)],
-        ..Finding::default()
+    if names.is_empty() {
+        format!("{packet} dropped by XDP on {dev} in netns {ns}, by a program no longer attached")
+    } else {
+        format!(
+            "{packet} dropped by the XDP program on {dev} in netns {ns}: {}",
+            names.join(", ")
+        )
     }
 }
 
@@ -432,7 +476,7 @@ fn unnamed(d: &ProgDrop, packet: &str) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::progs::{Agent, ClsBpf};
+    use crate::model::progs::{CgroupProg, ClsBpf};
 
     fn filter(pref: u16, prog: Option<u32>) -> TcFilter {
         TcFilter {
@@ -746,6 +790,31 @@ mod tests {
             .map(|l| l.split(" on ").next().unwrap())
             .collect();
         assert_eq!(order, ["tcx ingress", "tc ingress"]);
+    }
+
+    /// The remedy's facts: an agent's program is its agent's, a bare one
+    /// is detached, a linked one goes with its link, several are unknown.
+    #[test]
+    fn the_remedy_follows_who_holds_the_program() {
+        let h = xdp_hook("generic", vec![bare(7, "xdp", "xdp_drop")]);
+        assert_eq!(xdp_remedy(&h), Some(Remedy::Detach));
+        let h = xdp_hook("native", vec![prog(7, Some("cilium"))]);
+        let agent = h.progs[0].agent.as_ref().unwrap();
+        assert_eq!(xdp_remedy(&h), Some(Remedy::Agent(agent)));
+        let one = CgroupProg {
+            attached_to: "/sys/fs/cgroup/app".into(),
+            link_id: Some(4),
+            prog: bare(9, "cgroup_skb", "deny"),
+        };
+        let mut c = CgroupProgs {
+            owner: None,
+            cgroup: "/sys/fs/cgroup/app".into(),
+            hook: "egress".into(),
+            progs: vec![one.clone()],
+        };
+        assert_eq!(cgroup_remedy(&c), Remedy::Link(4));
+        c.progs.push(one);
+        assert_eq!(cgroup_remedy(&c), Remedy::Unknown(2));
     }
 
     /// Without a program read from the cgroup, the finding says where to
