@@ -20,8 +20,8 @@ pub use super::routes::{lookup, route_text, rule_matches, rule_text, table_name,
 use super::{fix_kinds::Kind, reverse_path::reverse_evidence, routes::RT_TABLE_LOCAL};
 
 use crate::model::{
-    finding::Finding,
-    routing::{Confs, RouteLookup, RouteType, Tables, RTN_LOCAL},
+    finding::{Finding, Fix},
+    routing::{Addr, Confs, Route, RouteLookup, RouteType, Tables, RTN_LOCAL},
 };
 
 /// Drop reasons this module explains.
@@ -223,21 +223,40 @@ pub fn explain(d: &RouteDrop, t: &Tables, c: &Confs) -> Option<Finding> {
     }
 }
 
+/// What makes a martian's source local to the namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LocalSource<'a> {
+    /// The device it lives on: the kernel's local-table answer, else the
+    /// address's (`?` when neither says).
+    dev: String,
+    /// The namespace's address that is the source, if one is.
+    addr: Option<&'a Addr>,
+    /// The route of table local that makes it local, if one does.
+    route: Option<&'a Route>,
+}
+
+impl<'a> LocalSource<'a> {
+    /// `answered_on`: the device of the kernel's local answer, if any.
+    fn of(d: &RouteDrop, t: &'a Tables, answered_on: Option<u32>) -> Self {
+        let addr = t.addrs.iter().find(|a| a.addr == IpAddr::V4(d.src));
+        LocalSource {
+            dev: answered_on
+                .or(addr.map(|a| a.index))
+                .map(|i| t.link_name(i))
+                .unwrap_or_else(|| "?".into()),
+            addr,
+            route: lookup(&t.routes, RT_TABLE_LOCAL, d.src).filter(|r| r.kind == RTN_LOCAL),
+        }
+    }
+}
+
 fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String) -> Finding {
     let ns = d.netns_exec;
     let ev = reverse_evidence(d, t);
+    let l = LocalSource::of(d, t, ev.local);
     let mut evidence = vec![kernel];
     evidence.extend(ev.lines);
-    // Where the address lives: the kernel's local-table answer, else the
-    // namespace's addresses.
-    let addr = t.addrs.iter().find(|a| a.addr == IpAddr::V4(d.src));
-    let dev = ev
-        .local
-        .or(addr.map(|a| a.index))
-        .map(|i| t.link_name(i))
-        .unwrap_or_else(|| "?".into());
-    let local_route = lookup(&t.routes, RT_TABLE_LOCAL, d.src).filter(|r| r.kind == RTN_LOCAL);
-    if let Some(route) = local_route {
+    if let Some(route) = l.route {
         evidence.push(format!("route in table local: {}", route_text(route, t)));
     }
     let all = c.all.accept_local.unwrap_or(0);
@@ -251,10 +270,39 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
          local address and is delivered locally, never sent back",
         d.src
     ));
-    // The address, or a local route that is none (AnyIP: `ip route add
-    // local 203.0.113.0/24 dev lo`), makes the source local; a local route
-    // outside table local (a TPROXY table) is named but not deleted.
-    let (what, fix) = match (addr, local_route) {
+    let (what, fix) = local_repair(d, t, &l);
+    Finding {
+        cause: Cause::MartianLocalSource,
+        summary: format!("martian source on {iif}: {} is {what}", d.src),
+        evidence,
+        fix,
+        fix_notes: if l.dev == "kube-ipvs0" {
+            vec![format!(
+                "kube-proxy (IPVS mode) binds the Service's LoadBalancer IP {} to kube-ipvs0 \
+                     and binds it again after the delete: the lasting repair is on the Service. \
+                     Kubernetes 1.30+: status.loadBalancer.ingress[].ipMode: Proxy (set by the \
+                     cloud controller) stops kube-proxy from binding it; else have the load \
+                     balancer health-check from another source address",
+                d.src
+            )]
+        } else {
+            Vec::new()
+        },
+        inspect: vec![
+            format!("{ns}ip route get {} from {}", d.src, d.dst),
+            format!("{ns}ip -o addr show to {}", d.src),
+        ],
+        ..Finding::default()
+    }
+}
+
+/// What the source is, in words, and the delete that makes it not local.
+/// The address, or a local route that is none (AnyIP: `ip route add local
+/// 203.0.113.0/24 dev lo`), makes the source local; a local route outside
+/// table local (a TPROXY table) is named but not deleted.
+fn local_repair(d: &RouteDrop, t: &Tables, l: &LocalSource) -> (String, Vec<Fix>) {
+    let (ns, dev) = (d.netns_exec, &l.dev);
+    match (l.addr, l.route) {
         (Some(a), _) => (
             format!("a local address of this host (local table, on dev {dev})"),
             vec![Kind::LocalAddressDelete.fix(format!(
@@ -274,29 +322,6 @@ fn local_source(d: &RouteDrop, t: &Tables, c: &Confs, iif: &str, kernel: String)
             format!("local to this host (local table, on dev {dev})"),
             Vec::new(),
         ),
-    };
-    Finding {
-        cause: Cause::MartianLocalSource,
-        summary: format!("martian source on {iif}: {} is {what}", d.src),
-        evidence,
-        fix,
-        fix_notes: if dev == "kube-ipvs0" {
-            vec![format!(
-                "kube-proxy (IPVS mode) binds the Service's LoadBalancer IP {} to kube-ipvs0 \
-                     and binds it again after the delete: the lasting repair is on the Service. \
-                     Kubernetes 1.30+: status.loadBalancer.ingress[].ipMode: Proxy (set by the \
-                     cloud controller) stops kube-proxy from binding it; else have the load \
-                     balancer health-check from another source address",
-                d.src
-            )]
-        } else {
-            Vec::new()
-        },
-        inspect: vec![
-            format!("{ns}ip route get {} from {}", d.src, d.dst),
-            format!("{ns}ip -o addr show to {}", d.src),
-        ],
-        ..Finding::default()
     }
 }
 
@@ -774,6 +799,24 @@ pub(crate) mod tests {
                 "ip netns exec node ip -o addr show to 203.0.113.7",
             ]
         );
+    }
+
+    /// The facts of a local source: its address, its route, its device.
+    #[test]
+    fn a_local_source_is_an_address_on_its_device() {
+        let mut t = incident1();
+        t.links.push(link(4, "kube-ipvs0"));
+        t.addrs.push(Addr {
+            index: 4,
+            addr: "203.0.113.7".parse().unwrap(),
+            prefix_len: 32,
+            label: None,
+        });
+        let d = drop("IP_LOCAL_SOURCE", &[], 0);
+        let l = LocalSource::of(&d, &t, None);
+        assert_eq!(l.dev, "kube-ipvs0");
+        assert_eq!(l.addr.map(|a| a.prefix_len), Some(32));
+        assert_eq!(l.route, None);
     }
 
     /// Without the kernel's lookups the address is found among the
