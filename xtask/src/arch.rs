@@ -30,7 +30,6 @@ const FN_DIR: &str = "kdrop-core/src/diagnosis";
 /// whose function has come down to the limit must go.
 const FN_ALLOW: &[(&str, &str, usize)] = &[
     ("calico/finding.rs", "explain", 62),
-    ("forwarding.rs", "neighbour_failed", 76),
     ("handshake/loopback.rs", "lb_loopback", 70),
     ("handshake/refused.rs", "hairpin", 76),
     ("handshake/tracker.rs", "count", 69),

@@ -90,11 +90,42 @@ pub fn explain(s: &Stuck, t: &Tables) -> Option<Finding> {
     }
 }
 
+/// The next hop that does not answer and the device it is on; `None`
+/// when neither the kernel's lookup nor one asked now says.
+fn silent_hop(s: &Stuck, t: &Tables) -> Option<(NextHop, String)> {
+    let hop = next_hop(s)?;
+    let dev = t.link_name(hop.oif);
+    Some((hop, dev))
+}
+
 fn neighbour_failed(s: &Stuck, t: &Tables) -> Finding {
     let ns = s.netns_exec;
-    let hop = next_hop(s);
+    let hop = silent_hop(s, t);
+    let (summary, notes) = match &hop {
+        Some((h, dev)) => silent_words(s, h, dev),
+        None => (
+            format!("the next hop for {} does not answer ARP", s.dst),
+            vec![],
+        ),
+    };
+    let mut inspect = vec![format!("{ns}ip route get {} from {}", s.dst, s.src)];
+    if let Some((h, dev)) = &hop {
+        inspect.insert(0, format!("{ns}ip neigh show dev {dev} to {}", h.addr));
+    }
+    Finding {
+        cause: Cause::NeighbourFailed,
+        summary,
+        evidence: neighbour_evidence(s, t, hop.as_ref().map(|(h, _)| h)),
+        fix_notes: notes,
+        inspect,
+        ..Finding::default()
+    }
+}
+
+/// The kernel's line, the route that chose the next hop, its neighbour
+/// entry (or that none is left).
+fn neighbour_evidence(s: &Stuck, t: &Tables, hop: Option<&NextHop>) -> Vec<String> {
     let mut evidence = vec![s.kernel.clone()];
-    let dev = hop.map(|h| t.link_name(h.oif));
     let route = hop.and_then(|h| {
         let table = h.table?;
         lookup(&t.routes, table, s.dst).map(|r| (table, r))
@@ -106,8 +137,8 @@ fn neighbour_failed(s: &Stuck, t: &Tables) -> Finding {
             table_name(table)
         ));
     }
-    match s.neighbour {
-        Some(n) => evidence.push(format!(
+    evidence.push(match s.neighbour {
+        Some(n) => format!(
             "neighbour {} dev {}: {}{}",
             n.dst,
             n.dev,
@@ -115,55 +146,45 @@ fn neighbour_failed(s: &Stuck, t: &Tables) -> Finding {
             n.probes
                 .map(|p| format!(", {p} solicitations unanswered"))
                 .unwrap_or_default()
-        )),
-        None => evidence.push(
-            "no neighbour entry is left for it (the failed one was garbage-collected)".into(),
         ),
-    }
-    let summary = match (hop, &dev) {
-        (Some(h), Some(dev)) if h.via_gateway => format!(
-            "next hop {} on {dev} does not answer ARP{}: {} -> {} cannot be sent on",
-            h.addr,
-            s.neighbour
-                .map(|n| format!(" (neighbour {})", n.state_text()))
-                .unwrap_or_default(),
-            s.src,
-            s.dst
-        ),
-        (Some(h), Some(dev)) => format!(
-            "{} does not answer ARP on {dev}{}: it is on {dev}'s subnet (no gateway), and no \
-             host answers for it",
-            h.addr,
-            s.neighbour
-                .map(|n| format!(" (neighbour {})", n.state_text()))
-                .unwrap_or_default()
-        ),
-        _ => format!("the next hop for {} does not answer ARP", s.dst),
-    };
-    let notes = match (hop, &dev) {
-        (Some(h), Some(dev)) if h.via_gateway => vec![format!(
-            "{} is down or not on {dev}'s segment: bring it back, or route {} through a next \
-             hop that answers (`{ns}ip route replace <prefix> via <next hop> dev <device>`)",
-            h.addr, s.dst
-        )],
-        (Some(h), Some(dev)) => vec![format!(
-            "{} is down or not on the segment of {dev}; if it moved, the route or address of \
-             {dev} is stale",
-            h.addr
-        )],
-        _ => vec![],
-    };
-    let mut inspect = vec![format!("{ns}ip route get {} from {}", s.dst, s.src)];
-    if let (Some(h), Some(dev)) = (hop, &dev) {
-        inspect.insert(0, format!("{ns}ip neigh show dev {dev} to {}", h.addr));
-    }
-    Finding {
-        cause: Cause::NeighbourFailed,
-        summary,
-        evidence,
-        fix_notes: notes,
-        inspect,
-        ..Finding::default()
+        None => "no neighbour entry is left for it (the failed one was garbage-collected)".into(),
+    });
+    evidence
+}
+
+/// Summary and notes for a next hop on `dev` that does not answer: a
+/// gateway, or the destination on a connected route.
+fn silent_words(s: &Stuck, h: &NextHop, dev: &str) -> (String, Vec<String>) {
+    let ns = s.netns_exec;
+    let state = s
+        .neighbour
+        .map(|n| format!(" (neighbour {})", n.state_text()))
+        .unwrap_or_default();
+    if h.via_gateway {
+        (
+            format!(
+                "next hop {} on {dev} does not answer ARP{state}: {} -> {} cannot be sent on",
+                h.addr, s.src, s.dst
+            ),
+            vec![format!(
+                "{} is down or not on {dev}'s segment: bring it back, or route {} through a next \
+                 hop that answers (`{ns}ip route replace <prefix> via <next hop> dev <device>`)",
+                h.addr, s.dst
+            )],
+        )
+    } else {
+        (
+            format!(
+                "{} does not answer ARP on {dev}{state}: it is on {dev}'s subnet (no gateway), and \
+                 no host answers for it",
+                h.addr
+            ),
+            vec![format!(
+                "{} is down or not on the segment of {dev}; if it moved, the route or address of \
+                 {dev} is stale",
+                h.addr
+            )],
+        )
     }
 }
 
@@ -277,6 +298,30 @@ mod tests {
             "the kernel's lookups for 10.0.0.7 -> 10.99.0.5: table local found nothing, table main \
              found nothing, table default found nothing"
         );
+    }
+
+    /// The silent hop's facts: the gateway the kernel chose, its device.
+    #[test]
+    fn the_silent_hop_is_the_gateway_on_its_device() {
+        let t = tables();
+        let fib = [Lookup {
+            ts_ns: 1,
+            table: 254,
+            err: 0,
+            iif: 2,
+            oif: 0,
+            mark: 0,
+            src: "10.0.0.7".parse().unwrap(),
+            dst: "10.123.9.9".parse().unwrap(),
+            res_ifindex: 3,
+            gw: Some("10.123.2.3".parse().unwrap()),
+            scope: 0,
+        }];
+        let s = stuck("NEIGH_FAILED", "10.123.9.9", &fib);
+        let (hop, dev) = silent_hop(&s, &t).unwrap();
+        assert!(hop.via_gateway);
+        assert_eq!(hop.addr, "10.123.2.3".parse::<IpAddr>().unwrap());
+        assert_eq!(dev, "ens6");
     }
 
     #[test]
