@@ -31,7 +31,6 @@ const FN_DIR: &str = "kdrop-core/src/diagnosis";
 const FN_ALLOW: &[(&str, &str, usize)] = &[
     ("calico/finding.rs", "explain", 62),
     ("handshake/loopback.rs", "lb_loopback", 70),
-    ("handshake/refused.rs", "hairpin", 76),
     ("handshake/tracker.rs", "count", 69),
     ("kube/mod.rs", "classify", 71),
     ("kube_router/finding.rs", "explain", 65),

@@ -45,6 +45,12 @@ impl BridgeFacts {
             self.call_ip6tables
         }
     }
+
+    /// br_netfilter must be loaded before its switch for `a`'s family
+    /// exists to be set.
+    pub fn needs_module(&self, a: IpAddr) -> bool {
+        !self.br_netfilter_loaded && self.call_for(a).is_none()
+    }
 }
 
 /// A namespace holding a DNAT'd entry of the handshake, with what the
@@ -227,31 +233,8 @@ fn hairpin_bridge(d: &Translator, ct: &Ct) -> Option<(String, String)> {
 fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding {
     let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
     let dnat_ns = &d.exec;
-    let bridge = &d.bridge;
-    let evidence = vec![
-        r.kernel.clone(),
-        format!("conntrack: {}", ct_text(ct, &d.status)),
-        format!(
-            "the DNAT'd SYN {how}; {} is on {br}'s subnet too: the reply is bridged straight \
-             back, never routed",
-            client.ip()
-        ),
-        format!(
-            "br_netfilter {}; net.bridge.bridge-nf-call-{} = {}: bridged packets skip \
-             netfilter, so the reply is not un-DNAT'd",
-            if bridge.br_netfilter_loaded {
-                "loaded"
-            } else {
-                "not loaded"
-            },
-            call_sysctl(client.ip()),
-            bridge
-                .call_for(client.ip())
-                .map_or("absent".to_string(), |v| v.to_string())
-        ),
-    ];
     let mut fix = Vec::new();
-    if !bridge.br_netfilter_loaded && bridge.call_for(client.ip()).is_none() {
+    if d.bridge.needs_module(client.ip()) {
         fix.push(Kind::ModprobeBrNetfilter.fix("modprobe br_netfilter".to_string()));
     }
     fix.push(Kind::BridgeNfCall.fix(format!(
@@ -265,7 +248,7 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
              {} => {}) but arrived un-NAT'd: both ends are on bridge {br}",
             r.syn_ack.src, client, service, backend,
         ),
-        evidence,
+        evidence: hairpin_evidence(r, d, ct, how, br),
         fix,
         fix_or: vec![vec![
             Kind::HairpinMasquerade.fix(format!(
@@ -301,6 +284,34 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
     }
 }
 
+/// The refusal, the entry, the bridge the reply crosses and the switches
+/// that let it skip netfilter.
+fn hairpin_evidence(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Vec<String> {
+    let (client, bridge) = (ct.orig.src, &d.bridge);
+    vec![
+        r.kernel.clone(),
+        format!("conntrack: {}", ct_text(ct, &d.status)),
+        format!(
+            "the DNAT'd SYN {how}; {} is on {br}'s subnet too: the reply is bridged straight \
+             back, never routed",
+            client.ip()
+        ),
+        format!(
+            "br_netfilter {}; net.bridge.bridge-nf-call-{} = {}: bridged packets skip \
+             netfilter, so the reply is not un-DNAT'd",
+            if bridge.br_netfilter_loaded {
+                "loaded"
+            } else {
+                "not loaded"
+            },
+            call_sysctl(client.ip()),
+            bridge
+                .call_for(client.ip())
+                .map_or("absent".to_string(), |v| v.to_string())
+        ),
+    ]
+}
+
 /// The br_netfilter switch of an address's family.
 fn call_sysctl(a: IpAddr) -> &'static str {
     if a.is_ipv4() {
@@ -334,6 +345,20 @@ pub(super) fn same_subnet(a: IpAddr, b: IpAddr, len: u8) -> bool {
 mod tests {
     use super::*;
     use crate::diagnosis::handshake::tests::{tables, tuple, BITS};
+
+    /// br_netfilter is to load only when nothing of it is there: neither
+    /// the module nor the family's switch.
+    #[test]
+    fn the_module_is_needed_only_without_its_switch() {
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut b = BridgeFacts::default();
+        assert!(b.needs_module(v4));
+        b.call_iptables = Some(0);
+        assert!(!b.needs_module(v4));
+        assert!(b.needs_module("fd00::1".parse().unwrap()));
+        b.br_netfilter_loaded = true;
+        assert!(!b.needs_module("fd00::1".parse().unwrap()));
+    }
 
     fn flow(netns: u32, ifindex: u32, ct: Ct) -> Flow {
         Flow {
