@@ -37,7 +37,6 @@ const FN_ALLOW: &[(&str, &str, usize)] = &[
     ("kube_router/mod.rs", "classify", 64),
     // Another change's to make (#27): left alone here.
     ("netfilter/kernel.rs", "combine", 82),
-    ("netfilter/matching.rs", "eval", 72),
 ];
 
 /// A function's name and length in lines (its `fn` line to its closing

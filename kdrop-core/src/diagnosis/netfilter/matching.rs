@@ -92,39 +92,8 @@ impl Match {
                 neg,
                 proto,
                 ranges,
-            } => {
-                // A port match of another protocol fails whatever `!` says:
-                // iptables and nftables both require the protocol first.
-                if *proto != PROTO_TCP {
-                    return Tri::No;
-                }
-                let hit = |port: u16| ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&port));
-                let r = match dir {
-                    Dir::Src => hit(p.sport),
-                    Dir::Dst => hit(p.dport),
-                    Dir::Either => hit(p.sport) || hit(p.dport),
-                };
-                Tri::from_bool(r).negate_if(*neg)
-            }
-            Match::Iface {
-                input: false,
-                neg,
-                name,
-            } => match &p.oif {
-                // Where a forwarded packet leaves is not known here.
-                None => Tri::Maybe,
-                Some(oif) => Tri::from_bool(iface_matches(name, oif)).negate_if(*neg),
-            },
-            Match::Iface { neg, name, .. } => match &p.iif {
-                None => Tri::Maybe,
-                Some(iif) => {
-                    let hit = iface_matches(name, iif)
-                        || p.iif_master
-                            .as_deref()
-                            .is_some_and(|m| iface_matches(name, m));
-                    Tri::from_bool(hit).negate_if(*neg)
-                }
-            },
+            } => port_eval(p, *dir, *neg, *proto, ranges),
+            Match::Iface { input, neg, name } => iface_eval(p, *input, *neg, name),
             Match::TcpFlags {
                 neg,
                 mask,
@@ -140,6 +109,42 @@ impl Match {
                 Tri::from_bool(p.mark & mask == *value).negate_if(*neg)
             }
             Match::Unknown(_) => Tri::Maybe,
+        }
+    }
+}
+
+/// A TCP port match. One of another protocol fails whatever `!` says:
+/// iptables and nftables both require the protocol first.
+fn port_eval(p: &Packet, dir: Dir, neg: bool, proto: u8, ranges: &[(u16, u16)]) -> Tri {
+    if proto != PROTO_TCP {
+        return Tri::No;
+    }
+    let hit = |port: u16| ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&port));
+    let r = match dir {
+        Dir::Src => hit(p.sport),
+        Dir::Dst => hit(p.dport),
+        Dir::Either => hit(p.sport) || hit(p.dport),
+    };
+    Tri::from_bool(r).negate_if(neg)
+}
+
+/// An interface match: the input one also fits the bridge `iif` is a port
+/// of; where a forwarded packet leaves is not known here.
+fn iface_eval(p: &Packet, input: bool, neg: bool, name: &str) -> Tri {
+    if !input {
+        return match &p.oif {
+            None => Tri::Maybe,
+            Some(oif) => Tri::from_bool(iface_matches(name, oif)).negate_if(neg),
+        };
+    }
+    match &p.iif {
+        None => Tri::Maybe,
+        Some(iif) => {
+            let hit = iface_matches(name, iif)
+                || p.iif_master
+                    .as_deref()
+                    .is_some_and(|m| iface_matches(name, m));
+            Tri::from_bool(hit).negate_if(neg)
         }
     }
 }
@@ -259,6 +264,22 @@ pub(crate) mod tests {
             proto: PROTO_TCP,
             ranges: ranges.to_vec(),
         }
+    }
+
+    /// A port match of UDP fails even negated; an input interface match
+    /// fits the bridge the packet came in through; an output one is not
+    /// known for a forwarded packet.
+    #[test]
+    fn ports_and_interfaces_in_their_own_steps() {
+        let mut p = syn("10.0.0.1", 40000, "10.0.0.2", 80);
+        assert_eq!(port_eval(&p, Dir::Dst, true, 17, &[(1, 2)]), Tri::No);
+        assert_eq!(
+            port_eval(&p, Dir::Either, false, PROTO_TCP, &[(80, 80)]),
+            Tri::Yes
+        );
+        p.iif_master = Some("br0".into());
+        assert_eq!(iface_eval(&p, true, false, "br0"), Tri::Yes);
+        assert_eq!(iface_eval(&p, false, false, "br0"), Tri::Maybe);
     }
 
     #[test]
