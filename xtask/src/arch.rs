@@ -32,7 +32,6 @@ const FN_ALLOW: &[(&str, &str, usize)] = &[
     ("calico/finding.rs", "explain", 62),
     ("handshake/loopback.rs", "lb_loopback", 70),
     ("handshake/tracker.rs", "count", 69),
-    ("kube/mod.rs", "classify", 71),
     ("kube_router/finding.rs", "explain", 65),
     ("kube_router/mod.rs", "classify", 64),
     // Another change's to make (#27): left alone here.

@@ -60,24 +60,7 @@ pub fn classify(
     let remark = rule.remark();
     match rule.chain.as_str() {
         "KUBE-SERVICES" | "KUBE-EXTERNAL-SERVICES" => {
-            let svc = named(rule.svc())?;
-            let kind = match (frontend, rule.dst, rule.dst_local) {
-                (Some(f), _, _) => f.kind,
-                (None, None, true) => Kind::NodePort,
-                _ if rule.chain == "KUBE-SERVICES" => Kind::ClusterIp,
-                _ => Kind::ExternalIp,
-            };
-            if remark == "has no endpoints" {
-                Some(KubeDrop::NoEndpoints { svc, kind })
-            } else if remark == "has no local endpoints" {
-                Some(KubeDrop::NoLocalEndpoints {
-                    svc,
-                    kind,
-                    marked: false,
-                })
-            } else {
-                None
-            }
+            without_endpoints(&rule, frontend, named(rule.svc())?)
         }
         "KUBE-PROXY-FIREWALL" => Some(KubeDrop::SourceRange {
             svc: named(rule.svc())?,
@@ -85,20 +68,7 @@ pub fn classify(
         "KUBE-FORWARD" if rule.ctstate.as_deref() == Some("INVALID") => {
             Some(KubeDrop::ForwardInvalid)
         }
-        "KUBE-FIREWALL" if rule.mark.is_some() => {
-            let Some(f) = frontend else {
-                return Some(KubeDrop::Marked);
-            };
-            Some(match services.mark_drops.get(&f.svc.key()) {
-                Some(true) => KubeDrop::NoLocalEndpoints {
-                    svc: f.svc.clone(),
-                    kind: f.kind,
-                    marked: true,
-                },
-                Some(false) => KubeDrop::SourceRange { svc: f.svc.clone() },
-                None => KubeDrop::Marked,
-            })
-        }
+        "KUBE-FIREWALL" if rule.mark.is_some() => Some(marked(services, frontend)),
         "KUBE-FIREWALL" if remark.is_empty() && rule.comment.is_some() => None,
         "KUBE-FIREWALL"
             if rule.comment.as_deref() == Some("block incoming localnet connections") =>
@@ -106,6 +76,47 @@ pub fn classify(
             Some(KubeDrop::Localnet)
         }
         _ => None,
+    }
+}
+
+/// A filter rule of a Service without endpoints (`has no endpoints`) or
+/// without local ones; its kind from the frontend, else from the rule.
+fn without_endpoints(
+    rule: &KubeRule,
+    frontend: Option<&Frontend>,
+    svc: SvcPort,
+) -> Option<KubeDrop> {
+    let kind = match (frontend, rule.dst, rule.dst_local) {
+        (Some(f), _, _) => f.kind,
+        (None, None, true) => Kind::NodePort,
+        _ if rule.chain == "KUBE-SERVICES" => Kind::ClusterIp,
+        _ => Kind::ExternalIp,
+    };
+    match rule.remark() {
+        "has no endpoints" => Some(KubeDrop::NoEndpoints { svc, kind }),
+        "has no local endpoints" => Some(KubeDrop::NoLocalEndpoints {
+            svc,
+            kind,
+            marked: false,
+        }),
+        _ => None,
+    }
+}
+
+/// A packet KUBE-FIREWALL dropped for its mark: which Service marked it
+/// (no local endpoints, or a source range), when its frontend says.
+fn marked(services: &Services, frontend: Option<&Frontend>) -> KubeDrop {
+    let Some(f) = frontend else {
+        return KubeDrop::Marked;
+    };
+    match services.mark_drops.get(&f.svc.key()) {
+        Some(true) => KubeDrop::NoLocalEndpoints {
+            svc: f.svc.clone(),
+            kind: f.kind,
+            marked: true,
+        },
+        Some(false) => KubeDrop::SourceRange { svc: f.svc.clone() },
+        None => KubeDrop::Marked,
     }
 }
 

@@ -924,3 +924,27 @@ fn a_cluster_ip_rule_names_a_frontend_and_its_port() {
     assert_eq!(ports[&svc.key()], 80);
     assert_eq!(s.chains["ABC"], svc);
 }
+
+/// A mark-drop's facts: the Service the frontend names, by what its
+/// KUBE-MARK-DROP rules said of it; none without a frontend.
+#[test]
+fn a_marked_drop_is_the_services_by_its_mark_rules() {
+    use crate::diagnosis::kube::marked;
+    let svc = SvcPort::parse("ns1/svc1:p80").unwrap();
+    let f = Frontend {
+        svc: svc.clone(),
+        kind: Kind::LoadBalancer,
+    };
+    let mut s = Services::default();
+    assert_eq!(marked(&s, None), KubeDrop::Marked);
+    assert_eq!(marked(&s, Some(&f)), KubeDrop::Marked);
+    s.mark_drops.insert(svc.key(), true);
+    assert_eq!(
+        marked(&s, Some(&f)),
+        KubeDrop::NoLocalEndpoints {
+            svc,
+            kind: Kind::LoadBalancer,
+            marked: true
+        }
+    );
+}
