@@ -11,7 +11,11 @@ use super::{
     tracker::Flow,
 };
 use crate::diagnosis::fix_kinds::Kind;
-use crate::model::{finding::Finding, packet::Tuple, routing::Tables};
+use crate::model::{
+    finding::{Finding, Fix},
+    packet::Tuple,
+    routing::Tables,
+};
 
 /// One looped-back handshake, however kdrop saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,22 +47,6 @@ pub fn lb_loopback(l: &Loopback, ns: &str) -> Finding {
         client.ip(),
         l.came_back_as
     ));
-    // Short-circuit the VIP on the node, as kube-proxy does for a Service's
-    // status.loadBalancer.ingress IPs; the client's retries of the same port
-    // keep the entry made without it until it is deleted.
-    let mut fix = vec![Kind::LoopbackDnat.fix(format!(
-        "{ns}{} -t nat -I PREROUTING -s {}/{p} -d {}/{p} -p tcp --dport {} -j DNAT --to-destination {backend}",
-        iptables_for(vip.ip()),
-        client.ip(),
-        vip.ip(),
-        vip.port(),
-        p = host_prefix(vip.ip()),
-    ))];
-    fix.extend(
-        l.stale
-            .as_ref()
-            .map(|t| Kind::ConntrackDeleteEntry.fix(clear_entry(ns, t))),
-    );
     Finding {
         cause: Cause::LbLoopbackWithoutSnat,
         summary: format!(
@@ -72,7 +60,7 @@ pub fn lb_loopback(l: &Loopback, ns: &str) -> Finding {
             client.ip()
         ),
         evidence,
-        fix,
+        fix: lb_loopback_fix(l, ns),
         fix_notes: vec![
             format!(
                 "the first command serves {vip} on this node for {}, as kube-proxy does for a \
@@ -103,6 +91,27 @@ pub fn lb_loopback(l: &Loopback, ns: &str) -> Finding {
         .collect(),
         ..Finding::default()
     }
+}
+
+/// Short-circuit the VIP on the node, as kube-proxy does for a Service's
+/// status.loadBalancer.ingress IPs; the client's retries of the same port
+/// keep the entry made without it until it is deleted.
+fn lb_loopback_fix(l: &Loopback, ns: &str) -> Vec<Fix> {
+    let (client, vip, backend) = (l.client, l.vip, l.backend);
+    let mut fix = vec![Kind::LoopbackDnat.fix(format!(
+        "{ns}{} -t nat -I PREROUTING -s {}/{p} -d {}/{p} -p tcp --dport {} -j DNAT --to-destination {backend}",
+        iptables_for(vip.ip()),
+        client.ip(),
+        vip.ip(),
+        vip.port(),
+        p = host_prefix(vip.ip()),
+    ))];
+    fix.extend(
+        l.stale
+            .as_ref()
+            .map(|t| Kind::ConntrackDeleteEntry.fix(clear_entry(ns, t))),
+    );
+    fix
 }
 
 /// Seen by the tracker: the SYN to the VIP leaving (`first`) and the same
