@@ -270,32 +270,38 @@ impl Tracker {
         Dead::LoopedBack(Box::new((first, back)))
     }
 
+    /// A SYN-ACK leaving: it answers the flow it replies to, and is kept
+    /// among the SYN-ACKs seen leaving.
+    fn syn_ack(&mut self, p: &Packet) {
+        // A SYN-ACK leaving answers the flow it replies to.
+        let key = p.ct.map_or(p.tuple.reversed(), |c| c.orig);
+        if let Some(f) = self.flows.get_mut(&key) {
+            // Unless it answers another connection on the same tuple.
+            if p.isn == 0 || f.isn == 0 || p.isn == f.isn {
+                f.answered = true;
+            }
+        }
+        if self.syn_acks.len() >= MAX_FLOWS && !self.syn_acks.contains_key(&p.tuple) {
+            // A SYN-ACK flood: keep the last second's.
+            let cutoff = p.ts_ns.saturating_sub(1_000_000_000);
+            self.syn_acks.retain(|_, s| s.ts_ns >= cutoff);
+            if self.syn_acks.len() >= MAX_FLOWS {
+                self.syn_acks.clear();
+            }
+        }
+        self.syn_acks.entry(p.tuple).or_insert(SynAckSeen {
+            ts_ns: p.ts_ns,
+            netns: p.netns,
+            ifindex: p.ifindex,
+            reported: false,
+        });
+    }
+
     fn count(&mut self, p: &Packet, bits: &CtBits, retrans: bool) -> Option<Flow> {
         let syn = p.tcp_flags & TCP_SYN != 0;
         let ack = p.tcp_flags & TCP_ACK != 0;
         if syn && ack {
-            // A SYN-ACK leaving answers the flow it replies to.
-            let key = p.ct.map_or(p.tuple.reversed(), |c| c.orig);
-            if let Some(f) = self.flows.get_mut(&key) {
-                // Unless it answers another connection on the same tuple.
-                if p.isn == 0 || f.isn == 0 || p.isn == f.isn {
-                    f.answered = true;
-                }
-            }
-            if self.syn_acks.len() >= MAX_FLOWS && !self.syn_acks.contains_key(&p.tuple) {
-                // A SYN-ACK flood: keep the last second's.
-                let cutoff = p.ts_ns.saturating_sub(1_000_000_000);
-                self.syn_acks.retain(|_, s| s.ts_ns >= cutoff);
-                if self.syn_acks.len() >= MAX_FLOWS {
-                    self.syn_acks.clear();
-                }
-            }
-            self.syn_acks.entry(p.tuple).or_insert(SynAckSeen {
-                ts_ns: p.ts_ns,
-                netns: p.netns,
-                ifindex: p.ifindex,
-                reported: false,
-            });
+            self.syn_ack(p);
             return None;
         }
         if !syn {
