@@ -69,7 +69,7 @@ pub fn explain(
     a: &Attribution,
     f: &DropFacts,
 ) -> (Finding, PolicyDrop) {
-    let evaluated: Vec<String> = d.policies.iter().map(policy_phrase).collect();
+    let drop = policy_drop(d, c, a);
     let protected = match (c.protected, &d.pod) {
         (None, Some(p)) => format!("pod {p}"),
         _ => pod_phrase(c.protected, c.protected_addr),
@@ -81,10 +81,10 @@ pub fn explain(
         d.direction.preposition(),
         peer_phrase(c.peer),
         c.port,
-        if evaluated.is_empty() {
+        if drop.evaluated.is_empty() {
             "no policy chain found".to_string()
         } else {
-            format!("evaluated {}", evaluated.join(", "))
+            format!("evaluated {}", drop.evaluated.join(", "))
         }
     );
     let mut evidence = vec![reason_evidence(f), format!("method: {}", a.method)];
@@ -99,7 +99,22 @@ pub fn explain(
         d.direction.name()
     ));
     evidence.extend(a.evidence.iter().cloned());
-    let drop = PolicyDrop {
+    let finding = Finding {
+        cause: Cause::NetworkPolicyDenied,
+        summary,
+        evidence,
+        fix: Vec::new(),
+        fix_or: Vec::new(),
+        fix_notes: notes(d, c),
+        inspect: inspect(d, c),
+    };
+    (finding, drop)
+}
+
+/// The drop's facts in the engines' shared terms: no policy of the pod's
+/// allowed it, and which were evaluated.
+pub(super) fn policy_drop(d: &KubeRouterDrop, c: &Conn, a: &Attribution) -> PolicyDrop {
+    PolicyDrop {
         engine: "kube-router",
         dataplane: match a.backend {
             Some(Backend::Nftables) => "nftables",
@@ -118,16 +133,6 @@ pub fn explain(
         interface: None,
         chain: a.chain.clone().unwrap_or_else(|| d.pod_chain.clone()),
         policy: None,
-        evaluated,
-    };
-    let finding = Finding {
-        cause: Cause::NetworkPolicyDenied,
-        summary,
-        evidence,
-        fix: Vec::new(),
-        fix_or: Vec::new(),
-        fix_notes: notes(d, c),
-        inspect: inspect(d, c),
-    };
-    (finding, drop)
+        evaluated: d.policies.iter().map(policy_phrase).collect(),
+    }
 }

@@ -240,6 +240,29 @@ fn the_finding_in_kubernetes_terms() {
     assert_eq!(f.inspect[0], "kubectl get networkpolicy -n kdt-db -o yaml");
 }
 
+/// The drop's facts before any words: the pods, the chain, the policies
+/// evaluated.
+#[test]
+fn the_policy_drop_facts() {
+    let a = rejected_by(DB_FW);
+    let d = classify(&a, &tables(), ip(CART), ip(DB)).unwrap();
+    let db = pod("kdt-db", "db-0", "db");
+    let peer = Peer::Pod(pod("kdt-shop", "cart-5d8c7b9f4-q7xkz", "cart"));
+    let conn = Conn {
+        protected: Some(&db),
+        peer: &peer,
+        protected_addr: ip(DB),
+        peer_addr: ip(CART),
+        port: 5432,
+    };
+    let p = super::finding::policy_drop(&d, &conn, &a);
+    assert_eq!((p.engine, p.verdict), ("kube-router", "no_policy_allowed"));
+    assert_eq!(p.protected_pod.as_deref(), Some("kdt-db/db-0"));
+    assert_eq!(p.port, 5432);
+    assert_eq!(p.endpoint_chain, d.pod_chain);
+    assert_eq!(p.evaluated.len(), 1);
+}
+
 /// kube-router's nftables dataplane: two-pods.nft.in loaded by nft and
 /// listed back (`nft -j list ruleset`).
 mod nftables {
