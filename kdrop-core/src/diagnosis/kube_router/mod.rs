@@ -197,26 +197,54 @@ pub fn classify(
         .flat_map(|c| c.rules.iter().map(move |r| (c, r)))
         .filter_map(|(c, r)| Line::of(backend, &c.name, &r.text))
         .collect();
-    // The pod's address: the jumps into its chain match it, and so does
-    // the chain's own "from local node" accept.
+    let (direction, pod_addr) = direction_of(&lines, chain, src, dst)?;
+    let pod_ns = pod
+        .as_deref()
+        .and_then(|p| p.split_once('/'))
+        .map(|(n, _)| n);
+    let policies = policies_of(&lines, chain, direction, pod_ns);
+    Some(KubeRouterDrop {
+        direction,
+        pod_chain: chain.to_string(),
+        pod,
+        pod_addr,
+        policies,
+    })
+}
+
+/// Which way the packet crossed the pod's firewall chain, and the pod's
+/// address: the jumps into its chain match it, and so does the chain's own
+/// "from local node" accept.
+fn direction_of(
+    lines: &[Line],
+    chain: &str,
+    src: IpAddr,
+    dst: IpAddr,
+) -> Option<(Direction, IpAddr)> {
     let addrs: Vec<IpAddr> = lines
         .iter()
         .filter(|l| l.target == chain || l.chain == chain)
         .flat_map(|l| [l.src, l.dst])
         .flatten()
         .collect();
-    let (direction, pod_addr) = if addrs.contains(&dst) {
-        (Direction::Ingress, dst)
+    if addrs.contains(&dst) {
+        Some((Direction::Ingress, dst))
     } else if addrs.contains(&src) {
-        (Direction::Egress, src)
+        Some((Direction::Egress, src))
     } else {
-        return None;
-    };
-    let pod_ns = pod
-        .as_deref()
-        .and_then(|p| p.split_once('/'))
-        .map(|(n, _)| n);
-    let policies = lines
+        None
+    }
+}
+
+/// The policy chains the pod's firewall chain jumps to for `direction`,
+/// with the NetworkPolicy each names.
+fn policies_of(
+    lines: &[Line],
+    chain: &str,
+    direction: Direction,
+    pod_ns: Option<&str>,
+) -> Vec<PolicyChain> {
+    lines
         .iter()
         .filter(|l| l.chain == chain && l.target.starts_with(POLICY))
         .filter(|l| !OWN_CHAINS.contains(&l.target.as_str()))
@@ -228,14 +256,7 @@ pub fn classify(
             chain: l.target.clone(),
             policy: l.comment.as_deref().and_then(|c| policy_of(c, pod_ns)),
         })
-        .collect();
-    Some(KubeRouterDrop {
-        direction,
-        pod_chain: chain.to_string(),
-        pod,
-        pod_addr,
-        policies,
-    })
+        .collect()
 }
 
 #[cfg(test)]

@@ -263,6 +263,30 @@ fn the_policy_drop_facts() {
     assert_eq!(p.evaluated.len(), 1);
 }
 
+/// The direction's facts: the pod's address is what the jumps into its
+/// chain match, the destination for ingress, the source for egress.
+#[test]
+fn the_direction_is_where_the_pods_address_is() {
+    let chain = "KUBE-POD-FW-ABC";
+    let jump = Line {
+        chain: "KUBE-ROUTER-FORWARD".into(),
+        comment: None,
+        target: chain.into(),
+        src: None,
+        dst: Some(ip(DB)),
+    };
+    let lines = [jump];
+    assert_eq!(
+        direction_of(&lines, chain, ip(CART), ip(DB)),
+        Some((Direction::Ingress, ip(DB)))
+    );
+    assert_eq!(
+        direction_of(&lines, chain, ip(DB), ip(CART)),
+        Some((Direction::Egress, ip(DB)))
+    );
+    assert_eq!(direction_of(&lines, chain, ip(CART), ip(CART)), None);
+}
+
 /// kube-router's nftables dataplane: two-pods.nft.in loaded by nft and
 /// listed back (`nft -j list ruleset`).
 mod nftables {
