@@ -174,6 +174,27 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
     }
     evidence.extend(a.evidence.iter().cloned());
     let drop = PolicyDrop {
+        tier,
+        policy,
+        evaluated,
+        ..policy_drop(d, c, a)
+    };
+    let finding = Finding {
+        cause: Cause::NetworkPolicyDenied,
+        summary,
+        evidence,
+        fix: Vec::new(),
+        fix_or: Vec::new(),
+        fix_notes: notes(d, c),
+        inspect: inspect(c),
+    };
+    (finding, drop)
+}
+
+/// The drop's facts in the engines' shared terms, but for the tier, the
+/// policy and the policies evaluated (`what` finds them with its words).
+pub(super) fn policy_drop(d: &CalicoDrop, c: &Conn, a: &Attribution) -> PolicyDrop {
+    PolicyDrop {
         engine: "calico",
         dataplane: match a.backend {
             Some(Backend::Nftables) => "nftables",
@@ -187,21 +208,11 @@ pub fn explain(d: &CalicoDrop, c: &Conn, a: &Attribution, f: &DropFacts) -> (Fin
         peer_addr: c.peer_addr.to_string(),
         port: c.port,
         protocol: "TCP",
-        tier,
+        tier: None,
         endpoint_chain: d.endpoint_chain.clone(),
         interface: d.iface.clone(),
         chain: a.chain.clone().unwrap_or_else(|| d.endpoint_chain.clone()),
-        policy,
-        evaluated,
-    };
-    let finding = Finding {
-        cause: Cause::NetworkPolicyDenied,
-        summary,
-        evidence,
-        fix: Vec::new(),
-        fix_or: Vec::new(),
-        fix_notes: notes(d, c),
-        inspect: inspect(c),
-    };
-    (finding, drop)
+        policy: None,
+        evaluated: Vec::new(),
+    }
 }

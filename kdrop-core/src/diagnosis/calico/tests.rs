@@ -535,3 +535,24 @@ fn policy_groups() {
         matches!(d.ended, Ended::Denied { ref tier, .. } if tier.as_deref() == Some("default"))
     );
 }
+
+/// The drop's facts before any words: the engine, the pods, the chains.
+#[test]
+fn the_policy_drop_facts() {
+    let d = classified("cali-tw-calib3b2b0cd317", 11, "eth0", None);
+    let a = attributed("cali-tw-calib3b2b0cd317", 11);
+    let db = pod("data", "db-0", &[("app", "db")]);
+    let peer = Peer::Pod(pod("shop", "cart", &[("app", "cart")]));
+    let conn = Conn {
+        protected: Some(&db),
+        peer: &peer,
+        protected_addr: "10.244.9.3".parse().unwrap(),
+        peer_addr: "10.244.9.2".parse().unwrap(),
+        port: 5432,
+    };
+    let p = super::finding::policy_drop(&d, &conn, &a);
+    assert_eq!((p.engine, p.dataplane), ("calico", "iptables"));
+    assert_eq!(p.protected_pod.as_deref(), Some("data/db-0"));
+    assert_eq!(p.endpoint_chain, "cali-tw-calib3b2b0cd317");
+    assert_eq!(p.port, 5432);
+}
