@@ -116,55 +116,63 @@ fn code_chars(line: &str) -> Vec<char> {
     out
 }
 
-/// Functions over `MAX_FN_LINES` under `FN_DIR` that `FN_ALLOW` does not
-/// excuse, allowed ones that grew, and entries no longer needed.
-fn check_fn_lengths(root: &Path, problems: &mut Vec<String>) -> Result<()> {
-    let dir = root.join(FN_DIR);
-    let mut files = Vec::new();
-    rust_files(&dir, &mut files)?;
-    files.sort();
+/// The problems with functions' lengths: one over `MAX_FN_LINES` that
+/// `allow` does not list, one that grew past its entry, an entry no longer
+/// needed. `fns`: file (under `FN_DIR`), name, lines.
+pub fn fn_problems(fns: &[(String, String, usize)], allow: &[(&str, &str, usize)]) -> Vec<String> {
+    let mut problems = Vec::new();
     let mut used = BTreeSet::new();
-    // A `tests.rs` (`nft_tests.rs`) is its parent's `#[cfg(test)] mod tests;`.
-    let tests = |f: &&PathBuf| {
-        f.file_stem()
-            .is_some_and(|s| s.to_string_lossy().ends_with("tests"))
-    };
-    for f in files.iter().filter(|f| !tests(f)) {
-        let rel = f.strip_prefix(&dir).unwrap_or(f).display().to_string();
-        let src = fs::read_to_string(f)?;
-        for (name, n) in fn_lengths(non_test(&src)) {
-            if n <= MAX_FN_LINES {
-                continue;
-            }
-            let allowed = FN_ALLOW
-                .iter()
-                .find(|(file, fun, _)| *file == rel && *fun == name);
-            match allowed {
-                Some(&(_, _, max)) if n <= max => {
-                    used.insert((rel.clone(), name));
-                }
-                Some(&(_, _, max)) => problems.push(format!(
-                    "{FN_DIR}/{rel}: fn {name} is {n} lines, grown past its allowed {max}"
-                )),
-                None => problems.push(format!(
-                    "{FN_DIR}/{rel}: fn {name} is {n} lines (at most {MAX_FN_LINES}): \
-                     split its facts from its words"
-                )),
-            }
+    for (rel, name, n) in fns.iter().filter(|(_, _, n)| *n > MAX_FN_LINES) {
+        let entry = allow.iter().find(|(f, fun, _)| f == rel && fun == name);
+        if entry.is_some() {
+            used.insert((rel.as_str(), name.as_str()));
+        }
+        match entry {
+            Some(&(_, _, max)) if *n <= max => {}
+            Some(&(_, _, max)) => problems.push(format!(
+                "{FN_DIR}/{rel}: fn {name} is {n} lines, grown past its allowed {max}"
+            )),
+            None => problems.push(format!(
+                "{FN_DIR}/{rel}: fn {name} is {n} lines (at most {MAX_FN_LINES}): \
+                 split its facts from its words"
+            )),
         }
     }
-    for (file, fun, _) in FN_ALLOW {
-        if !used.contains(&(file.to_string(), fun.to_string())) {
+    for (file, fun, _) in allow {
+        if !used.contains(&(*file, *fun)) {
             problems.push(format!(
                 "xtask/src/arch.rs FN_ALLOW: {file} fn {fun} is within {MAX_FN_LINES} lines \
                  (or gone): remove its entry"
             ));
         }
     }
+    problems
+}
+
+/// `fn_problems` over the non-test functions of `FN_DIR`'s files, with
+/// `FN_ALLOW`; what is still allowed is said, to stay visible.
+fn check_fn_lengths(root: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let dir = root.join(FN_DIR);
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files)?;
+    files.sort();
+    // A `tests.rs` (`nft_tests.rs`) is its parent's `#[cfg(test)] mod tests;`.
+    let tests = |f: &&PathBuf| {
+        f.file_stem()
+            .is_some_and(|s| s.to_string_lossy().ends_with("tests"))
+    };
+    let mut fns = Vec::new();
+    for f in files.iter().filter(|f| !tests(f)) {
+        let rel = f.strip_prefix(&dir).unwrap_or(f).display().to_string();
+        let src = fs::read_to_string(f)?;
+        for (name, n) in fn_lengths(non_test(&src)) {
+            fns.push((rel.clone(), name, n));
+        }
+    }
+    problems.extend(fn_problems(&fns, FN_ALLOW));
     if !FN_ALLOW.is_empty() {
         eprintln!(
-            "xtask: {} functions in {FN_DIR} still over {MAX_FN_LINES} lines (FN_ALLOW): {}",
-            FN_ALLOW.len(),
+            "xtask: still over {MAX_FN_LINES} lines in {FN_DIR} (FN_ALLOW): {}",
             FN_ALLOW
                 .iter()
                 .map(|(f, n, l)| format!("{f} {n} ({l})"))
@@ -526,6 +534,28 @@ mod tests {
                 ("inner".to_string(), 1)
             ]
         );
+    }
+
+    #[test]
+    fn long_functions_are_listed_or_refused() {
+        let f = |file: &str, name: &str, n: usize| (file.to_string(), name.to_string(), n);
+        let fns = [
+            f("a.rs", "short", MAX_FN_LINES),
+            f("a.rs", "long", 80),
+            f("b.rs", "listed", 70),
+            f("b.rs", "grown", 75),
+        ];
+        let allow = [
+            ("b.rs", "listed", 70),
+            ("b.rs", "grown", 72),
+            ("c.rs", "split", 90),
+        ];
+        let got = fn_problems(&fns, &allow);
+        assert_eq!(got.len(), 3, "{got:#?}");
+        assert!(got[0].contains("a.rs: fn long is 80 lines (at most 60)"));
+        assert!(got[1].contains("b.rs: fn grown is 75 lines, grown past its allowed 72"));
+        assert!(got[2].contains("FN_ALLOW: c.rs fn split"));
+        assert!(fn_problems(&fns[..1], &[]).is_empty());
     }
 
     #[test]
