@@ -93,6 +93,9 @@ pub fn combine(
                 .into(),
         );
         if let Some(c) = counted.filter(|c| c.dropped_by == DroppedBy::Conntrack) {
+            // The statistics too, not only their lines: they tell a full
+            // table from a failed insert (`diagnosis::conntrack::explain`).
+            a.conntrack = c.conntrack;
             a.evidence.extend(c.evidence);
         }
         return Some(a);
@@ -243,6 +246,31 @@ mod tests {
         assert!(a.evidence[1].contains("rules out"), "{:?}", a.evidence);
         let a = combine(&vs, 1_000_000, &rung, None).unwrap();
         assert!(a.evidence[1].starts_with("no rule"), "{:?}", a.evidence);
+    }
+
+    /// nf_conntrack_in's verdict with conntrack's statistics moved: the
+    /// attribution keeps the statistics (a full table is told from them),
+    /// as it did before kprobe kernels gave a verdict (found on 6.1).
+    #[test]
+    fn conntracks_verdict_keeps_the_statistics() {
+        use crate::model::netfilter::ConntrackStats;
+        let stats = |drop| ConntrackStats {
+            drop,
+            count: Some(2),
+            max: Some(2),
+            ..ConntrackStats::default()
+        };
+        let counted =
+            crate::diagnosis::netfilter::describe::conntrack_attribution(stats(1), stats(2));
+        let ct = v(NfFn::ConntrackIn, None, Some(Hook::Prerouting));
+        let a = combine(&[ct], 1_005_000, &rung, Some(counted)).unwrap();
+        assert_eq!(a.dropped_by, DroppedBy::Conntrack);
+        let moved = a.conntrack.expect("the statistics");
+        assert_eq!((moved.before.drop, moved.after.drop), (1, 2));
+        assert_eq!(
+            a.evidence.last().unwrap(),
+            "conntrack table: 2 entries of nf_conntrack_max 2"
+        );
     }
 
     /// NF_DROP_ERR(x) is `((-x) << 16) | NF_DROP` (include/uapi/linux/
