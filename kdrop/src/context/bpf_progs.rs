@@ -206,6 +206,13 @@ fn query(
     }
     match bpf(BPF_PROG_QUERY, &mut attr) {
         Ok(_) => {}
+        // link_ids came with tcx (6.6): an older kernel refuses any
+        // attribute past the fields it knows (CHECK_ATTR) with EINVAL, so
+        // a cgroup hook looked empty there (found on 6.1). Ask again
+        // without it.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && links => {
+            return query(target, attach_type, flags, false);
+        }
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
         Err(e) => return Err(e).context("BPF_PROG_QUERY"),
     }
