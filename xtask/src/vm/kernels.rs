@@ -47,29 +47,44 @@ pub struct Kernel {
     pub ci: &'static [&'static str],
 }
 
-/// On every kernel: the oracle (reasons, tracepoint arguments and program
-/// types against `bpftool btf dump`), the DaemonSet's capabilities (5.10
-/// charges maps to RLIMIT_MEMLOCK), every rung of every point, the verdict
-/// points, and incidents 1, 3 and 2 (the kernel's reverse lookup, its
-/// martian check and its hairpin, which each kernel reports differently).
+/// On every kernel, each for what differs between kernels (the rest of
+/// the suite runs on the host, and on every kernel with `cargo xtask vm`).
 macro_rules! every_kernel {
     ($($more:literal),* $(,)?) => {
         &[
+            // The kernel's reasons, tracepoint arguments and program types
+            // against its own BTF (`bpftool btf dump`): the oracle the other
+            // tests expect by.
             "oracle",
+            // The DaemonSet's capabilities: 5.10 charges maps to
+            // RLIMIT_MEMLOCK, later kernels to the memory cgroup.
             "caps",
+            // The netfilter verdict points: kretprobe or fexit, module BTF
+            // or none, NF_DROP or a free inside nft_do_chain, per kernel.
             "nf_verdicts",
+            // Every rung of skb:kfree_skb this kernel attaches (tp_btf,
+            // raw_tp, tracepoint): each a program its verifier must take.
             "drops::every_attachable_rung_reports_the_drop",
+            // The plainest drop: NO_SOCKET, or no reason before 5.17.
             "drops::syn_to_closed_port_is_no_socket_v4_and_v6",
+            // Incident 1: fib_validate_source's result by fexit (6.12) or
+            // kretprobe (5.10, 6.1), IP_RPFILTER only since 5.18.
             "routing::incident1_names_rule_route_and_rp_filter_and_the_sysctl_fix_works",
+            // Incident 3: the martian check, named by the kernel only since
+            // 6.13 (IP_LOCAL_SOURCE): derived on every kernel of the matrix.
             "routing::incident3_local_source_martian_and_its_fix",
+            // Incident 2: the hairpin's SYN-ACK freed by tcp_v4_rcv, its NAT
+            // entry read off skb->_nfct with this kernel's nf_conn layout.
             "conntrack::incident2_hairpin_syn_ack_skips_reverse_nat_and_the_masquerade_fix_works",
             // Silent deaths seen from the node alone: tcp_retransmit_synack's
-            // request socket and its rcv_isn offset, a repeated SYN's free
-            // (reason or none), the filtered conntrack dump (CTA_FILTER, 5.9+).
+            // request socket and its rcv_isn offset (this kernel's layout),
+            // a repeated SYN's free (reason or none).
             "silent::a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_1s",
             "silent::a_lost_syn_ack_seen_from_the_servers_namespace_alone_client_giving_up_after_3s",
-            // kube-proxy's rules restored whole: --port 80 follows its node port.
+            // Incident 4 by the Service port: kube-proxy's rules restored
+            // whole, the node's conntrack dump filtered by CTA_FILTER (5.9+).
             "incidents_traced::incident4_node_alone_by_the_service_port_with_kube_proxy_1s",
+            // ctnetlink's messages and attributes, which grew by version.
             "ctnetlink",
             $($more),*
         ]
@@ -82,12 +97,16 @@ pub const KERNELS: &[Kernel] = &[
         arch: Arch::X86_64,
         suite: "bullseye",
         // No drop reasons: every cause is derived (the return code of
-        // fib_validate_source, nf_hook_slow, tcp_v4_rcv), the filter has no
-        // reason to go on (e3d0820 was found here), no module BTF.
+        // fib_validate_source, nf_hook_slow, tcp_v4_rcv); no module BTF.
         ci: every_kernel!(
+            // The filter has no reason to go on (e3d0820 was found here).
             "drops::non_handshake_drops_need_all_flags",
+            // conntrack's INVALID on the way back, without a reason.
             "conntrack::incident5_asymmetric_return_path_and_its_fix",
+            // A rule's drop known only from nf_hook_slow and ipt_do_table's
+            // verdict (no NETFILTER_DROP).
             "netfilter::input_drop_legacy",
+            // conntrack's INVALID dropped by a rule, told without a reason.
             "netfilter::conntrack_invalid_legacy",
         ),
     },
@@ -95,12 +114,21 @@ pub const KERNELS: &[Kernel] = &[
         name: "6.1",
         arch: Arch::X86_64,
         suite: "bookworm",
-        // Drop reasons and module BTF: nft_do_chain's verdict by kretprobe;
-        // tracefs not mounted in the guest; conntrack's insert failure.
+        // Drop reasons and module BTF, nft_do_chain still returning NF_DROP.
         ci: every_kernel!(
+            // The classic tracepoint rung alone, tracefs unmounted: kdrop
+            // mounts it and reads the `reason` field from this kernel's
+            // format file (every_kernel's rung test covers the others).
             "drops::tracepoint_rung_mounts_tracefs_when_needed",
+            // nft_do_chain's verdict by kretprobe with the module's BTF:
+            // only 6.1 of the matrix has both (5.10 no module BTF, 6.12
+            // frees inside nft_do_chain).
             "netfilter::nft_rule_drop",
+            // The same for iptables-nft's rules.
             "netfilter::input_drop_nft",
+            // conntrack's insert failure (__nf_conntrack_confirm): its
+            // statistics, not a verdict, name it, with this kernel's
+            // nf_conn layout for the clashing entry.
             "conntrack::snat_port_clash_is_conntrack_insert_failed_and_widening_the_range_fixes_it",
         ),
     },
@@ -108,9 +136,15 @@ pub const KERNELS: &[Kernel] = &[
         name: "6.12",
         arch: Arch::X86_64,
         suite: "trixie",
-        // fib_validate_source by fexit; nft_do_chain frees the packet itself
-        // (NF_STOLEN, no NF_DROP verdict).
-        ci: every_kernel!("netfilter::nft_rule_drop", "netfilter::input_drop_legacy"),
+        // fib_validate_source by fexit (every_kernel's routing tests).
+        ci: every_kernel!(
+            // nft_do_chain frees the packet itself (NF_STOLEN, no NF_DROP
+            // verdict): the allowed skip, and the rule named by counters.
+            "netfilter::nft_rule_drop",
+            // The rule walker whose verdict still comes on 6.12:
+            // ipt_do_table by kretprobe.
+            "netfilter::input_drop_legacy",
+        ),
     },
     Kernel {
         name: "6.1",
@@ -126,7 +160,9 @@ pub const KERNELS: &[Kernel] = &[
         name: "6.12",
         arch: Arch::Arm64,
         suite: "trixie",
-        // On demand (`--arch arm64 --kernel 6.12`), with trixie's userland.
+        // On demand (`--arch arm64 --kernel 6.12`), with trixie's userland:
+        // x86_64 6.12's, for the same reasons, with arm64's pt_regs and
+        // trampolines (fexit attaches there since 6.4).
         ci: every_kernel!("netfilter::nft_rule_drop", "netfilter::input_drop_legacy"),
     },
 ];
