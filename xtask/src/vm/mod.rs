@@ -27,6 +27,7 @@ mod guest;
 mod kernels;
 mod log;
 mod plan;
+pub mod record;
 pub use kernels::*;
 pub use log::*;
 
@@ -72,6 +73,16 @@ pub struct Options {
 
 pub fn run(opts: &Options) -> Result<()> {
     let kernels = select(&opts.kernels, opts.arch)?;
+    // The whole suite: its passes are recorded (`record`), with the
+    // kernel-facing files as they were before the build.
+    let whole = !opts.ci && opts.tests.is_empty() && opts.args.is_empty();
+    let before = if whole {
+        record::tree()
+            .map_err(|e| eprintln!("xtask vm: this run will not be recorded: {e:#}"))
+            .ok()
+    } else {
+        None
+    };
     let specs_of = |k: &Kernel| -> Vec<String> {
         if opts.ci {
             k.ci.iter().map(|t| t.to_string()).collect()
@@ -121,7 +132,11 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     // The plain closing lines CI reads: one per kernel.
     for r in &results {
-        println!("vm {} {}: {}", r.kernel, r.release, r.tally.line());
+        let closing = format!("vm {} {}: {}", r.kernel, r.release, r.tally.line());
+        println!("{closing}");
+        if let (Some(before), true) = (&before, r.ok()) {
+            record::write(before, &r.kernel, r.total.as_secs(), &closing)?;
+        }
     }
     let bad: Vec<&str> = results
         .iter()
