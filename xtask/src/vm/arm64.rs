@@ -235,7 +235,7 @@ pub(super) fn run(
             booted.release,
             console_path.display()
         );
-        let times = console::watch(&mut cmd, &k.label(), &console_path)?;
+        let times = console::watch(&mut cmd, &k.label(), &console_path, opts.timeout())?;
         results.push(console::result(k, &booted, &out, times));
     }
     Ok(results)

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{is_kernel_message, reasons_of, rung_of, Booted, Kernel, VmResult, VM_TIMEOUT};
+use super::{is_kernel_message, reasons_of, rung_of, Booted, Kernel, VmResult};
 
 /// Runs `cmd` (vng, or qemu itself) until the guest powers off, its output
 /// into `console_path`; returns when the guest printed `xtask-vm: guest up`
@@ -22,6 +22,7 @@ pub(super) fn watch(
     cmd: &mut Command,
     label: &str,
     console_path: &Path,
+    timeout: Duration,
 ) -> Result<(Option<Duration>, Duration)> {
     let mut console = fs::File::create(console_path)?;
     cmd.stdin(Stdio::null())
@@ -70,7 +71,7 @@ pub(super) fn watch(
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if started.elapsed() > VM_TIMEOUT {
+        if started.elapsed() > timeout {
             timed_out = true;
             // SAFETY: kill(2) on the process group we created.
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
@@ -82,7 +83,7 @@ pub(super) fn watch(
         let _ = r.join();
     }
     if timed_out {
-        eprintln!("xtask vm: {label} timed out after {VM_TIMEOUT:?}");
+        eprintln!("xtask vm: {label} timed out after {timeout:?}");
     }
     eprintln!(
         "xtask vm: {label}'s {} exited: {status}",

@@ -2,7 +2,7 @@
 //! those that must run alone first, the rest in lanes.
 use std::path::Path;
 
-use super::{Planned, TIME_SCALE};
+use super::{Planned, GUEST_CONTROL_HANDSHAKES, TIME_SCALE};
 
 /// Modules the suite's namespaces and rules need. Debian builds them as
 /// modules; the kernel would autoload most, loading them up front makes a
@@ -63,6 +63,9 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
     // TCG runs kdrop's startup several times slower than the host, and the
     // tests start many at once: stretch the harness's bounds.
     s.push_str(&format!("export KDROP_TEST_TIME_SCALE={TIME_SCALE}\n"));
+    s.push_str(&format!(
+        "export KDROP_CONTROL_HANDSHAKES={GUEST_CONTROL_HANDSHAKES}\n"
+    ));
     // Each test's time in the log (libtest's --report-time, unstable: the
     // guest runs no compiler, the variable only unlocks the flag), so a
     // subset that outgrows CI's budget shows which test did.
