@@ -42,6 +42,15 @@ pub(super) fn quote(s: &str) -> String {
 /// table.
 const ALONE: &[&str] = &["nf_verdicts", "conntrack_table"];
 
+/// Test files that must not run beside each other, so one lane runs them
+/// one after the other: each traces incident 5's Service port (80) in
+/// every namespace with the same addresses (172.17.0.50 -> 10.1.58.158 and
+/// their IPv6 twins), so each kdrop also sees the other file's packets. In
+/// 6.1's second whole-suite run they overlapped and four tests named the
+/// other file's device (`sent out c0` for `eth0`); the host runs files one
+/// at a time.
+const SAME_LANE: &[&[&str]] = &[&["incidents_traced", "ipv6"]];
+
 /// How many test files a guest runs at once after the `ALONE` ones. The
 /// tests wait on retransmissions between kdrop starts that keep the vCPUs
 /// busy: two lanes overlap those waits (5.10's subset: 344 s -> 245 s).
@@ -126,11 +135,26 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
     // end close together (the whole files of the CI subsets, oracle and
     // caps, are short: they count as one).
     queued.sort_by_key(|t| std::cmp::Reverse(t.names.len().max(1)));
-    for (i, t) in queued.iter().enumerate() {
-        s.push_str(&format!(
-            "  echo {} > \"$out/queue/{i:02}.sh\"\n",
-            quote(&command(t))
-        ));
+    // A job is one file, or the files of a SAME_LANE group in a row (at
+    // the place of its first).
+    let group = |f: &str| SAME_LANE.iter().position(|g| g.contains(&f));
+    let mut jobs: Vec<Vec<&Planned>> = Vec::new();
+    for t in queued {
+        let joined =
+            group(&t.file).and_then(|g| jobs.iter_mut().find(|j| group(&j[0].file) == Some(g)));
+        match joined {
+            Some(j) => j.push(t),
+            None => jobs.push(vec![t]),
+        }
+    }
+    for (i, job) in jobs.iter().enumerate() {
+        for (n, t) in job.iter().enumerate() {
+            s.push_str(&format!(
+                "  echo {} {} \"$out/queue/{i:02}.sh\"\n",
+                quote(&command(t)),
+                if n == 0 { ">" } else { ">>" }
+            ));
+        }
     }
     for _ in 0..LANES {
         s.push_str("  lane &\n");
@@ -176,6 +200,41 @@ mod tests {
         assert!(s.contains(r"'\''a'\'' '\''b'\'' '\''c'\'' --exact"));
         assert_eq!(s.matches("  lane &\n").count(), LANES);
         assert!(s.find("  wait\n").unwrap() < s.find("$out/status").unwrap());
+    }
+
+    #[test]
+    fn same_lane_files_share_one_job() {
+        let planned = |file: &str| Planned {
+            file: file.to_string(),
+            exe: PathBuf::from(format!("/x/test-{file}")),
+            names: Vec::new(),
+        };
+        let tests = [
+            planned("drops"),
+            planned("incidents_traced"),
+            planned("ipv6"),
+            planned("routing"),
+        ];
+        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[]);
+        let jobs: Vec<(&str, &str)> = s
+            .lines()
+            .filter(|l| l.contains("/queue/"))
+            .filter_map(|l| {
+                let file = l.split("/x/test-").nth(1)?.split('\'').next()?;
+                let job = l.split("/queue/").nth(1)?.split('.').next()?;
+                Some((job, file))
+            })
+            .collect();
+        assert_eq!(
+            jobs,
+            [
+                ("00", "drops"),
+                ("01", "incidents_traced"),
+                ("01", "ipv6"),
+                ("02", "routing")
+            ]
+        );
+        assert!(s.contains(" >> \"$out/queue/01.sh\""));
     }
 
     #[test]
