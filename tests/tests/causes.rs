@@ -186,6 +186,17 @@ fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
 
 #[test]
 fn a_final_ack_refused_by_a_full_queue_is_a_handshake_packet() {
+    // Not on 5.10 yet: there the two requests never waited in SYN-RECV
+    // behind the backlog-1 listener (2026-11-28), so the refusal was not
+    // set up; the listen watch's path below was not reached.
+    if !kernel_has_drop_reasons() {
+        skip(
+            "a_final_ack_refused_by_a_full_queue_is_a_handshake_packet",
+            "no-drop-reasons",
+            "the cause is told from the kernel's drop reason",
+        );
+        return;
+    }
     let p = Pair::new("lack", 194);
     p.server.sysctl("net/core/somaxconn", "4096").unwrap();
     let at = p.server_v4(7194);
