@@ -82,23 +82,9 @@ pub fn combine(
     rung: &dyn Fn(NfFn) -> String,
     counted: Option<Attribution>,
 ) -> Option<Attribution> {
-    let method = |v: &NfVerdict| format!("kernel verdict ({} on {})", rung(v.func), v.func.name());
-    let evidence = |v: &NfVerdict| line(v, &rung(v.func), drop_ts_ns);
+    let say = Say { drop_ts_ns, rung };
     if let Some(v) = find(verdicts, NfFn::ConntrackIn) {
-        let mut a = bare(DroppedBy::Conntrack, method(v), v);
-        a.evidence.push(evidence(v));
-        a.evidence.push(
-            "conntrack refuses a packet when it cannot create its entry: the table is full \
-             (nf_conntrack_max) or memory ran out"
-                .into(),
-        );
-        if let Some(c) = counted.filter(|c| c.dropped_by == DroppedBy::Conntrack) {
-            // The statistics too, not only their lines: they tell a full
-            // table from a failed insert (`diagnosis::conntrack::explain`).
-            a.conntrack = c.conntrack;
-            a.evidence.extend(c.evidence);
-        }
-        return Some(a);
+        return Some(conntrack_refused(&say, v, counted));
     }
     let nat = find(verdicts, NfFn::Nat);
     let Some(w) = walker(verdicts) else {
@@ -106,8 +92,8 @@ pub fn combine(
         let Some(v) = nat else {
             return counted;
         };
-        let mut a = bare(DroppedBy::Nat, method(v), v);
-        a.evidence.push(evidence(v));
+        let mut a = bare(DroppedBy::Nat, say.method(v), v);
+        a.evidence.push(say.evidence(v));
         a.evidence.push(
             "the NAT step could not map this packet: e.g. MASQUERADE out of an interface \
              without an address of the packet's family, or a binding it could not set up"
@@ -120,9 +106,59 @@ pub fn combine(
     let nat_line = nat.map(|v| {
         format!(
             "{}: the NAT step passed on the verdict of the nat chain",
-            evidence(v)
+            say.evidence(v)
         )
     });
+    Some(walked(&say, w, counted, nat_line))
+}
+
+/// How a verdict is named in an attribution: its rung, its line.
+struct Say<'a> {
+    drop_ts_ns: u64,
+    rung: &'a dyn Fn(NfFn) -> String,
+}
+
+impl Say<'_> {
+    fn method(&self, v: &NfVerdict) -> String {
+        format!(
+            "kernel verdict ({} on {})",
+            (self.rung)(v.func),
+            v.func.name()
+        )
+    }
+
+    fn evidence(&self, v: &NfVerdict) -> String {
+        line(v, &(self.rung)(v.func), self.drop_ts_ns)
+    }
+}
+
+/// nf_conntrack_in's own NF_DROP, with the conntrack statistics the
+/// counters read (they tell a full table from a failed insert).
+fn conntrack_refused(say: &Say, v: &NfVerdict, counted: Option<Attribution>) -> Attribution {
+    let mut a = bare(DroppedBy::Conntrack, say.method(v), v);
+    a.evidence.push(say.evidence(v));
+    a.evidence.push(
+        "conntrack refuses a packet when it cannot create its entry: the table is full \
+         (nf_conntrack_max) or memory ran out"
+            .into(),
+    );
+    if let Some(c) = counted.filter(|c| c.dropped_by == DroppedBy::Conntrack) {
+        // The statistics too, not only their lines: they tell a full
+        // table from a failed insert (`diagnosis::conntrack::explain`).
+        a.conntrack = c.conntrack;
+        a.evidence.extend(c.evidence);
+    }
+    a
+}
+
+/// A rule walker's NF_DROP: the counters' rule when they agree with its
+/// table and hook, else the table alone, and why the counters do not count.
+fn walked(
+    say: &Say,
+    w: &NfVerdict,
+    counted: Option<Attribution>,
+    nat_line: Option<String>,
+) -> Attribution {
     let agrees = |c: &Attribution| {
         w.hook.is_none_or(|h| c.hook == Some(h))
             && w.table.as_ref().is_none_or(|t| c.table.as_ref() == Some(t))
@@ -130,13 +166,13 @@ pub fn combine(
     };
     match counted {
         Some(mut c) if agrees(&c) => {
-            c.method = format!("{} + {}", method(w), c.method);
-            c.evidence.insert(0, evidence(w));
+            c.method = format!("{} + {}", say.method(w), c.method);
+            c.evidence.insert(0, say.evidence(w));
             c.evidence.extend(nat_line);
-            Some(c)
+            c
         }
         other => {
-            let mut a = bare(DroppedBy::Table, method(w), w);
+            let mut a = bare(DroppedBy::Table, say.method(w), w);
             a.table = w.table.clone();
             a.chain = w.chain.clone();
             // nft_do_chain runs nftables and iptables-nft rules alike.
@@ -148,7 +184,7 @@ pub fn combine(
                     Family::Ip6
                 });
             }
-            a.evidence.push(evidence(w));
+            a.evidence.push(say.evidence(w));
             a.evidence.push(match other {
                 Some(c) => format!(
                     "the rule counters point elsewhere ({}), which the kernel's verdict rules out",
@@ -157,7 +193,7 @@ pub fn combine(
                 None => "no rule or policy counter of that table and hook names the rule".into(),
             });
             a.evidence.extend(nat_line);
-            Some(a)
+            a
         }
     }
 }
