@@ -18,8 +18,8 @@
 use std::{os::fd::OwnedFd, time::Duration};
 
 use integration_tests::{
-    assert_kinds, connect_from, expected_reason, listen, run_fix, send_syn, strs, wait_connected,
-    Kdrop, Ns, Pair,
+    assert_kinds, connect_from, listen, reason_for, run_fix, send_syn, wait_connected, Kdrop, Ns,
+    Pair,
 };
 use kdrop::{context::netns::in_netns, diagnosis::fix_kinds::Kind};
 
@@ -107,13 +107,14 @@ fn a_full_table_is_repaired_by_kdrops_sysctls() {
     let syn = send_syn(&p.client, src, at);
     // The first drop arms what attributes it (netfilter's counters around
     // the drop): a retransmission's drop names the table.
-    let e = k.expect_event_within("the SYN conntrack refused", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["sport"] == 42253 && e["finding"]["cause"] != "netfilter"
+    let e = k.expect_record_within("the SYN conntrack refused", Duration::from_secs(10), |e| {
+        e.kind == "drop"
+            && e.sport == 42253
+            && e.finding.as_ref().is_some_and(|f| f.cause != "netfilter")
     });
-    assert_eq!(e["reason"], expected_reason("NETFILTER_DROP"), "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "conntrack_table_full", "{e}");
-    let fix = strs(&f["fix"]);
+    assert_eq!(e.reason.as_deref(), reason_for("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.cause(), "conntrack_table_full", "{e}");
+    let fix = e.finding().fix.clone();
     assert_eq!(
         fix,
         [
