@@ -135,14 +135,10 @@ impl Kdrop {
         Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}")))
     }
 
-    /// The first event `want` accepts, failing the test after EVENT_TIMEOUT.
-    pub fn expect_event(&self, what: &str, want: impl Fn(&Value) -> bool) -> Value {
-        self.expect_event_within(what, EVENT_TIMEOUT, want)
-    }
-
     /// The first event `want` accepts, failing the test after `timeout`
-    /// (scaled by KDROP_TEST_TIME_SCALE, see `bound`).
-    pub fn expect_event_within(
+    /// (scaled by KDROP_TEST_TIME_SCALE, see `bound`): as JSON, for
+    /// `expect_record_within`, which the tests use.
+    fn expect_event_within(
         &self,
         what: &str,
         timeout: Duration,
@@ -268,12 +264,5 @@ impl Finished {
     /// Every line of stdout as a record (each must fit the schema).
     pub fn records(&self) -> Vec<Record> {
         self.stdout.iter().map(|l| Record::parse(l)).collect()
-    }
-
-    pub fn events(&self) -> Vec<Value> {
-        self.stdout
-            .iter()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
     }
 }

@@ -39,7 +39,7 @@ fn tiny_ring_loses_events_and_counts_every_one() {
     assert!(c.lost > 0, "a 4 KiB ring kept up with {sent:?}: {c:?}");
     // Everything emitted reached userspace and was printed.
     assert_eq!(c.received, c.emitted, "{c:?}");
-    assert_eq!(done.events().len() as u64, c.received);
+    assert_eq!(done.records().len() as u64, c.received);
 }
 
 /// `--sample N` emits the 1st, N+1th, ... match on each CPU: with C CPUs,

@@ -13,8 +13,8 @@ use std::{
 };
 
 use integration_tests::{
-    assert_kinds, connect_from, expected_reason, in_ns, kernel_has_drop_reasons, kernel_reason,
-    listen, run_fix, send_syn, skip, strs, wait_until, Kdrop, Ns, Pair,
+    assert_kinds, connect_from, in_ns, kernel_has_drop_reasons, kernel_reason, listen, reason_for,
+    record::Record, run_fix, send_syn, skip, wait_until, Kdrop, Ns, Pair,
 };
 use kdrop::context::in_netns;
 use kdrop::diagnosis::fix_kinds::Kind;
@@ -71,9 +71,9 @@ fn fill(p: &Pair, at: SocketAddr, first_port: u16) -> Vec<OwnedFd> {
 }
 
 /// The "unanswered" record of the client's port.
-fn unanswered(k: &Kdrop, sport: u16) -> serde_json::Value {
-    k.expect_event_within("the unanswered SYN", Duration::from_secs(20), |e| {
-        e["kind"] == "unanswered" && e["sport"] == sport
+fn unanswered(k: &Kdrop, sport: u16) -> Record {
+    k.expect_record_within("the unanswered SYN", Duration::from_secs(20), |e| {
+        e.kind == "unanswered" && e.sport == sport
     })
 }
 
@@ -88,21 +88,21 @@ fn a_listener_that_never_accepts_is_named_with_its_queue() {
     let _syn = send_syn(&p.client, p.client_v4(41003), at);
     let e = unanswered(&k, 41003);
     assert_eq!(
-        (&e["saddr"], &e["daddr"], &e["dport"]),
-        (&"10.191.0.1".into(), &"10.191.0.2".into(), &7191.into()),
+        (e.saddr.as_str(), e.daddr.as_str(), e.dport),
+        ("10.191.0.1", "10.191.0.2", 7191),
         "{e}"
     );
-    let f = &e["finding"];
+    let f = e.finding();
     let (comm, pid) = me();
-    assert_eq!(f["cause"], "listen_overflow", "{e}");
+    assert_eq!(f.cause, "listen_overflow", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "accept queue of {comm} (pid {pid}) on 10.191.0.2:7191 is full: 2/1 waiting; it is \
              not calling accept() fast enough"
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[0].starts_with("SYN 10.191.0.1:41003 -> 10.191.0.2:7191: ")
             && ev[0].contains("only the counters below show it"),
@@ -123,8 +123,8 @@ fn a_listener_that_never_accepts_is_named_with_its_queue() {
     assert!(ev[3].starts_with("net.core.somaxconn = 4096, "), "{ev:?}");
     assert!(ev[4].starts_with("TcpExt ListenOverflows "), "{ev:?}");
     // The app chose backlog 1: nothing on the node repairs it.
-    assert!(strs(&f["fix"]).is_empty(), "{f}");
-    assert!(strs(&f["fix_notes"])[0].starts_with(&format!(
+    assert!(f.fix.clone().is_empty(), "{e}");
+    assert!(f.fix_notes.clone()[0].starts_with(&format!(
         "{comm} (pid {pid}) asked listen() for a backlog of 1 (net.core.somaxconn is 4096)"
     )));
     k.stop(libc::SIGINT);
@@ -145,17 +145,17 @@ fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
     let _held = fill(&p, at, 41011);
     let _syn = send_syn(&p.client, p.client_v4(41013), at);
     let e = unanswered(&k, 41013);
-    let f = &e["finding"];
+    let f = e.finding();
     let (comm, pid) = me();
-    assert_eq!(f["cause"], "listen_overflow", "{e}");
+    assert_eq!(f.cause, "listen_overflow", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "accept queue of {comm} (pid {pid}) on 10.192.0.2:7192 is full: 2/1 waiting; it is \
              not calling accept() fast enough"
         )
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         vec![format!(
@@ -163,7 +163,7 @@ fn a_backlog_capped_by_somaxconn_is_repaired_by_the_sysctl() {
             p.server.name
         )]
     );
-    let notes = strs(&f["fix_notes"]);
+    let notes = f.fix_notes.clone();
     assert!(
         notes[1].contains(&format!("until {comm} (pid {pid}) calls listen() again")),
         "{notes:?}"
@@ -249,34 +249,31 @@ fn a_final_ack_refused_by_a_full_queue_is_a_handshake_packet() {
     // much else there, and ListenOverflows moves: kdrop's listen watch
     // names the listener from that counter (kind listen_overflow).
     let by_reason = kernel_reason("TCP_LISTEN_OVERFLOW").is_some();
-    let e = k.expect_event_within("the refused final ACK", Duration::from_secs(15), |e| {
+    let e = k.expect_record_within("the refused final ACK", Duration::from_secs(15), |e| {
         if by_reason {
-            e["kind"] == "drop" && e["reason"] == "TCP_LISTEN_OVERFLOW"
+            e.kind == "drop" && e.reason.as_deref() == Some("TCP_LISTEN_OVERFLOW")
         } else {
-            e["kind"] == "listen_overflow"
+            e.kind == "listen_overflow"
         }
     });
     if by_reason {
         // The bare final ACK, or the first data segment that carries it.
-        let flags = e["tcp_flags"].as_str().unwrap();
+        let flags = e.tcp_flags.as_str();
         assert!(flags.contains("ACK") && !flags.contains("SYN"), "{e}");
     }
-    assert_eq!(e["netns_name"], p.server.name.as_str());
-    assert_eq!(
-        (&e["daddr"], &e["dport"]),
-        (&"10.194.0.2".into(), &7194.into())
-    );
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "listen_overflow", "{e}");
+    assert_eq!(e.netns_name.as_deref(), Some(p.server.name.as_str()), "{e}");
+    assert_eq!((e.daddr.as_str(), e.dport), ("10.194.0.2", 7194));
+    let f = e.finding();
+    assert_eq!(f.cause, "listen_overflow", "{e}");
     let (comm, pid) = me();
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "accept queue of {comm} (pid {pid}) on 10.194.0.2:7194 is full: 2/1 waiting; it is \
              not calling accept() fast enough"
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     if by_reason {
         assert!(
             ev[0].starts_with("kernel drop reason TCP_LISTEN_OVERFLOW at "),
@@ -290,11 +287,12 @@ fn a_final_ack_refused_by_a_full_queue_is_a_handshake_packet() {
     }
     let fin = k.stop(libc::SIGINT);
     // No RST of these clients is called a refused SYN-ACK.
-    let events = fin.events();
+    let events = fin.records();
     assert!(
-        !events
-            .iter()
-            .any(|e| e["finding"]["cause"] == "syn_ack_reset"),
+        !events.iter().any(|e| e
+            .finding
+            .as_ref()
+            .is_some_and(|f| f.cause == "syn_ack_reset")),
         "{events:?}"
     );
 }
@@ -350,30 +348,30 @@ fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
     let handle = tc_handle(&p.server, "s0", 10);
     let k = Kdrop::start(&["--json", "--port", "7193"]);
     let _syn = send_syn(&p.client, p.client_v4(41093), at);
-    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["sport"] == 41093
+    let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.sport == 41093
     });
-    assert_eq!(e["reason"], expected_reason("TC_INGRESS"), "{e}");
+    assert_eq!(e.reason.as_deref(), reason_for("TC_INGRESS"), "{e}");
     assert_eq!(
-        (&e["netns_name"], &e["ifname"]),
-        (&ns.as_str().into(), &"s0".into())
+        (e.netns_name.as_deref(), e.ifname.as_str()),
+        (Some(ns.as_str()), "s0")
     );
     assert_eq!(
-        (&e["saddr"], &e["daddr"], &e["dport"]),
-        (&"10.193.0.1".into(), &"10.193.0.2".into(), &7193.into())
+        (e.saddr.as_str(), e.daddr.as_str(), e.dport),
+        ("10.193.0.1", "10.193.0.2", 7193)
     );
     // It died before routing: no route lookup of another packet rides along.
-    assert_eq!(e["route_lookups"], serde_json::json!([]), "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "tc_filter", "{e}");
+    assert!(e.route_lookups.is_empty(), "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "tc_filter", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN 10.193.0.1:41093 -> 10.193.0.2:7193 dropped by the tc ingress filter on s0 in \
              netns {ns}: pref 10 bpf handle {handle}"
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[1].starts_with(&format!(
             "tc ingress on s0: filter protocol ip pref 10 bpf chain 0 handle {handle}"
@@ -381,7 +379,7 @@ fn a_tc_ingress_filter_dropping_the_syn_is_named_and_deleted() {
             && ev[1].contains(&format!("bytecode '{DROP_SYN}'")),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         vec![format!(
@@ -430,16 +428,16 @@ fn a_duplicate_syn_joins_the_verdict_of_the_lost_syn_ack() {
     );
     let k = Kdrop::start(&["--json", "--port", "7197"]);
     let _syn = send_syn(&p.client, p.client_v4(41097), at);
-    let e = k.expect_event_within("the repeated SYN", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["tcp_flags"] == "SYN" && e["sport"] == 41097
+    let e = k.expect_record_within("the repeated SYN", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.tcp_flags == "SYN" && e.sport == 41097
     });
-    assert_eq!(e["reason"], "NOT_SPECIFIED", "{e}");
-    assert_eq!(e["netns_name"], p.server.name.as_str());
-    let f = &e["finding"];
+    assert_eq!(e.reason.as_deref(), Some("NOT_SPECIFIED"), "{e}");
+    assert_eq!(e.netns_name.as_deref(), Some(p.server.name.as_str()), "{e}");
+    let f = e.finding();
     // The handshake's verdict is the rule that drops the SYN-ACK; the
     // repeated SYN adds what it shows.
-    assert_eq!(f["cause"], "netfilter_rule", "{e}");
-    let ev = strs(&f["evidence"]);
+    assert_eq!(f.cause, "netfilter_rule", "{e}");
+    let ev = f.evidence.clone();
     assert!(
         ev.contains(
             &"this packet of the same handshake, by itself: SYN 10.197.0.1:41097 -> \
@@ -575,39 +573,33 @@ fn an_xdp_program_dropping_the_syn_is_named_and_detached() {
     let id = shown["id"].as_u64().unwrap();
     let k = Kdrop::start(&["--json", "--port", "7198"]);
     let _syn = send_syn(&p.client, p.client_v4(41098), at);
-    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["sport"] == 41098
+    let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.sport == 41098
     });
     // Generic XDP frees it with plain kfree_skb (NOT_SPECIFIED on 6.18)
     // in do_xdp_generic; the place says XDP.
-    assert!(
-        e["location"]
-            .as_str()
-            .unwrap()
-            .starts_with("do_xdp_generic+"),
-        "{e}"
-    );
+    assert!(e.location.starts_with("do_xdp_generic+"), "{e}");
     assert_eq!(
-        (&e["netns_name"], &e["ifname"]),
-        (&ns.as_str().into(), &"s0".into())
+        (e.netns_name.as_deref(), e.ifname.as_str()),
+        (Some(ns.as_str()), "s0")
     );
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "xdp_program", "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "xdp_program", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN 10.198.0.1:41098 -> 10.198.0.2:7198 dropped by the XDP program on s0 in netns \
              {ns}: kdt_xdp_drop id {id}"
         )
     );
-    let ev = strs(&f["evidence"]);
+    let ev = f.evidence.clone();
     assert!(
         ev[1].starts_with(&format!(
             "XDP (generic) on s0: BPF program id {id} (xdp) name kdt_xdp_drop tag "
         )),
         "{ev:?}"
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         vec![format!(
@@ -692,20 +684,20 @@ fn a_cgroup_egress_program_is_named_and_detached() {
          time.sleep(4)",
     );
     let pid = client.id();
-    let e = k.expect_event_within("the SYN's drop", Duration::from_secs(10), |e| {
-        e["kind"] == "drop" && e["sport"] == 41199
+    let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
+        e.kind == "drop" && e.sport == 41199
     });
-    assert_eq!(e["reason"], "BPF_CGROUP_EGRESS", "{e}");
-    let f = &e["finding"];
-    assert_eq!(f["cause"], "bpf_cgroup", "{e}");
+    assert_eq!(e.reason.as_deref(), Some("BPF_CGROUP_EGRESS"), "{e}");
+    let f = e.finding();
+    assert_eq!(f.cause, "bpf_cgroup", "{e}");
     assert_eq!(
-        f["summary"],
+        f.summary,
         format!(
             "SYN 10.199.0.1:41199 -> 10.199.0.2:7199 dropped by the cgroup egress BPF program \
              of python3 (pid {pid}): kdt_cg_drop id {id} on {cg_path}"
         )
     );
-    let fix = strs(&f["fix"]);
+    let fix = f.fix.clone();
     assert_eq!(
         fix,
         vec![format!("bpftool cgroup detach {cg_path} egress id {id}")]
