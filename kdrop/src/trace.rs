@@ -15,7 +15,7 @@ use crate::{
     context::tape,
     filter,
     model::{record::DropRecord, stats::Stats},
-    output::{summary::Summary, text::Repeats},
+    output::{json::JsonLines, summary::Summary, text::Repeats},
     probes,
     session::{replay::replay, Control, Options, Recording, Session, Sink},
     UserError,
@@ -27,14 +27,20 @@ struct Out<'a> {
     out: BufWriter<StdoutLock<'a>>,
     json: bool,
     repeats: Repeats,
+    json_lines: JsonLines,
     summary: Summary,
     limit: u64,
 }
 
 impl Sink for Out<'_> {
-    fn record(&mut self, r: DropRecord) -> Control {
+    fn record(&mut self, mut r: DropRecord) -> Control {
         self.summary.add(&r);
-        let closed = self.repeats.write(&mut self.out, &r, self.json).is_err();
+        let closed = if self.json {
+            let line = self.json_lines.line(&mut r);
+            writeln!(self.out, "{line}").is_err()
+        } else {
+            self.repeats.write(&mut self.out, &r, false).is_err()
+        };
         if closed || self.summary.received >= self.limit {
             Control::Stop
         } else {
@@ -56,6 +62,7 @@ impl<'a> Out<'a> {
             out: BufWriter::new(io::stdout().lock()),
             json,
             repeats: Repeats::default(),
+            json_lines: JsonLines::default(),
             summary: Summary::default(),
             limit: limit.unwrap_or(u64::MAX),
         }

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
 
-use super::{Enricher, FindingKey, FINDINGS_CACHED};
+use super::{memo, Enricher, FindingKey, FINDINGS_CACHED};
 use crate::{
     context::Node,
     diagnosis::{
@@ -134,6 +134,13 @@ impl<N: Node> Enricher<N> {
             network_policy: None,
             handshake: None,
         };
+        // A SYN like one diagnosed a moment ago: that diagnosis.
+        let memo_key = memo::Key::of(d, by_program).filter(|_| self.memo_on);
+        if let Some(k) = &memo_key {
+            if self.memo.fill(k, &mut r) {
+                return r;
+            }
+        }
         let (mut policy_finding, policy) = self.explain_network_policy(d, &r).unzip();
         r.network_policy = policy;
         r.finding = PRECEDENCE.iter().find_map(|e| match e {
@@ -162,6 +169,9 @@ impl<N: Node> Enricher<N> {
             // This drop is the record for the SYN-ACK: not also a "reset".
             self.tracker.syn_ack_dropped(&tuple);
         }
+        if let Some(k) = memo_key {
+            self.memo.keep(k, &r);
+        }
         r
     }
 
@@ -171,12 +181,14 @@ impl<N: Node> Enricher<N> {
     /// and hook they name (or everywhere, without them).
     fn attribute(&mut self, d: &Drop, verdicts: &[NfVerdict]) -> Option<Attribution> {
         let scope = nf::kernel::scope(verdicts);
-        let counted = self
-            .node
-            .netfilter_around(d.netns, d.ts_ns)
-            .and_then(|(before, after)| {
-                nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, scope.as_ref())
-            });
+        let around = self.node.netfilter_around(d.netns, d.ts_ns);
+        let counted = around.and_then(|(before, after)| match &scope {
+            Some(scope) => {
+                nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, Some(scope))
+            }
+            None if self.memo_on => self.attributions.attribute(Dropped::of(d), before, after),
+            None => nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, None),
+        });
         if verdicts.is_empty() {
             return counted;
         }

@@ -4,6 +4,7 @@
 mod drop;
 mod handshake;
 mod listen;
+mod memo;
 mod network_policy;
 mod pods;
 mod watch;
@@ -88,6 +89,13 @@ pub struct Enricher<N: Node> {
     /// One routing diagnosis per distinct drop while the context stays the
     /// same: a flood of identical drops costs one.
     findings: HashMap<FindingKey, Option<Finding>>,
+    /// One diagnosis per distinct SYN drop while its inputs stay the same.
+    memo: memo::Memo,
+    /// One counter attribution per packet shape between two snapshots.
+    attributions: memo::Attributions,
+    /// Whether the memo is used (off: every drop diagnosed, for the tests
+    /// that show it changes no output).
+    pub memo_on: bool,
     /// Netfilter verdicts waiting for their drop.
     verdicts: VerdictLog,
     /// One verdict per handshake.
@@ -134,12 +142,20 @@ impl<N: Node> Enricher<N> {
             ct_bits,
             tracker: Tracker::default(),
             findings: HashMap::new(),
+            memo: memo::Memo::default(),
+            attributions: memo::Attributions::default(),
+            memo_on: true,
             verdicts: VerdictLog::default(),
             handshakes: Verdicts::default(),
             syn_acks: SynAckRetransmits::default(),
             answered_by_tcp: 0,
             held: VecDeque::new(),
         }
+    }
+
+    /// Drops that took a kept diagnosis (enrich::memo).
+    pub fn memo_hits(&self) -> u64 {
+        self.memo.hits
     }
 
     /// The record for one event, if it makes one: a drop always does; a

@@ -1,6 +1,7 @@
 //! Turning records into what people and programs read: one text line or
 //! one JSON object per record (`text`), the summary at exit (`summary`),
 //! the Prometheus exposition (`metrics`).
+pub mod json;
 pub mod metrics;
 pub mod pcapng;
 pub mod summary;

@@ -21,13 +21,13 @@ use super::{
     matching::{eval_all, Packet, Tri},
 };
 use crate::model::netfilter::{
-    Attribution, Backend, Chain, ConntrackStats, CtState, Family, Hook, Iface, Match, Policy, Rule,
-    Snapshot, Table, Verdict,
+    Attribution, Backend, Chain, ConntrackStats, CtState, Dir, Family, Hook, Iface, Match, Policy,
+    Rule, Snapshot, Table, Verdict,
 };
 use crate::model::packet::Drop;
 
 /// The dropped packet as the kernel reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Dropped {
     pub src: IpAddr,
     pub dst: IpAddr,
@@ -51,6 +51,27 @@ impl Dropped {
             ifindex: d.ifindex,
         }
     }
+}
+
+/// Whether any rule of `s` looks at a packet's source port (`--sport`,
+/// multiport `--ports`, `tcp sport`): if none does, packets that differ
+/// only in it are attributed alike (see `matching`, where `Dir::Src` and
+/// `Dir::Either` are the only readers of `sport`).
+pub fn reads_source_port(s: &Snapshot) -> bool {
+    s.tables
+        .iter()
+        .flat_map(|t| &t.chains)
+        .flat_map(|c| &c.rules)
+        .flat_map(|r| &r.matches)
+        .any(|m| {
+            matches!(
+                m,
+                Match::Port {
+                    dir: Dir::Src | Dir::Either,
+                    ..
+                }
+            )
+        })
 }
 
 /// What a counter says about one rule or policy.
@@ -776,7 +797,7 @@ mod tests {
 
         // The same packet to port 22 would have been accepted by the rule
         // (-i br0 matches through the bridge port): nothing dropped it here.
-        let mut d22 = d.clone();
+        let mut d22 = d;
         d22.dport = 22;
         let s_same = {
             let mut s = s_before.clone();
@@ -1615,5 +1636,19 @@ mod tests {
         let mut lo = syn_in(80);
         lo.src = SERVER.parse().unwrap();
         assert_eq!(path_of(&lo, &ifaces()).0.len(), 4);
+    }
+
+    /// Only `--sport` and multiport `--ports` (and their nftables forms)
+    /// read a source port; a `--dport` rule or none does not.
+    #[test]
+    fn which_rulesets_read_source_ports() {
+        let save =
+            |rule: &str| format!("*filter\n:INPUT ACCEPT [0:0]\n[3:120] -A INPUT {rule}\nCOMMIT\n");
+        let reads = |rule: &str| reads_source_port(&snap(legacy(&save(rule))));
+        assert!(!reads("-p tcp -m tcp --dport 80 -j DROP"));
+        assert!(!reads("-p tcp -m multiport --dports 80,443 -j DROP"));
+        assert!(reads("-p tcp -m tcp --sport 1024:2023 -j DROP"));
+        assert!(reads("-p tcp -m multiport --ports 80,443 -j DROP"));
+        assert!(!reads_source_port(&snap(Vec::new())));
     }
 }

@@ -28,5 +28,5 @@ pub mod kernel;
 pub mod matching;
 pub mod pairing;
 
-pub use attribution::{attribute, attribute_within, Dropped};
+pub use attribution::{attribute, attribute_within, reads_source_port, Dropped};
 pub use matching::Packet;
