@@ -2,7 +2,10 @@
 //! and the summary's lead naming them as `kubectl` does (`pod
 //! shop/cart-7d9f5c8b6-x2kqp → service shop/mysql:3306 → pod
 //! data/mysql-0: ...`). Addresses stay in the evidence.
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use crate::model::{
     finding::Finding,
@@ -77,7 +80,15 @@ pub fn lead(p: &ConnPods) -> Option<String> {
 /// Puts the lead before the finding's summary.
 /// A summary that already starts with the Service (`Service ns/svc port
 /// p80 has no ready endpoints`) is not told it again.
-pub fn name_pods(f: &mut Finding, p: &ConnPods) {
+pub fn name_pods(f: &mut Arc<Finding>, p: &ConnPods) {
+    if let Some(summary) = summary_with_pods(f, p) {
+        Arc::make_mut(f).summary = summary;
+    }
+}
+
+/// The summary `name_pods` gives `f`, if the pods change it: a finding
+/// shared with other records is copied only then.
+fn summary_with_pods(f: &Finding, p: &ConnPods) -> Option<String> {
     let mut p = p.clone();
     if let Some(svc) = &p.service {
         let base = svc.split(':').next().unwrap_or(svc);
@@ -85,9 +96,7 @@ pub fn name_pods(f: &mut Finding, p: &ConnPods) {
             p.service = None;
         }
     }
-    if let Some(lead) = lead(&p) {
-        f.summary = format!("{lead}: {}", f.summary);
-    }
+    lead(&p).map(|lead| format!("{lead}: {}", f.summary))
 }
 
 #[cfg(test)]
@@ -116,10 +125,10 @@ mod tests {
             service: Some("ns6/svc6:80".into()),
             ..Default::default()
         };
-        let mut f = Finding {
+        let mut f = Arc::new(Finding {
             summary: "Service ns6/svc6 port p80 has no ready endpoints".into(),
             ..Default::default()
-        };
+        });
         name_pods(&mut f, &p);
         assert_eq!(
             f.summary,
@@ -131,10 +140,10 @@ mod tests {
             f.summary,
             "pod shop/cart-1: Service ns6/svc6 port p80 has no ready endpoints"
         );
-        let mut g = Finding {
+        let mut g = Arc::new(Finding {
             summary: "iptables-legacy rule 1 in filter/FORWARD dropped it".into(),
             ..Default::default()
-        };
+        });
         name_pods(
             &mut g,
             &ConnPods {
@@ -236,10 +245,10 @@ mod tests {
             lead_of(cart.clone(), cart.clone(), &None, cart.clone()).as_deref(),
             Some("pod shop/cart-7d9f5c8b6-x2kqp")
         );
-        let mut f = Finding {
+        let mut f = Arc::new(Finding {
             summary: "SYN dropped".into(),
             ..Finding::default()
-        };
+        });
         name_pods(
             &mut f,
             &ConnPods {

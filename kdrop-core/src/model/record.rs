@@ -1,6 +1,6 @@
 //! What kdrop reports for one event: the JSON schema (README). Field names
 //! are a promise: add fields, never rename these.
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use serde::Serialize;
 
@@ -45,7 +45,9 @@ pub struct DropRecord {
     pub route_lookups: Vec<LookupRecord>,
     /// The conntrack entry the packet carried.
     pub ct: Option<CtRecord>,
-    pub finding: Option<Finding>,
+    /// Shared: a flood of drops with one cause carries one finding
+    /// (enrich::memo), and each handshake keeps its verdict.
+    pub finding: Option<Arc<Finding>>,
     /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
     pub netfilter: Option<Attribution>,
     /// A connection a network policy denied (Calico, kube-router,

@@ -47,6 +47,8 @@ type RouteKey = (u32, Ipv4Addr, Ipv4Addr, u32, bool);
 /// Answers kept this long (a clashing reply tuple's holder (one ctnetlink lookup), a reverse
 /// lookup): a burst of identical drops costs one question, not one each.
 const HOLDER_FRESH: Duration = Duration::from_secs(1);
+/// Drop locations kept named (kernel text does not move while kdrop runs).
+const LOCATIONS_KEPT: usize = 4096;
 const HOLDERS_KEPT: usize = 4096;
 /// Namespaces searched for an entry by tuple.
 const MAX_SEARCHED: usize = 64;
@@ -76,6 +78,8 @@ pub struct Live {
     no_listener: HashMap<SocketAddr, Instant>,
     /// Cilium's drop counts at the previous read, by map id.
     cilium_seen: HashMap<u32, Vec<crate::model::progs::CiliumCount>>,
+    /// Drop locations named lately: a flood drops at a handful of places.
+    locations: HashMap<u64, Option<String>>,
 }
 
 impl Live {
@@ -113,6 +117,7 @@ impl Live {
             listen_counters: HashMap::new(),
             no_listener: HashMap::new(),
             cilium_seen: HashMap::new(),
+            locations: HashMap::new(),
         })
     }
 
@@ -344,7 +349,15 @@ impl Node for Live {
     }
 
     fn symbol(&mut self, addr: u64) -> Option<String> {
-        symbols::shared().resolve(addr)
+        if let Some(s) = self.locations.get(&addr) {
+            return s.clone();
+        }
+        let s = symbols::shared().resolve(addr);
+        if self.locations.len() >= LOCATIONS_KEPT {
+            self.locations.clear();
+        }
+        self.locations.insert(addr, s.clone());
+        s
     }
 
     fn pod(&mut self, netns: u32) -> Option<Pod> {

@@ -2,7 +2,10 @@
 //! entry it carried, the netfilter rule behind a NETFILTER_DROP, and the
 //! finding (routing, forwarding, a refused SYN-ACK, conntrack's own drop,
 //! or the reason alone).
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
 
@@ -143,21 +146,26 @@ impl<N: Node> Enricher<N> {
         }
         let (mut policy_finding, policy) = self.explain_network_policy(d, &r).unzip();
         r.network_policy = policy;
-        r.finding = PRECEDENCE.iter().find_map(|e| match e {
-            Explainer::NetworkPolicy => policy_finding.take(),
-            Explainer::Routing => self.explain_routing(d, &r),
-            Explainer::Forwarding => self.explain_forwarding(d, &r),
-            Explainer::Refused => self.explain_refused(d, &r),
-            Explainer::ConntrackDrop => self.explain_conntrack_drop(d, &r),
-            Explainer::Kube => self.explain_kube(d, &r),
-            Explainer::Program => self.explain_program(d, &r),
-            Explainer::Listen => self.explain_listen(d, &r),
-            Explainer::Reason => diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_ref())),
-        });
+        r.finding = PRECEDENCE
+            .iter()
+            .find_map(|e| match e {
+                Explainer::NetworkPolicy => policy_finding.take(),
+                Explainer::Routing => self.explain_routing(d, &r),
+                Explainer::Forwarding => self.explain_forwarding(d, &r),
+                Explainer::Refused => self.explain_refused(d, &r),
+                Explainer::ConntrackDrop => self.explain_conntrack_drop(d, &r),
+                Explainer::Kube => self.explain_kube(d, &r),
+                Explainer::Program => self.explain_program(d, &r),
+                Explainer::Listen => self.explain_listen(d, &r),
+                Explainer::Reason => {
+                    diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_ref()))
+                }
+            })
+            .map(Arc::new);
         // Not a rival: the netfilter finding, refined with the way back
         // an IPv6 rpfilter rule looked up.
         if let Some(f) = self.explain_rpfilter6(d, &r) {
-            r.finding = Some(f);
+            r.finding = Some(Arc::new(f));
         }
         let syn_ack = d.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
         let tuple = Tuple {
@@ -371,7 +379,7 @@ impl<N: Node> Enricher<N> {
         let (IpAddr::V6(src), IpAddr::V6(dst)) = (d.saddr, d.daddr) else {
             return None;
         };
-        let base = r.finding.clone()?;
+        let base = Finding::clone(r.finding.as_deref()?);
         let ctx = self.node.routing(d.netns)?;
         let asked = check.query(src, dst, d.ifindex, d.mark);
         let answer = self.node.route_get(d.netns, &asked)?;

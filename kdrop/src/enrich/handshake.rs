@@ -88,7 +88,7 @@ impl<N: Node> Enricher<N> {
             netfilter: None,
             network_policy: None,
             handshake: None,
-            finding: Some(finding),
+            finding: Some(Arc::new(finding)),
         };
         let ct = back.and_then(|b| b.ct.as_ref()).or(flow.ct.as_ref());
         self.name_pods(&mut r, &flow.orig, false, ct);
@@ -140,7 +140,7 @@ impl<N: Node> Enricher<N> {
             netfilter: None,
             network_policy: None,
             handshake: None,
-            finding: Some(finding),
+            finding: Some(Arc::new(finding)),
         };
         self.name_pods(&mut r, &syn, false, None);
         r
@@ -210,7 +210,7 @@ impl<N: Node> Enricher<N> {
             netfilter: None,
             network_policy: None,
             handshake: None,
-            finding: Some(finding),
+            finding: Some(Arc::new(finding)),
         };
         let ct = r.flow.as_ref().and_then(|f| f.ct.as_ref());
         self.name_pods(&mut rec, &t, false, ct);

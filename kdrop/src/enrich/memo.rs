@@ -79,7 +79,7 @@ struct Diagnosed {
     /// The attribution it was made with: another rule, policy or counter
     /// reading is another diagnosis.
     netfilter: Option<Attribution>,
-    finding: Option<Finding>,
+    finding: Option<Arc<Finding>>,
     network_policy: Option<PolicyDrop>,
     pods: ConnPods,
 }

@@ -11,7 +11,10 @@ mod watch;
 
 pub use self::watch::{ListenWatch, Refusals};
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
 
 use crate::{
     context::{conntrack_lookup::Side, NetnsName, Node},
@@ -237,7 +240,7 @@ impl<N: Node> Enricher<N> {
             }
             // No finding of its own: the handshake's verdict, if it has one.
             (None, Some(client)) => self.handshakes.join(client, isn, ts_ns).map(|(id, mut v)| {
-                v.evidence.push(format!(
+                Arc::make_mut(&mut v).evidence.push(format!(
                     "this packet of the same handshake, by itself: {} at {}, nothing more",
                     r.reason.as_deref().unwrap_or("no drop reason"),
                     r.location
@@ -306,7 +309,7 @@ impl<N: Node> Enricher<N> {
             flow.ct = Some(e.ct);
             let mut r = self.unanswered(&flow, None);
             if let Some(f) = r.finding.as_mut() {
-                f.evidence.push(format!(
+                Arc::make_mut(f).evidence.push(format!(
                     "conntrack, asked now: the entry {} -> {} has still seen no reply{}",
                     e.ct.orig.src,
                     e.ct.orig.dst,
@@ -349,7 +352,7 @@ impl<N: Node> Enricher<N> {
             self.facts.ct_names.status(d.ct.status).join(",")
         );
         if let Some(f) = r.finding.as_mut() {
-            f.evidence.push(line);
+            Arc::make_mut(f).evidence.push(line);
         }
         Some(self.fold(r, flow.last_ns, flow.isn))
     }

@@ -9,6 +9,7 @@
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::Arc,
 };
 
 use super::Enricher;
@@ -238,7 +239,7 @@ impl<N: Node> Enricher<N> {
             netfilter: None,
             network_policy: None,
             handshake: None,
-            finding: Some(finding),
+            finding: Some(Arc::new(finding)),
         };
         r.pods.pod = self.node.pod(f.netns);
         if let Some(fd) = r.finding.as_mut() {

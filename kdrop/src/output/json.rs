@@ -32,7 +32,7 @@ impl JsonLines {
             // Not the shape this relies on (a field moved): the slow way.
             return json_line(r);
         };
-        let f = fragment(&mut self.finding, r.finding.as_ref());
+        let f = fragment(&mut self.finding, r.finding.as_deref());
         let n = fragment(&mut self.netfilter, r.netfilter.as_ref());
         let mut line = String::with_capacity(shell.len() + f.len() + n.len() + 24);
         line.push_str(&shell[..at]);
@@ -72,17 +72,18 @@ mod tests {
     fn same_bytes_as_json_line() {
         let mut lines = JsonLines::default();
         let mut a = record();
-        a.finding = Some(Finding {
+        a.finding = Some(std::sync::Arc::new(Finding {
             summary: "iptables-nft rule 1 in filter/INPUT dropped it".into(),
             evidence: vec!["rule counter went 0 -> 1".into()],
             fix_notes: vec!["lets TCP to 10.0.0.2:8080 through".into()],
             ..Default::default()
-        });
+        }));
         a.netfilter = Some(attribution());
         let b = record();
         let mut c = a.clone();
         if let Some(f) = c.finding.as_mut() {
-            f.summary
+            std::sync::Arc::make_mut(f)
+                .summary
                 .push_str(" \"quoted\" \\ and ,\"finding\":null,\"netfilter\":null");
         }
         let mut d = c.clone();

@@ -153,10 +153,10 @@ mod tests {
         let mut s = Summary::default();
         let mut r = record();
         r.pods.service = Some("ns6/svc6:80".into());
-        r.finding = Some(crate::model::finding::Finding {
+        r.finding = Some(std::sync::Arc::new(crate::model::finding::Finding {
             cause: crate::model::cause::Cause::KubeNoEndpoints,
             ..Default::default()
-        });
+        }));
         s.add(&r);
         s.add(&r);
         let text = s.render(&stats(kdrop_common::Counters::default(), 1));

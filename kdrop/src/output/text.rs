@@ -162,11 +162,11 @@ mod tests {
     /// written in this order: whether each was folded into one line.
     fn folded(times: &[u64]) -> Vec<bool> {
         let mut r = record();
-        r.finding = Some(Finding {
+        r.finding = Some(std::sync::Arc::new(Finding {
             cause: Cause::RpFilterStrict,
             summary: "strict".into(),
             ..Finding::default()
-        });
+        }));
         let mut rep = Repeats::default();
         times
             .iter()
@@ -201,11 +201,11 @@ mod tests {
     fn a_record_whose_time_cannot_be_read_is_printed_in_full() {
         let mut r = record();
         r.ts = "yesterday".into();
-        r.finding = Some(Finding {
+        r.finding = Some(std::sync::Arc::new(Finding {
             cause: Cause::RpFilterStrict,
             summary: "strict".into(),
             ..Finding::default()
-        });
+        }));
         let mut rep = Repeats::default();
         let mut out = Vec::new();
         for _ in 0..2 {
@@ -309,11 +309,11 @@ mod tests {
     fn a_handshake_verdict_is_printed_once_then_a_line_per_packet() {
         let mut r = record();
         r.handshake = Some(7);
-        r.finding = Some(Finding {
+        r.finding = Some(std::sync::Arc::new(Finding {
             cause: Cause::HairpinNoReverseNat,
             summary: "hairpin".into(),
             ..Finding::default()
-        });
+        }));
         let mut rep = Repeats::default();
         let mut out = Vec::new();
         rep.write(&mut out, &r, false).unwrap();
@@ -337,15 +337,15 @@ mod tests {
     #[test]
     fn a_repeated_finding_is_printed_in_full_once_in_text() {
         let mut r = record();
-        r.finding = Some(Finding {
+        r.finding = Some(std::sync::Arc::new(Finding {
             cause: Cause::RpFilterStrict,
             summary: "strict".into(),
             evidence: vec!["e".into()],
             fix: vec![rp("f")],
             ..Finding::default()
-        });
+        }));
         let mut other = r.clone();
-        other.finding.as_mut().unwrap().summary = "other".into();
+        std::sync::Arc::make_mut(other.finding.as_mut().unwrap()).summary = "other".into();
         let mut rep = Repeats::default();
         let mut out = Vec::new();
         for r in [&r, &r, &other, &r] {

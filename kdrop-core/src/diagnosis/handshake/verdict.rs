@@ -5,7 +5,7 @@
 //! handshake's verdict. A record whose own cause is weaker carries the
 //! verdict, with its own observation added as evidence: no second,
 //! contradicting cause.
-use std::{collections::HashMap, net::SocketAddr};
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
 use crate::model::finding::Finding;
 
@@ -21,7 +21,8 @@ const MAX_HANDSHAKES: usize = 2_048;
 #[derive(Clone, Debug)]
 struct Handshake {
     id: u64,
-    verdict: Finding,
+    /// Shared with the records that carry it.
+    verdict: Arc<Finding>,
     last_ns: u64,
     /// The client's ISN (0: unknown).
     isn: u32,
@@ -60,9 +61,9 @@ impl Verdicts {
         &mut self,
         client: SocketAddr,
         isn: u32,
-        found: Finding,
+        found: Arc<Finding>,
         now_ns: u64,
-    ) -> (u64, Finding) {
+    ) -> (u64, Arc<Finding>) {
         if self.by_client.len() >= MAX_HANDSHAKES && !self.by_client.contains_key(&client) {
             let cutoff = now_ns.saturating_sub(FORGET_AFTER_NS);
             self.by_client
@@ -88,7 +89,7 @@ impl Verdicts {
         // A weaker, different cause: the verdict stands, and says what this
         // packet showed by itself.
         let mut verdict = h.verdict.clone();
-        verdict.evidence.push(format!(
+        Arc::make_mut(&mut verdict).evidence.push(format!(
             "this packet of the same handshake, by itself: {} [{}]",
             found.summary, found.cause
         ));
@@ -97,7 +98,12 @@ impl Verdicts {
 
     /// The id and verdict of `client`'s handshake with ISN `isn`, if it has
     /// one that is still current: for a record that found nothing by itself.
-    pub fn join(&mut self, client: SocketAddr, isn: u32, now_ns: u64) -> Option<(u64, Finding)> {
+    pub fn join(
+        &mut self,
+        client: SocketAddr,
+        isn: u32,
+        now_ns: u64,
+    ) -> Option<(u64, Arc<Finding>)> {
         let h = self.current(client, isn, now_ns)?;
         h.last_ns = h.last_ns.max(now_ns);
         Some((h.id, h.verdict.clone()))
@@ -117,9 +123,9 @@ impl Verdicts {
         &mut self,
         client: SocketAddr,
         isn: u32,
-        found: Finding,
+        found: Arc<Finding>,
         now_ns: u64,
-    ) -> (u64, Finding) {
+    ) -> (u64, Arc<Finding>) {
         self.next_id += 1;
         let id = self.next_id;
         let hs = self.by_client.entry(client).or_default();
@@ -148,13 +154,13 @@ mod tests {
         Cause::from_id(cause).unwrap().rank()
     }
 
-    fn finding(cause: &str, summary: &str) -> Finding {
-        Finding {
+    fn finding(cause: &str, summary: &str) -> Arc<Finding> {
+        Arc::new(Finding {
             cause: Cause::from_id(cause).unwrap(),
             summary: summary.into(),
             evidence: vec!["own".into()],
             ..Finding::default()
-        }
+        })
     }
 
     #[test]
@@ -186,7 +192,7 @@ mod tests {
         assert_ne!(a, id);
         // The same cause again keeps the record's own evidence.
         let mut again = finding("lb_loopback_without_snat", "lb");
-        again.evidence = vec!["the kernel's own lookups".into()];
+        Arc::make_mut(&mut again).evidence = vec!["the kernel's own lookups".into()];
         let (_, f) = v.fold(other, 0, again, 3);
         assert_eq!(f.evidence, ["the kernel's own lookups"]);
     }
