@@ -36,8 +36,7 @@ impl Sink for Out<'_> {
     fn record(&mut self, mut r: DropRecord) -> Control {
         self.summary.add(&r);
         let closed = if self.json {
-            let line = self.json_lines.line(&mut r);
-            writeln!(self.out, "{line}").is_err()
+            self.json_lines.write(&mut self.out, &mut r).is_err()
         } else {
             self.repeats.write(&mut self.out, &r, false).is_err()
         };

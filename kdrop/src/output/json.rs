@@ -2,6 +2,11 @@
 //! attribution as the one before (one diagnosis kept for many drops,
 //! `enrich::memo`), so their JSON is written once and reused. Each line is
 //! still the whole record, byte for byte what `json_line` writes.
+use std::{
+    io::{self, Write},
+    sync::Arc,
+};
+
 use serde::Serialize;
 
 use super::json_line;
@@ -14,47 +19,55 @@ const HOLE: &str = r#","finding":null,"netfilter":null"#;
 
 #[derive(Debug, Default)]
 pub struct JsonLines {
-    finding: Option<(Finding, String)>,
+    finding: Option<(Arc<Finding>, String)>,
     netfilter: Option<(Attribution, String)>,
 }
 
 impl JsonLines {
-    /// `r` as one JSON object (without the newline). `r` is lent, not
-    /// changed: its finding and attribution are set aside while the rest is
-    /// written.
-    pub fn line(&mut self, r: &mut DropRecord) -> String {
+    /// Writes `r` as one JSON line. `r` is lent, not changed: its finding
+    /// and attribution are set aside while the rest is written.
+    pub fn write(&mut self, out: &mut impl Write, r: &mut DropRecord) -> io::Result<()> {
         let finding = r.finding.take();
         let netfilter = r.netfilter.take();
         let shell = serde_json::to_string(&*r).expect("records serialize");
         r.finding = finding;
         r.netfilter = netfilter;
-        let Some(at) = shell.find(HOLE) else {
+        // Near the end: only the policy and the handshake id follow.
+        let Some(at) = shell.rfind(HOLE) else {
             // Not the shape this relies on (a field moved): the slow way.
-            return json_line(r);
+            return writeln!(out, "{}", json_line(r));
         };
-        let f = fragment(&mut self.finding, r.finding.as_deref());
-        let n = fragment(&mut self.netfilter, r.netfilter.as_ref());
-        let mut line = String::with_capacity(shell.len() + f.len() + n.len() + 24);
-        line.push_str(&shell[..at]);
-        line.push_str(r#","finding":"#);
-        line.push_str(f);
-        line.push_str(r#","netfilter":"#);
-        line.push_str(n);
-        line.push_str(&shell[at + HOLE.len()..]);
-        line
+        let f = match &r.finding {
+            None => "null",
+            Some(f) => kept(&mut self.finding, f, |k| Arc::ptr_eq(k, f) || k == f),
+        };
+        let n = match &r.netfilter {
+            None => "null",
+            Some(n) => kept(&mut self.netfilter, n, |k| k == n),
+        };
+        for part in [
+            &shell[..at],
+            r#","finding":"#,
+            f,
+            r#","netfilter":"#,
+            n,
+            &shell[at + HOLE.len()..],
+            "\n",
+        ] {
+            out.write_all(part.as_bytes())?;
+        }
+        Ok(())
     }
 }
 
-/// `v`'s JSON: the one kept in `slot` if `v` is the value kept, else
-/// written now and kept.
-fn fragment<'a, T: Serialize + PartialEq + Clone>(
+/// `v`'s JSON: the one kept in `slot` if `same` says it is of the value
+/// kept, else written now and kept.
+fn kept<'a, T: Serialize + Clone>(
     slot: &'a mut Option<(T, String)>,
-    v: Option<&T>,
+    v: &T,
+    same: impl Fn(&T) -> bool,
 ) -> &'a str {
-    let Some(v) = v else {
-        return "null";
-    };
-    if slot.as_ref().is_none_or(|(kept, _)| kept != v) {
+    if !slot.as_ref().is_some_and(|(k, _)| same(k)) {
         let json = serde_json::to_string(v).expect("findings serialize");
         *slot = Some((v.clone(), json));
     }
@@ -97,8 +110,10 @@ mod tests {
             &mut a,
             &mut b.clone(),
         ] {
-            let want = json_line(r);
-            assert_eq!(lines.line(r), want);
+            let want = json_line(r) + "\n";
+            let mut got = Vec::new();
+            lines.write(&mut got, r).unwrap();
+            assert_eq!(String::from_utf8(got).unwrap(), want);
         }
         assert!(
             a.finding.is_some() && a.netfilter.is_some(),

@@ -261,8 +261,10 @@ mod tests {
         let mut lines = crate::output::json::JsonLines::default();
         let mut by_rule = [0; 2];
         for (a, mut b) in fresh.into_iter().zip(kept) {
-            let want = crate::output::json_line(&a);
-            assert_eq!(lines.line(&mut b), want);
+            let want = crate::output::json_line(&a) + "\n";
+            let mut got = Vec::new();
+            lines.write(&mut got, &mut b).unwrap();
+            assert_eq!(String::from_utf8(got).unwrap(), want);
             let rule = b.netfilter.as_ref().and_then(|n| n.rule_number);
             let expected = if (1024..=2023).contains(&b.sport) {
                 1
