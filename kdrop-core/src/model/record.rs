@@ -49,7 +49,7 @@ pub struct DropRecord {
     /// (enrich::memo), and each handshake keeps its verdict.
     pub finding: Option<Arc<Finding>>,
     /// For NETFILTER_DROP: the rule, chain policy or conntrack drop.
-    pub netfilter: Option<Attribution>,
+    pub netfilter: Option<Arc<Attribution>>,
     /// A connection a network policy denied (Calico, kube-router,
     /// Cilium), in Kubernetes terms; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]

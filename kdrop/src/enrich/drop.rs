@@ -158,7 +158,7 @@ impl<N: Node> Enricher<N> {
                 Explainer::Program => self.explain_program(d, &r),
                 Explainer::Listen => self.explain_listen(d, &r),
                 Explainer::Reason => {
-                    diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_ref()))
+                    diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_deref()))
                 }
             })
             .map(Arc::new);
@@ -187,16 +187,19 @@ impl<N: Node> Enricher<N> {
     /// packet: the kernel's own verdicts for it first (see
     /// diagnosis::netfilter::kernel), the rule counters within the table
     /// and hook they name (or everywhere, without them).
-    fn attribute(&mut self, d: &Drop, verdicts: &[NfVerdict]) -> Option<Attribution> {
+    fn attribute(&mut self, d: &Drop, verdicts: &[NfVerdict]) -> Option<Arc<Attribution>> {
         let scope = nf::kernel::scope(verdicts);
         let around = self.node.netfilter_around(d.netns, d.ts_ns);
-        let counted = around.and_then(|(before, after)| match &scope {
-            Some(scope) => {
-                nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, Some(scope))
+        let counted = match (around, &scope) {
+            (None, _) => None,
+            (Some((before, after)), None) if self.memo_on => {
+                self.attributions.attribute(Dropped::of(d), before, after)
             }
-            None if self.memo_on => self.attributions.attribute(Dropped::of(d), before, after),
-            None => nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, None),
-        });
+            (Some((before, after)), scope) => {
+                nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, scope.as_ref())
+                    .map(Arc::new)
+            }
+        };
         if verdicts.is_empty() {
             return counted;
         }
@@ -207,7 +210,8 @@ impl<N: Node> Enricher<N> {
                 .cloned()
                 .unwrap_or_else(|| "probe".into())
         };
-        nf::kernel::combine(verdicts, d.ts_ns, &rung, counted)
+        nf::kernel::combine(verdicts, d.ts_ns, &rung, counted.map(Arc::unwrap_or_clone))
+            .map(Arc::new)
     }
 
     /// A drop by a rule kube-proxy wrote, in Kubernetes terms.

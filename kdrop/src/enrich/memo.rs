@@ -78,7 +78,7 @@ impl Key {
 struct Diagnosed {
     /// The attribution it was made with: another rule, policy or counter
     /// reading is another diagnosis.
-    netfilter: Option<Attribution>,
+    netfilter: Option<Arc<Attribution>>,
     finding: Option<Arc<Finding>>,
     network_policy: Option<PolicyDrop>,
     pods: ConnPods,
@@ -144,7 +144,7 @@ struct AttrKey {
 
 struct Counted {
     _snapshots: (Option<Arc<Snapshot>>, Arc<Snapshot>),
-    attribution: Option<Attribution>,
+    attribution: Option<Arc<Attribution>>,
 }
 
 impl Attributions {
@@ -154,7 +154,7 @@ impl Attributions {
         packet: Dropped,
         before: Option<Arc<Snapshot>>,
         after: Arc<Snapshot>,
-    ) -> Option<Attribution> {
+    ) -> Option<Arc<Attribution>> {
         let sport_read = match &self.sport_read {
             Some((s, read)) if Arc::ptr_eq(s, &after) => *read,
             _ => {
@@ -174,7 +174,8 @@ impl Attributions {
         if let Some(c) = self.kept.get(&key) {
             return c.attribution.clone();
         }
-        let attribution = nf::attribute_within(&packet, before.as_deref(), &after, None);
+        let attribution =
+            nf::attribute_within(&packet, before.as_deref(), &after, None).map(Arc::new);
         if self.kept.len() >= KEPT {
             self.kept.clear();
         }

@@ -20,7 +20,7 @@ const HOLE: &str = r#","finding":null,"netfilter":null"#;
 #[derive(Debug, Default)]
 pub struct JsonLines {
     finding: Option<(Arc<Finding>, String)>,
-    netfilter: Option<(Attribution, String)>,
+    netfilter: Option<(Arc<Attribution>, String)>,
 }
 
 impl JsonLines {
@@ -43,7 +43,7 @@ impl JsonLines {
         };
         let n = match &r.netfilter {
             None => "null",
-            Some(n) => kept(&mut self.netfilter, n, |k| k == n),
+            Some(n) => kept(&mut self.netfilter, n, |k| Arc::ptr_eq(k, n) || k == n),
         };
         for part in [
             &shell[..at],
@@ -91,7 +91,7 @@ mod tests {
             fix_notes: vec!["lets TCP to 10.0.0.2:8080 through".into()],
             ..Default::default()
         }));
-        a.netfilter = Some(attribution());
+        a.netfilter = Some(Arc::new(attribution()));
         let b = record();
         let mut c = a.clone();
         if let Some(f) = c.finding.as_mut() {
