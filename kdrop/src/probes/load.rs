@@ -1,5 +1,7 @@
 //! Loading kdrop's eBPF object with the kernel's facts as globals, then
 //! attaching every point by its ladder.
+use std::{sync::Mutex, thread::JoinHandle};
+
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{PerCpuHashMap, PerCpuValues},
@@ -47,7 +49,9 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
         // The loader reads its BTF only to apply the object's CO-RE
         // relocations (aya-0.14.0/src/bpf.rs:495-496), and kdrop's object
         // has none (`object_has_no_core_relocations`): the skeleton serves.
-        let mut ebpf = EbpfLoader::new()
+        let mut ebpf = setup
+            .loader
+            .take()
             .btf(Some(&aya_btf))
             .override_global("OFFSETS", &setup.offsets, true)
             .override_global("KFREE_SKB_ARGS", args, true)
@@ -135,6 +139,31 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
         reports,
         points: states,
     })
+}
+
+/// aya 0.14's `EbpfLoader::new()` parses /sys/kernel/btf/vmlinux on its
+/// own (`Btf::from_sys_fs`, aya-0.14.0/src/bpf.rs:163), whatever BTF it is
+/// then given: the one parse of vmlinux kdrop does not control, and does not
+/// use (`attach_btf`). Started on a thread of its own when the kernel is
+/// first read (`KernelSetup::read`), it runs beside kdrop's own parse.
+pub struct EarlyLoader(Mutex<Option<JoinHandle<EbpfLoader<'static>>>>);
+
+impl EarlyLoader {
+    pub fn start() -> Self {
+        let thread = std::thread::Builder::new()
+            .name("aya-loader".into())
+            .spawn(EbpfLoader::new);
+        Self(Mutex::new(thread.ok()))
+    }
+
+    /// The loader started early, the first time; a new one after that (the
+    /// tracefs reload).
+    fn take(&self) -> EbpfLoader<'static> {
+        let started = self.0.lock().ok().and_then(|mut h| h.take());
+        started
+            .and_then(|h| h.join().ok())
+            .unwrap_or_else(EbpfLoader::new)
+    }
 }
 
 /// The BTF aya is given to load the programs: a skeleton of vmlinux's
