@@ -160,9 +160,7 @@ impl EarlyLoader {
     /// tracefs reload).
     fn take(&self) -> EbpfLoader<'static> {
         let started = self.0.lock().ok().and_then(|mut h| h.take());
-        started
-            .and_then(|h| h.join().ok())
-            .unwrap_or_else(EbpfLoader::new)
+        started.and_then(|h| h.join().ok()).unwrap_or_default()
     }
 }
 
