@@ -7,9 +7,10 @@ use anyhow::{bail, ensure, Context as _, Result};
 
 const MAGIC: u16 = 0xeb9f;
 
+/// A type's kind, numbered as in BTF (`BTF_KIND_INT` is 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    Int,
+    Int = 1,
     Ptr,
     Array,
     Struct,
@@ -291,6 +292,17 @@ impl Btf {
         own.or_else(|| self.base.as_deref()?.find(name, kind))
     }
 
+    /// [`skeleton`] of those of `wanted` (name, kind) this BTF has, each at
+    /// its id here (the first of its name and kind, as [`Btf::find`] says);
+    /// those it lacks are left out.
+    pub fn skeleton_of(&self, wanted: &[(&str, Kind)]) -> Vec<u8> {
+        let named: Vec<(u32, Kind, &str)> = wanted
+            .iter()
+            .filter_map(|&(name, kind)| Some((self.find(name, kind)?, kind, name)))
+            .collect();
+        skeleton(&named)
+    }
+
     /// Skips typedefs and qualifiers.
     pub fn resolve(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
@@ -473,6 +485,52 @@ impl Btf {
             _ => self.name(id).to_string(),
         }
     }
+}
+
+/// A BTF blob in which each of `named` (id, kind, name) is a type of that
+/// kind and name at that id, and every other id up to the largest is an
+/// unnamed `void *` (the smallest type there is, 12 bytes). The named types
+/// refer to nothing (type 0, no parameters, no members).
+///
+/// For a reader that only finds types by name and kind and keeps their ids:
+/// aya's attach lookups (`kdrop::probes::attach`). aya cannot be handed
+/// only those ids, nor a BTF built entry by entry (its typed entries'
+/// constructors are not public), but it parses such a blob in a few
+/// milliseconds where the whole of vmlinux's BTF takes ~60 ms, after kdrop
+/// has parsed it once already. Ids 0 and repeated ids are skipped.
+pub fn skeleton(named: &[(u32, Kind, &str)]) -> Vec<u8> {
+    let mut named: Vec<_> = named.iter().filter(|(id, _, _)| *id != 0).collect();
+    named.sort_by_key(|(id, _, _)| *id);
+    named.dedup_by_key(|(id, _, _)| *id);
+    let last = named.last().map_or(0, |(id, _, _)| *id);
+    let mut types = Vec::with_capacity(12 * last as usize);
+    let mut strings = vec![0u8];
+    let mut put = |name_off: u32, kind: Kind| {
+        for v in [name_off, (kind as u32) << 24, 0] {
+            types.extend_from_slice(&v.to_le_bytes());
+        }
+    };
+    let mut next = 1;
+    for &&(id, kind, name) in &named {
+        for _ in next..id {
+            put(0, Kind::Ptr);
+        }
+        put(strings.len() as u32, kind);
+        strings.extend_from_slice(name.as_bytes());
+        strings.push(0);
+        next = id + 1;
+    }
+    let mut out = Vec::with_capacity(24 + types.len() + strings.len());
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&[1, 0]); // version 1, no flags
+    let (type_len, str_len) = (types.len() as u32, strings.len() as u32);
+    // hdr_len, type_off, type_len, str_off, str_len
+    for v in [24, 0, type_len, type_len, str_len] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&types);
+    out.extend_from_slice(&strings);
+    out
 }
 
 #[cfg(test)]
@@ -702,6 +760,30 @@ pub(crate) mod tests {
         let (_, mut data) = sample();
         data[12] = 0xff; // type_len beyond the end
         assert!(Btf::parse(&data, None).is_err());
+    }
+
+    #[test]
+    fn skeleton_keeps_ids_names_and_kinds() {
+        let (_, data) = sample();
+        let btf = Btf::parse(&data, None).unwrap();
+        let wanted = [
+            ("btf_trace_kfree_skb", Kind::Typedef),
+            ("sk_buff", Kind::Struct),
+            ("btf_trace_absent", Kind::Typedef),
+            ("sk_buff", Kind::Struct), // asked twice
+        ];
+        let sk = Btf::parse(&btf.skeleton_of(&wanted), None).unwrap();
+        assert_eq!(sk.find("btf_trace_kfree_skb", Kind::Typedef), Some(13));
+        assert_eq!(sk.find("sk_buff", Kind::Struct), Some(7));
+        assert_eq!(sk.find("btf_trace_absent", Kind::Typedef), None);
+        // Placeholders below and between, nothing past the last.
+        assert_eq!(sk.kind(1), Some(Kind::Ptr));
+        assert_eq!(sk.name(1), "");
+        assert_eq!(sk.kind(8), Some(Kind::Ptr));
+        assert_eq!(sk.kind(14), None);
+        // Empty: a valid BTF with no types.
+        let none = Btf::parse(&skeleton(&[]), None).unwrap();
+        assert_eq!(none.kind(1), None);
     }
 
     /// Inputs cargo fuzz (fuzz/fuzz_targets/btf.rs) found or would find:

@@ -13,6 +13,7 @@ use aya::{
 };
 
 use super::ladder::{Attach, Outcome, Point, ProbeReport, Rung, DROP_PATH};
+use crate::kernel::btf::Kind;
 
 /// A rung's program(s) attached: what detaching needs.
 pub enum Link {
@@ -71,6 +72,21 @@ pub fn attach_ladder(
         report.rungs.push((rung, outcome));
     }
     (report, chosen)
+}
+
+/// The type `load_one` has aya look up by name in the BTF it is given, and
+/// its kind: tp_btf's typedef `btf_trace_<tp>`
+/// (aya-0.14.0/src/programs/tp_btf.rs:66-67), fexit's function
+/// (aya-0.14.0/src/programs/fexit.rs:77). Both go through
+/// `Btf::id_by_type_name_kind` (aya-obj-0.3.0/src/btf/btf.rs:446), which
+/// reads names, kinds and ids only: a skeleton BTF with these types at the
+/// kernel's ids serves (`load::attach_btf`). The other rungs read no BTF.
+pub fn btf_lookup(attach: &Attach) -> Option<(String, Kind)> {
+    match *attach {
+        Attach::TpBtf { tp, .. } => Some((format!("btf_trace_{tp}"), Kind::Typedef)),
+        Attach::FExit { func, .. } => Some((func.to_string(), Kind::Func)),
+        Attach::RawTp { .. } | Attach::Tracepoint { .. } | Attach::KRetProbe { .. } => None,
+    }
 }
 
 /// Loads (verifies) a rung's program(s) once.

@@ -1,5 +1,7 @@
 //! Loading kdrop's eBPF object with the kernel's facts as globals, then
 //! attaching every point by its ladder.
+use std::{sync::Mutex, thread::JoinHandle};
+
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{PerCpuHashMap, PerCpuValues},
@@ -10,13 +12,13 @@ use kdrop_common::{AggKey, Evidence, FibLookupArgs, Filter, KfreeSkbArgs, Monito
 
 use super::{
     arm::PointState,
-    attach::attach_ladder,
+    attach::{attach_ladder, btf_lookup},
     ladder::{forced_rung, outcome_text, points, Rung, DROP_PATH},
     setup::KernelSetup,
     Probes,
 };
 
-use crate::kernel::tracefs;
+use crate::kernel::{btf::Kind, tracefs};
 
 /// The eBPF object, built by build.rs and embedded.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/kdrop"));
@@ -42,10 +44,14 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
     let args = setup.kfree_skb_args.as_ref().unwrap_or(&absent);
     let no_fib = FibLookupArgs::zeroed();
     let fib = setup.fib_lookup_args.as_ref().unwrap_or(&no_fib);
-    let aya_btf = AyaBtf::parse_file(&setup.btf_path, Endianness::default())
-        .with_context(|| format!("parsing {}", setup.btf_path.display()))?;
+    let aya_btf = attach_btf(setup, &setup.kfree_skb_fields)?;
     let load_object = |fields: &KfreeSkbArgs| -> Result<Ebpf> {
-        let mut ebpf = EbpfLoader::new()
+        // The loader reads its BTF only to apply the object's CO-RE
+        // relocations (aya-0.14.0/src/bpf.rs:495-496), and kdrop's object
+        // has none (`object_has_no_core_relocations`): the skeleton serves.
+        let mut ebpf = setup
+            .loader
+            .take()
             .btf(Some(&aya_btf))
             .override_global("OFFSETS", &setup.offsets, true)
             .override_global("KFREE_SKB_ARGS", args, true)
@@ -135,6 +141,45 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
     })
 }
 
+/// aya 0.14's `EbpfLoader::new()` parses /sys/kernel/btf/vmlinux on its
+/// own (`Btf::from_sys_fs`, aya-0.14.0/src/bpf.rs:163), whatever BTF it is
+/// then given: the one parse of vmlinux kdrop does not control, and does not
+/// use (`attach_btf`). Started on a thread of its own when the kernel is
+/// first read (`KernelSetup::read`), it runs beside kdrop's own parse.
+pub struct EarlyLoader(Mutex<Option<JoinHandle<EbpfLoader<'static>>>>);
+
+impl EarlyLoader {
+    pub fn start() -> Self {
+        let thread = std::thread::Builder::new()
+            .name("aya-loader".into())
+            .spawn(EbpfLoader::new);
+        Self(Mutex::new(thread.ok()))
+    }
+
+    /// The loader started early, the first time; a new one after that (the
+    /// tracefs reload).
+    fn take(&self) -> EbpfLoader<'static> {
+        let started = self.0.lock().ok().and_then(|mut h| h.take());
+        started.and_then(|h| h.join().ok()).unwrap_or_default()
+    }
+}
+
+/// The BTF aya is given to load the programs: a skeleton of vmlinux's
+/// (`kdrop_core::kernel::btf::skeleton`) with just the types its attach
+/// lookups ask for (`btf_lookup`, over every rung of the ladder), at the
+/// ids kdrop's own parse of the same file found. aya parsing the whole file
+/// again cost ~60 ms of each start; the skeleton, a few.
+fn attach_btf(setup: &KernelSetup, fields: &Result<KfreeSkbArgs, String>) -> Result<AyaBtf> {
+    let wanted: Vec<(String, Kind)> = points(setup, fields)
+        .iter()
+        .flat_map(|p| &p.rungs)
+        .filter_map(|(attach, _)| btf_lookup(attach))
+        .collect();
+    let wanted: Vec<(&str, Kind)> = wanted.iter().map(|(n, k)| (n.as_str(), *k)).collect();
+    AyaBtf::parse(&setup.btf.skeleton_of(&wanted), Endianness::default())
+        .with_context(|| format!("parsing the skeleton of {}", setup.btf_path.display()))
+}
+
 /// Monitor mode: the aggregation map's overflow key must exist before the
 /// map can fill, i.e. before anything is attached.
 fn insert_overflow_key(ebpf: &mut Ebpf) -> Result<()> {
@@ -167,4 +212,91 @@ fn memlock_hint() -> String {
          unlimited`)",
         r.rlim_cur / 1024
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use aya_obj::btf::BtfKind;
+    use kdrop_core::kernel::btf::skeleton;
+
+    use super::*;
+
+    /// `load_object` hands aya the skeleton, against which no CO-RE
+    /// relocation could be applied: the object must have none
+    /// (`.BTF.ext`'s core_relo_len, after func_info and line_info, is 0).
+    #[test]
+    fn object_has_no_core_relocations() {
+        let ext = elf_section(OBJECT, ".BTF.ext").expect("no .BTF.ext in kdrop's object");
+        let u32_at = |o: usize| u32::from_le_bytes(ext[o..o + 4].try_into().unwrap());
+        assert_eq!(
+            u16::from_le_bytes([ext[0], ext[1]]),
+            0xeb9f,
+            "BTF.ext magic"
+        );
+        let hdr_len = u32_at(4);
+        assert!(
+            hdr_len < 32 || u32_at(28) == 0,
+            "CO-RE relocations in the object"
+        );
+    }
+
+    /// A section of a little-endian ELF64 file, by name.
+    fn elf_section<'a>(elf: &'a [u8], name: &str) -> Option<&'a [u8]> {
+        let u16_at = |o: usize| usize::from(u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()));
+        let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+        let (shoff, shentsize, shnum, shstrndx) =
+            (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+        let header = |i: usize| shoff + i * shentsize;
+        let body = |i: usize| &elf[u64_at(header(i) + 24)..][..u64_at(header(i) + 32)];
+        let names = body(shstrndx);
+        (0..shnum)
+            .find(|&i| {
+                let n = &names[u32_at(header(i))..];
+                n.starts_with(name.as_bytes()) && n.get(name.len()) == Some(&0)
+            })
+            .map(body)
+    }
+
+    /// aya finds each type of a skeleton at the id it was put at.
+    #[test]
+    fn aya_finds_skeleton_types_at_their_ids() {
+        let blob = skeleton(&[
+            (70_000, Kind::Func, "nft_do_chain"),
+            (7, Kind::Typedef, "btf_trace_kfree_skb"),
+            (8, Kind::Func, "fib_validate_source"),
+        ]);
+        let btf = AyaBtf::parse(&blob, Endianness::default()).unwrap();
+        let id = |n: &str, k| btf.id_by_type_name_kind(n, k).ok();
+        assert_eq!(id("btf_trace_kfree_skb", BtfKind::Typedef), Some(7));
+        assert_eq!(id("fib_validate_source", BtfKind::Func), Some(8));
+        assert_eq!(id("nft_do_chain", BtfKind::Func), Some(70_000));
+        assert_eq!(id("fib_validate_source", BtfKind::Typedef), None);
+    }
+
+    /// On a host with vmlinux BTF: the skeleton kdrop builds from its own
+    /// parse gives aya the ids aya's parse of the whole file does.
+    #[test]
+    fn skeleton_ids_match_the_kernels() {
+        let path = std::path::Path::new("/sys/kernel/btf/vmlinux");
+        let Ok(ours) = crate::kernel::btf_file::read(path) else {
+            return;
+        };
+        let whole = AyaBtf::parse_file(path, Endianness::default()).unwrap();
+        let wanted = [
+            ("btf_trace_kfree_skb", Kind::Typedef, BtfKind::Typedef),
+            ("btf_trace_net_dev_queue", Kind::Typedef, BtfKind::Typedef),
+            ("fib_validate_source", Kind::Func, BtfKind::Func),
+            ("nf_hook_slow", Kind::Func, BtfKind::Func),
+        ];
+        let names: Vec<(&str, Kind)> = wanted.iter().map(|&(n, k, _)| (n, k)).collect();
+        let sk = AyaBtf::parse(&ours.skeleton_of(&names), Endianness::default()).unwrap();
+        for (name, _, kind) in wanted {
+            assert_eq!(
+                sk.id_by_type_name_kind(name, kind).ok(),
+                whole.id_by_type_name_kind(name, kind).ok(),
+                "{name}"
+            );
+        }
+    }
 }

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets};
 
-use super::nf::NfSetup;
+use super::{load::EarlyLoader, nf::NfSetup};
 use crate::{
     kernel::{
         btf::{Btf, Kind},
@@ -47,6 +47,9 @@ pub struct KernelSetup {
     /// Where the socket tracepoints (retransmissions, connects ended in
     /// SYN-SENT) pass the socket, and whether each can be used.
     pub sockets: facts::SocketPoints,
+    /// aya's loader, built while the rest is read (it parses vmlinux's BTF
+    /// on its own).
+    pub loader: EarlyLoader,
 }
 
 impl KernelSetup {
@@ -60,6 +63,7 @@ impl KernelSetup {
             ))
             .into());
         }
+        let loader = EarlyLoader::start();
         let btf = Arc::new(crate::kernel::btf_file::read(&btf_path)?);
         let mut offsets =
             facts::offsets(&btf).context("resolving kernel struct offsets from BTF")?;
@@ -91,6 +95,7 @@ impl KernelSetup {
             fib_validate_source,
             nf,
             sockets,
+            loader,
         })
     }
 }
