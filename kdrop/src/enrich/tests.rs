@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use kdrop_common::{TCP_ACK, TCP_SYN};
 
-use super::{Enricher, Facts};
+use super::{memo, Enricher, Facts};
 use crate::{
     context::{questions::asked, replay::Replay, NetnsName},
     kernel::facts::Reasons,
@@ -38,7 +38,12 @@ fn enricher() -> Enricher<Replay> {
 
 /// A SYN client -> server freed by TCP's receive path without a reason.
 fn syn_freed() -> Event {
-    Event::Drop(Drop {
+    Event::Drop(syn())
+}
+
+/// A SYN client -> server dropped (reason 2) at TCP's receive path.
+fn syn() -> Drop {
+    Drop {
         ts_ns: 1_000_000_000,
         cpu: 0,
         location: TCP_V4_RCV,
@@ -56,7 +61,7 @@ fn syn_freed() -> Event {
         ct: None,
         src_check: None,
         src_mac: None,
-    })
+    }
 }
 
 fn pending(e: &mut Enricher<Replay>, yes: bool) {
@@ -163,4 +168,45 @@ fn without_drop_reasons_only_a_pending_request_makes_a_duplicate() {
         Some("duplicate_syn")
     );
     assert_eq!(e.answered_by_tcp, 0);
+}
+
+/// Kept: SYNs alike but for their source port, ISN and time within the
+/// same second. Not kept: replies, entries, lookups, programs' drops.
+#[test]
+fn which_drops_share_a_diagnosis() {
+    let a = memo::Key::of(&syn(), false).unwrap();
+    let mut b = syn();
+    (b.sport, b.isn, b.ts_ns) = (40001, 99, 1_900_000_000);
+    assert_eq!(memo::Key::of(&b, false), Some(a));
+    b.ts_ns = 2_000_000_000;
+    assert_ne!(
+        memo::Key::of(&b, false),
+        Some(a),
+        "a second later: asked again"
+    );
+    let mut c = syn();
+    c.saddr = "10.0.1.2".parse().unwrap();
+    assert_ne!(memo::Key::of(&c, false), Some(a));
+    let mut syn_ack = syn();
+    syn_ack.tcp_flags = TCP_SYN | TCP_ACK;
+    assert_eq!(memo::Key::of(&syn_ack, false), None);
+    let mut ecn = syn();
+    ecn.tcp_flags = TCP_SYN | 0x40 | 0x80;
+    assert!(memo::Key::of(&ecn, false).is_some(), "ECE and CWR on a SYN");
+    let mut looked_up = syn();
+    looked_up.fib.push(crate::model::packet::Lookup {
+        ts_ns: 1,
+        table: 254,
+        err: 0,
+        iif: 2,
+        oif: 0,
+        mark: 0,
+        src: "10.0.2.2".parse().unwrap(),
+        dst: "10.0.1.1".parse().unwrap(),
+        res_ifindex: 2,
+        gw: None,
+        scope: 0,
+    });
+    assert_eq!(memo::Key::of(&looked_up, false), None);
+    assert_eq!(memo::Key::of(&syn(), true), None);
 }
