@@ -280,6 +280,8 @@ mod tests {
     fn skeleton_ids_match_the_kernels() {
         let path = std::path::Path::new("/sys/kernel/btf/vmlinux");
         let Ok(ours) = crate::kernel::btf_file::read(path) else {
+            // Said, not silent: a host without BTF cannot run kdrop at all.
+            eprintln!("SKIP skeleton_ids_match_the_kernels: no {}", path.display());
             return;
         };
         let whole = AyaBtf::parse_file(path, Endianness::default()).unwrap();
