@@ -127,24 +127,21 @@ impl Memo {
 /// counters are attributed alike, but for what the rules read of them.
 #[derive(Default)]
 pub(super) struct Attributions {
-    kept: HashMap<AttrKey, Counted>,
+    kept: HashMap<AttrKey, Option<Arc<Attribution>>>,
     /// Whether the newest `after` snapshot has a rule that reads source
     /// ports (then they are part of the key).
     sport_read: Option<(Arc<Snapshot>, bool)>,
 }
 
-/// The snapshots by address: each entry holds its two `Arc`s, so no other
-/// snapshot can take an address while the entry stands.
+/// The snapshots by when they were read (CLOCK_MONOTONIC ns, start and
+/// end: one namespace's readings never overlap, and two namespaces are
+/// never read at once), not by reference: an entry must not keep a
+/// ruleset alive (kube-proxy's run to megabytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct AttrKey {
-    before: usize,
-    after: usize,
+    before: (u64, u64),
+    after: (u64, u64),
     packet: Dropped,
-}
-
-struct Counted {
-    _snapshots: (Option<Arc<Snapshot>>, Arc<Snapshot>),
-    attribution: Option<Arc<Attribution>>,
 }
 
 impl Attributions {
@@ -163,29 +160,24 @@ impl Attributions {
                 read
             }
         };
+        let read = |s: &Snapshot| (s.started_ns, s.finished_ns);
         let key = AttrKey {
-            before: before.as_ref().map_or(0, |b| Arc::as_ptr(b) as usize),
-            after: Arc::as_ptr(&after) as usize,
+            before: before.as_deref().map_or((0, 0), read),
+            after: read(&after),
             packet: Dropped {
                 sport: if sport_read { packet.sport } else { 0 },
                 ..packet
             },
         };
-        if let Some(c) = self.kept.get(&key) {
-            return c.attribution.clone();
+        if let Some(a) = self.kept.get(&key) {
+            return a.clone();
         }
         let attribution =
             nf::attribute_within(&packet, before.as_deref(), &after, None).map(Arc::new);
         if self.kept.len() >= KEPT {
             self.kept.clear();
         }
-        self.kept.insert(
-            key,
-            Counted {
-                _snapshots: (before, after),
-                attribution: attribution.clone(),
-            },
-        );
+        self.kept.insert(key, attribution.clone());
         attribution
     }
 }
