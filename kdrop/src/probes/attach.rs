@@ -89,13 +89,24 @@ pub fn btf_lookup(attach: &Attach) -> Option<(String, Kind)> {
     }
 }
 
-/// Loads (verifies) a rung's program(s) once.
+/// Loads (verifies) a rung's program(s) once: tp_btf and fexit programs
+/// may have been loaded already (`verify::verify_ahead`).
 fn load_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
     match *attach {
-        Attach::TpBtf { prog, tp } => program::<BtfTracePoint>(ebpf, prog)?.load(tp, btf)?,
+        Attach::TpBtf { prog, tp } => {
+            let p = program::<BtfTracePoint>(ebpf, prog)?;
+            if p.fd().is_err() {
+                p.load(tp, btf)?;
+            }
+        }
         Attach::RawTp { prog, .. } => program::<RawTracePoint>(ebpf, prog)?.load()?,
         Attach::Tracepoint { prog, .. } => program::<TracePoint>(ebpf, prog)?.load()?,
-        Attach::FExit { prog, func } => program::<FExit>(ebpf, prog)?.load(func, btf)?,
+        Attach::FExit { prog, func } => {
+            let p = program::<FExit>(ebpf, prog)?;
+            if p.fd().is_err() {
+                p.load(func, btf)?;
+            }
+        }
         Attach::KRetProbe { prog, entry, .. } => {
             // Before loading: a kernel without kprobes (this CI host) would
             // verify the program only to refuse the attach, and keep it.

@@ -109,6 +109,17 @@ pub enum Attach {
 }
 
 impl Attach {
+    /// The program the rung attaches (a kretprobe's, not its entry's).
+    pub fn prog(&self) -> &'static str {
+        match *self {
+            Attach::TpBtf { prog, .. }
+            | Attach::RawTp { prog, .. }
+            | Attach::Tracepoint { prog, .. }
+            | Attach::FExit { prog, .. }
+            | Attach::KRetProbe { prog, .. } => prog,
+        }
+    }
+
     pub fn rung(&self) -> Rung {
         match self {
             Attach::TpBtf { .. } => Rung::TpBtf,

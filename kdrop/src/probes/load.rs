@@ -1,11 +1,9 @@
 //! Loading kdrop's eBPF object with the kernel's facts as globals, then
 //! attaching every point by its ladder.
-use std::{sync::Mutex, thread::JoinHandle};
-
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{PerCpuHashMap, PerCpuValues},
-    Btf as AyaBtf, Ebpf, EbpfLoader, Endianness,
+    Btf as AyaBtf, Ebpf, Endianness,
 };
 
 use kdrop_common::{AggKey, Evidence, FibLookupArgs, Filter, KfreeSkbArgs, MonitorConfig};
@@ -15,6 +13,7 @@ use super::{
     attach::{attach_ladder, btf_lookup},
     ladder::{forced_rung, outcome_text, points, Rung, DROP_PATH},
     setup::KernelSetup,
+    verify::verify_ahead,
     Probes,
 };
 
@@ -74,6 +73,12 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
     let mut fields = setup.kfree_skb_fields.clone();
     let mut ebpf = load_object(fields.as_ref().unwrap_or(&absent))?;
     let forced = forced_rung()?;
+    let all = points(setup, &fields);
+    let wanted: Vec<_> = all
+        .iter()
+        .filter(|p| cfg.monitor.aggregate == 0 || !p.trace_only)
+        .collect();
+    verify_ahead(&mut ebpf, &aya_btf, &wanted, forced);
 
     let mut reports = Vec::new();
     let mut states = Vec::new();
@@ -139,29 +144,6 @@ pub fn load(setup: &KernelSetup, cfg: &Config) -> Result<Probes> {
         reports,
         points: states,
     })
-}
-
-/// aya 0.14's `EbpfLoader::new()` parses /sys/kernel/btf/vmlinux on its
-/// own (`Btf::from_sys_fs`, aya-0.14.0/src/bpf.rs:163), whatever BTF it is
-/// then given: the one parse of vmlinux kdrop does not control, and does not
-/// use (`attach_btf`). Started on a thread of its own when the kernel is
-/// first read (`KernelSetup::read`), it runs beside kdrop's own parse.
-pub struct EarlyLoader(Mutex<Option<JoinHandle<EbpfLoader<'static>>>>);
-
-impl EarlyLoader {
-    pub fn start() -> Self {
-        let thread = std::thread::Builder::new()
-            .name("aya-loader".into())
-            .spawn(EbpfLoader::new);
-        Self(Mutex::new(thread.ok()))
-    }
-
-    /// The loader started early, the first time; a new one after that (the
-    /// tracefs reload).
-    fn take(&self) -> EbpfLoader<'static> {
-        let started = self.0.lock().ok().and_then(|mut h| h.take());
-        started.and_then(|h| h.join().ok()).unwrap_or_default()
-    }
 }
 
 /// The BTF aya is given to load the programs: a skeleton of vmlinux's

@@ -1,14 +1,17 @@
 //! kdrop's kernel side from userspace: what the running kernel offers
-//! (setup), the probe points and their ladders (ladder), loading and
-//! attaching (load, attach), the maps (maps), privileges.
+//! (setup), the probe points and their ladders (ladder), aya's loader
+//! (loader), loading (load, verify)
+//! and attaching (attach), the maps (maps), privileges.
 pub mod arm;
 pub mod attach;
 pub mod ladder;
 pub mod load;
+pub mod loader;
 pub mod maps;
 pub mod nf;
 pub mod privileges;
 pub mod setup;
+pub mod verify;
 
 use anyhow::Result;
 use aya::Ebpf;

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use kdrop_common::{FibLookupArgs, KfreeSkbArgs, Offsets};
 
-use super::{load::EarlyLoader, nf::NfSetup};
+use super::{loader::EarlyLoader, nf::NfSetup};
 use crate::{
     kernel::{
         btf::{Btf, Kind},
@@ -47,8 +47,7 @@ pub struct KernelSetup {
     /// Where the socket tracepoints (retransmissions, connects ended in
     /// SYN-SENT) pass the socket, and whether each can be used.
     pub sockets: facts::SocketPoints,
-    /// aya's loader, built while the rest is read (it parses vmlinux's BTF
-    /// on its own).
+    /// aya's loader, built while the rest is read.
     pub loader: EarlyLoader,
 }
 

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{anyhow, Context as _, Result};
 use kdrop_common::{Filter, MonitorConfig};
 use tokio::{
     signal::unix::{signal, Signal, SignalKind},
@@ -131,18 +131,27 @@ impl Session {
     pub fn start(o: &Options) -> Result<Self> {
         let sigint = signal(SignalKind::interrupt())?;
         let sigterm = signal(SignalKind::terminate())?;
-        let setup = KernelSetup::read()?;
         let mut filter = o.filter;
-        filter.final_ack_reason = final_ack_reason(&setup.reasons);
         let mut live = Live::new()?;
         let traced = match o.filter.netns {
             0 => live.own_netns(),
             n => n,
         };
         // The "before" of the first netfilter drop, and the rules the node
-        // ports are read from.
-        live.prime_netfilter(traced);
-        let mut node_ports = node_ports::follow(&mut live, traced, &mut filter);
+        // ports are read from: mostly waiting on iptables-save and nft, done
+        // while this thread parses BTF.
+        let (setup, mut node_ports) = std::thread::scope(|s| {
+            let rules = s.spawn(|| {
+                live.prime_netfilter(traced);
+                node_ports::follow(&mut live, traced, &mut filter)
+            });
+            let setup = KernelSetup::read();
+            let node_ports = rules
+                .join()
+                .map_err(|_| anyhow!("reading the rules panicked"));
+            anyhow::Ok((setup?, node_ports?))
+        })?;
+        filter.final_ack_reason = final_ack_reason(&setup.reasons);
         let namespaces = followed_namespaces(o.filter.netns)?;
         node_ports
             .left
