@@ -15,6 +15,7 @@ mod companion;
 mod health;
 mod interrupt;
 mod measure;
+pub mod noop;
 mod parse;
 mod points;
 mod prog_stats;
@@ -52,7 +53,8 @@ pub struct Opts {
     count: u64,
     /// Workloads and flood variants: `h1`, `h2`, `h3` (healthy workloads,
     /// each with every healthy variant), `flood` (every flood variant) or
-    /// flood variants such as `b,c,e2` (the baseline `a` always runs).
+    /// flood variants such as `n,b,c,e2` (the baseline `a` always runs;
+    /// `n` is a no-op program on kdrop's points, the kernel side's floor).
     /// Default: the flood and h1, h2, h3.
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
@@ -81,7 +83,7 @@ pub struct Opts {
     torture: bool,
 }
 
-const FLOOD_KEYS: &[&str] = &["a", "b", "c", "d", "e1", "e2", "f", "g"];
+const FLOOD_KEYS: &[&str] = &["a", "n", "b", "c", "d", "e1", "e2", "f", "g"];
 const HEALTHY: &[(&str, Work)] = &[("h1", Work::Udp), ("h2", Work::Churn), ("h3", Work::Stream)];
 const HEALTHY_KEYS: &[&str] = &[
     "base",
@@ -188,8 +190,18 @@ pub fn run(o: &Opts) -> Result<()> {
     interrupt::catch();
     // Each table is printed as soon as it is there: a later failure keeps it.
     if !sel.flood.is_empty() {
+        let floor = if sel.flood.iter().any(|k| k == "n") {
+            kdrop_points(&kdrop, o.cpu)?.and_then(|ps| {
+                let exe = std::env::current_exe().map_err(|e| format!("this xtask: {e}"))?;
+                let mut argv = vec![exe.display().to_string(), "bench-noop".into()];
+                argv.extend(ps.iter().map(noop::arg));
+                Ok(argv)
+            })
+        } else {
+            Err("not asked for".into())
+        };
         let topo = Topo::new()?;
-        let mut vs = variants::flood(&topo, &kdrop);
+        let mut vs = variants::flood(&topo, &kdrop, floor);
         vs.retain(|v| v.tool.is_none() || sel.flood.iter().any(|k| k == v.key));
         let r = rounds(o, Load::Flood(&topo), vs, &missing)?;
         drop(topo);
@@ -198,6 +210,7 @@ pub fn run(o: &Opts) -> Result<()> {
     if !sel.healthy.is_empty() {
         let points = if sel.variants.iter().any(|k| k == "bt-points") {
             kdrop_points(&kdrop, o.cpu)?
+                .and_then(|ps| points::bpftrace(&ps).map_err(|e| format!("{e:#}")))
         } else {
             Err("not asked for".into())
         };
@@ -212,9 +225,8 @@ pub fn run(o: &Opts) -> Result<()> {
     Ok(())
 }
 
-/// kdrop's points, read from its readiness line, as a bpftrace program
-/// counting on the same points; or why there is none.
-fn kdrop_points(kdrop: &std::path::Path, cpu: usize) -> Result<Result<String, String>> {
+/// kdrop's points, read from its readiness line; or why there are none.
+fn kdrop_points(kdrop: &std::path::Path, cpu: usize) -> Result<Result<Vec<points::Point>, String>> {
     let v = Variant {
         key: "points",
         label: "kdrop, to read its points".into(),
@@ -240,7 +252,10 @@ fn kdrop_points(kdrop: &std::path::Path, cpu: usize) -> Result<Result<String, St
             .collect::<Vec<_>>()
             .join(", ")
     );
-    Ok(points::bpftrace(&points).map_err(|e| format!("{e:#}")))
+    if points.is_empty() {
+        return Ok(Err("kdrop's readiness line names no point".into()));
+    }
+    Ok(Ok(points))
 }
 
 /// Every round of one workload: A B1 A B2 A ..., each variant compared to
@@ -452,6 +467,7 @@ fn bin_of(t: Tool) -> String {
         Tool::Bpftrace => "bpftrace",
         Tool::Tcpdump => "tcpdump",
         Tool::Dropwatch => "dropwatch",
+        Tool::Noop => "xtask",
     }
     .to_string()
 }
@@ -541,7 +557,11 @@ mod tests {
         assert_eq!(h.variants, ["mon", "kd-none"]);
         assert_eq!(
             select(&opts(Some("flood,h3"), None)).unwrap().flood.len(),
-            8
+            FLOOD_KEYS.len()
+        );
+        assert!(
+            FLOOD_KEYS.contains(&"n"),
+            "the no-op floor is a flood variant"
         );
         for bad in [opts(Some("h4"), None), opts(None, Some("b"))] {
             assert!(select(&bad).is_err());

@@ -114,6 +114,10 @@ enum Cmd {
     /// iptables-save / nft JSON parsers (libFuzzer, built as cargo-fuzz does),
     /// each for a bounded time.
     Fuzz(fuzz::Opts),
+    /// The bench's no-op floor: a program that returns at once on each
+    /// point (`NAME via RUNG`), held until a signal (bench/noop.rs).
+    #[command(hide = true)]
+    BenchNoop { points: Vec<String> },
 }
 
 fn main() -> ExitCode {
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
             kdrop: None,
         }),
         Cmd::Bench(opts) => bench::run(&opts),
+        Cmd::BenchNoop { points } => bench::noop::run(&points),
         Cmd::Fuzz(opts) => fuzz::run_all(&opts),
         Cmd::Image(opts) => opts
             .targets()

@@ -151,6 +151,9 @@ pub fn table(o: &Opts, machine: &str, others: &[String], r: &Results) -> String 
     }
     s.push_str(&programs(k, &rows));
     s.push_str(&health(k, &rows));
+    if k.key == "flood" {
+        s.push_str(&floor(&rows));
+    }
     s.push('\n');
     for (v, _) in &rows {
         if let Some(prog) = variants::bpftrace_prog(v) {
@@ -159,6 +162,38 @@ pub fn table(o: &Opts, machine: &str, others: &[String], r: &Results) -> String 
     }
     if k.key != "flood" {
         s.push_str(&super::targets::verdicts(k.key, &rows));
+    }
+    s
+}
+
+/// kdrop's kernel side against the no-op program on its points (issue 29):
+/// (b), whose filter matches nothing, within 0.03 of it; (c) and (d) by
+/// how much more the records cost.
+fn floor(rows: &[(&Variant, &Vec<Sample>)]) -> String {
+    let med = |key: &str| {
+        let (_, xs) = rows.iter().find(|(v, _)| v.key == key)?;
+        spread(xs.iter().map(|x| x.ratio_cpu).collect()).map(|(_, m, _)| m)
+    };
+    let Some(n) = med("n") else {
+        return String::new();
+    };
+    let mut s = format!(
+        "
+against the no-op floor (n), {n:.2} (median ratio per CPU s):
+"
+    );
+    for key in ["b", "c", "d"] {
+        let Some(r) = med(key) else { continue };
+        let verdict = match key {
+            "b" if n - r <= 0.03 => ", within 0.03: met",
+            "b" => ", within 0.03: MISSED",
+            _ => "",
+        };
+        s.push_str(&format!(
+            "  ({key}) {r:.2}, {:.2} below it{verdict}
+",
+            n - r
+        ));
     }
     s
 }

@@ -108,6 +108,7 @@ impl Running {
             Tool::Bpftrace => (true, "ready", true),
             Tool::Tcpdump => (false, "listening on", false),
             Tool::Dropwatch => (true, "Kernel monitoring activated", true),
+            Tool::Noop => (false, super::noop::READY, false),
         };
         let t0 = Instant::now();
         let mut cmd = Command::new(&v.argv[0]);
@@ -289,6 +290,7 @@ impl Running {
                 s.seen = parse::tcpdump_stat(&lines, "packets received by filter");
             }
             Tool::Dropwatch => s.seen = Some(parse::dropwatch_total(&lines)),
+            Tool::Noop => {}
         }
         Ok(s)
     }

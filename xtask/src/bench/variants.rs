@@ -14,6 +14,8 @@ pub enum Tool {
     Bpftrace,
     Tcpdump,
     Dropwatch,
+    /// A program that returns at once on kdrop's points (noop.rs).
+    Noop,
 }
 
 #[derive(Clone, Debug)]
@@ -56,7 +58,9 @@ fn bpftrace(key: &'static str, label: &str, prog: &str) -> Variant {
     }
 }
 
-pub fn flood(topo: &Topo, kdrop: &Path) -> Vec<Variant> {
+/// `floor`: the no-op program's command line (noop.rs), or why there is
+/// none.
+pub fn flood(topo: &Topo, kdrop: &Path, floor: Result<Vec<String>, String>) -> Vec<Variant> {
     let kdrop_argv = |extra: &[&str]| {
         let mut v = vec![
             kdrop.display().to_string(),
@@ -76,6 +80,12 @@ pub fn flood(topo: &Topo, kdrop: &Path) -> Vec<Variant> {
             label: s("no tracer"),
             tool: None,
             argv: vec![],
+        },
+        Variant {
+            key: "n",
+            label: s("no-op program on kdrop's points (the floor)"),
+            tool: Some(Tool::Noop),
+            argv: floor.unwrap_or_else(|why| vec![format!("n/a: {why}")]),
         },
         Variant {
             key: "b",
