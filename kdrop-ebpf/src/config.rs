@@ -11,6 +11,8 @@ use kdrop_common::{
     AGGREGATE_MAX_ENTRIES, COUNTERS_KEYS, FOLLOW_MAX_ENTRIES, LIMITERS,
 };
 
+use crate::filter::Admitted;
+
 #[unsafe(no_mangle)]
 static OFFSETS: Offsets = Offsets::zeroed();
 
@@ -62,6 +64,10 @@ pub static FIB_LOOKUPS: PerCpuArray<FibRecent> = PerCpuArray::with_max_entries(1
 /// too big for the BPF stack next to everything else.
 #[map]
 pub static CT_SCRATCH: PerCpuArray<CtTuple> = PerCpuArray::with_max_entries(1, 0);
+
+/// The packet each program is filtering (filter::admitted).
+#[map]
+pub static ADMITTED: PerCpuArray<Admitted> = PerCpuArray::with_max_entries(3, 0);
 
 /// When each CPU last let a record wake the reader (see drop::wakeup_flags).
 #[map]

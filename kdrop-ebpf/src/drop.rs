@@ -11,7 +11,7 @@ use kdrop_common::{
 use crate::{
     config::{evidence, filter, offsets, COUNTERS, EVENTS, LAST_WAKEUP},
     ct, fib,
-    filter::{admit, identity, Admitted},
+    filter::{admit, admitted, identity, Admitted, SLOT_DROP},
     head, monitor,
     skb::{self, Load},
     srccheck,
@@ -32,10 +32,10 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
     if args.consumed != ABSENT && reason == args.consumed {
         return None;
     }
-    let mut a = Admitted::zeroed();
+    let a = admitted(SLOT_DROP)?;
     // The final ACK refused by a full accept queue is a handshake packet
     // though it carries no SYN.
-    if !admit::<L>(skb, filter().drop_flags(reason), &mut a) {
+    if !admit::<L>(skb, filter().drop_flags(reason), a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(COUNTERS_KEY)?;
@@ -76,7 +76,7 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
             location,
             reason,
         };
-        fill::<L>(&mut e.drop, &a, &at);
+        fill::<L>(&mut e.drop, a, &at);
         e.drop.fib_next = fib::copy_recent(&mut e.fib).unwrap_or(u32::MAX);
         entry.submit(wakeup_flags(now));
     } else {
@@ -93,7 +93,7 @@ fn try_kfree_skb<L: Load>(skb: u64, location: u64, reason: u64, args: &KfreeSkbA
             location,
             reason,
         };
-        fill::<L>(e, &a, &at);
+        fill::<L>(e, a, &at);
         e.fib_next = u32::MAX;
         entry.submit(wakeup_flags(now));
     }

@@ -12,7 +12,7 @@ use crate::{
     config::{offsets, COUNTERS, EVENTS},
     ct,
     drop::wakeup_flags,
-    filter::{admit, identity, Admitted},
+    filter::{admit, admitted, identity, SLOT_EGRESS},
     monitor,
     skb::Load,
 };
@@ -26,8 +26,8 @@ pub fn on_net_dev_queue<L: Load>(skb: u64) -> i32 {
 #[inline(always)]
 fn try_net_dev_queue<L: Load>(skb: u64) -> Option<()> {
     // The handshake and its refusal, whatever --all-flags says for drops.
-    let mut a = Admitted::zeroed();
-    if !admit::<L>(skb, TCP_SYN | TCP_RST, &mut a) {
+    let a = admitted(SLOT_EGRESS)?;
+    if !admit::<L>(skb, TCP_SYN | TCP_RST, a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(EGRESS_COUNTERS_KEY)?;
@@ -52,7 +52,7 @@ fn try_net_dev_queue<L: Load>(skb: u64) -> Option<()> {
         cpu: unsafe { bpf_get_smp_processor_id() },
         ts_ns: now,
     };
-    identity(&a, L::load(skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
+    identity(a, L::load(skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
     // The filter took the interface it came in on (`skb_iif`, like drops);
     // the record says where it leaves.
     let dev: u64 = L::load(skb, o.skb_dev).unwrap_or(0);

@@ -19,7 +19,7 @@ use kdrop_common::{
 use crate::{
     config::{filter, nf_probes, offsets, COUNTERS, EVENTS, NF_ARGS},
     drop::wakeup_flags,
-    filter::{admit, identity, Admitted},
+    filter::{admit, admitted, identity, SLOT_VERDICT},
     skb::{read, Probe},
 };
 
@@ -118,8 +118,8 @@ fn try_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> Optio
     let privp = pick(fa.priv_, a0, a1, a2);
     let o = offsets();
     // Arguments saved by the entry kprobe are plain numbers: helper reads.
-    let mut a = Admitted::zeroed();
-    if !admit::<Probe>(skb, filter().tcp_flags_any, &mut a) {
+    let a = admitted(SLOT_VERDICT)?;
+    if !admit::<Probe>(skb, filter().tcp_flags_any, a) {
         return None;
     }
     let counters = COUNTERS.get_ptr_mut(NF_VERDICT_COUNTERS_KEY)?;
@@ -141,7 +141,7 @@ fn try_drop_verdict(func: u32, verdict: u32, a0: u64, a1: u64, a2: u64) -> Optio
         ts_ns: now,
     };
     e.verdict = verdict;
-    identity(&a, read(skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
+    identity(a, read(skb, o.skb_mark).unwrap_or(0), &mut e.pkt);
     e.func = func as u8;
     e.hook = read(state, p.state_hook).unwrap_or(NF_UNKNOWN);
     e.pf = read(state, p.state_pf).unwrap_or(NF_UNKNOWN);

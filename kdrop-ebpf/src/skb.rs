@@ -68,6 +68,8 @@ impl Load for Direct {
     }
 }
 
+// C layout: the addresses at offsets 16 and 32, 8-aligned (zero16).
+#[repr(C)]
 pub struct Tcp {
     pub family: u8,
     pub tcp_flags: u8,
@@ -79,21 +81,6 @@ pub struct Tcp {
     pub th: u64,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
-}
-
-impl Tcp {
-    #[inline(always)]
-    pub fn zeroed() -> Self {
-        Tcp {
-            family: 0,
-            tcp_flags: 0,
-            sport: 0,
-            dport: 0,
-            th: 0,
-            saddr: [0; 16],
-            daddr: [0; 16],
-        }
-    }
 }
 
 /// The TCP/IP headers of `skb` into `out`; false if it is not TCP over
@@ -176,8 +163,8 @@ fn parse_v4(nh: u64, h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
         return None;
     }
     t.family = AF_INET;
-    t.saddr = [0; 16];
-    t.daddr = [0; 16];
+    zero16(&mut t.saddr);
+    zero16(&mut t.daddr);
     t.saddr[..4].copy_from_slice(&h[12..16]);
     t.daddr[..4].copy_from_slice(&h[16..20]);
     t.th = nh + ihl as u64;
@@ -203,6 +190,25 @@ fn parse_v6(nh: u64, h: &[u8; HDRS], t: &mut Tcp) -> Option<()> {
     t.th = nh + 40;
     set_ports(&h[40..54], t);
     Some(())
+}
+
+const _: () = assert!(
+    core::mem::offset_of!(Tcp, saddr) % 8 == 0 && core::mem::offset_of!(Tcp, daddr) % 8 == 0
+);
+
+/// Two 8-byte stores. `= [0; 16]` became a call to compiler-builtins'
+/// byte-by-byte `memset` (~80 instructions run for each address, on every
+/// IPv4 packet the filter looks at); volatile stores are not merged into
+/// one. `a` is 8-aligned: a `Tcp` address (see the assertion above) in a
+/// map value or on the stack, both 8-aligned.
+#[inline(always)]
+fn zero16(a: &mut [u8; 16]) {
+    let p = a.as_mut_ptr().cast::<u64>();
+    // SAFETY: 16 bytes, 8-aligned as said above.
+    unsafe {
+        core::ptr::write_volatile(p, 0);
+        core::ptr::write_volatile(p.add(1), 0);
+    }
 }
 
 /// Ports and flags from the TCP header's first 14 bytes.
