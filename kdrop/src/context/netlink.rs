@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 
 pub use kdrop_core::parse::rtnetlink::*;
 
-use crate::model::routing::Tables;
+use crate::model::{netfilter::Iface, routing::Tables};
 
 /// An rtnetlink socket in the calling thread's network namespace.
 pub struct Socket {
@@ -191,9 +191,60 @@ pub fn dump_tables() -> Result<Tables> {
     })
 }
 
+/// Every link of the calling thread's namespace with its master's name and
+/// its addresses: a netfilter snapshot's interfaces (bridge ports, local
+/// addresses), read where `ip -j addr show` was run for each snapshot.
+pub fn ifaces() -> Result<Vec<Iface>> {
+    let s = Socket::open(0, false)?;
+    let links: Vec<_> = s
+        .dump(RTM_GETLINK, 0, 16)?
+        .iter()
+        .filter_map(|p| parse_link(p))
+        .collect();
+    let mut addrs = Vec::new();
+    for family in [AF_INET, AF_INET6] {
+        addrs.extend(
+            s.dump(RTM_GETADDR, family, 8)?
+                .iter()
+                .filter_map(|p| parse_addr(p)),
+        );
+    }
+    Ok(links
+        .iter()
+        .map(|l| Iface {
+            index: l.index,
+            name: l.name.clone(),
+            master: l
+                .master
+                .and_then(|m| links.iter().find(|x| x.index == m))
+                .map(|m| m.name.clone()),
+            addrs: addrs
+                .iter()
+                .filter(|a| a.index == l.index)
+                .map(|a| a.addr)
+                .collect(),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The kernel gives every namespace `lo` at index 1; this test's has
+    /// 127.0.0.1 on it (a namespace of its own would start it down and
+    /// bare).
+    #[test]
+    fn ifaces_of_this_namespace() {
+        let Ok(ifaces) = ifaces() else {
+            eprintln!("SKIP ifaces_of_this_namespace: no rtnetlink here");
+            return;
+        };
+        let lo = ifaces.iter().find(|i| i.index == 1).expect("no link 1");
+        assert_eq!(lo.name, "lo");
+        assert_eq!(lo.master, None);
+        assert!(lo.addrs.contains(&"127.0.0.1".parse().unwrap()), "{lo:?}");
+    }
 
     pub use kdrop_core::parse::rtnetlink::message as msg;
 

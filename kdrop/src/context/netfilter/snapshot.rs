@@ -14,12 +14,11 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
 
 use super::{conntrack::read_conntrack, iptables_save, nft_json};
 use crate::{
-    context::netns::in_netns,
-    model::netfilter::{Backend, Family, Iface, Snapshot, Table},
+    context::{netlink, netns::in_netns},
+    model::netfilter::{Backend, Family, Snapshot, Table},
 };
 
 /// A tool that has not answered in this long is killed; kdrop reports the
@@ -33,7 +32,6 @@ pub struct Tools {
     pub nft_save4: Option<PathBuf>,
     pub nft_save6: Option<PathBuf>,
     pub nft: Option<PathBuf>,
-    pub ip: Option<PathBuf>,
 }
 
 pub fn which(bin: &str) -> Option<PathBuf> {
@@ -64,7 +62,6 @@ impl Tools {
             nft_save4: save_tool("iptables", "nft", "(nf_tables)"),
             nft_save6: save_tool("ip6tables", "nft", "(nf_tables)"),
             nft: which("nft"),
-            ip: which("ip"),
         }
     }
 }
@@ -184,11 +181,9 @@ fn read_here(tools: &Tools) -> Snapshot {
     }
     snap.tables.extend(nft_tables);
     snap.conntrack = read_conntrack();
-    if let Some(ip) = &tools.ip {
-        match run(ip, &["-j", "addr", "show"]) {
-            Ok(text) => snap.ifaces = parse_ip_addr(&text),
-            Err(e) => snap.problems.push(format!("{e:#}")),
-        }
+    match netlink::ifaces() {
+        Ok(ifaces) => snap.ifaces = ifaces,
+        Err(e) => snap.problems.push(format!("{e:#}")),
     }
     snap.finished_ns = monotonic_ns();
     snap
@@ -214,32 +209,6 @@ fn replace_xtables(nft_tables: &mut [Table], saved: Vec<Table>) {
     }
 }
 
-/// `ip -j addr show`: names, bridge masters, local addresses.
-pub fn parse_ip_addr(json: &str) -> Vec<Iface> {
-    let Ok(Value::Array(links)) = serde_json::from_str::<Value>(json) else {
-        return Vec::new();
-    };
-    links
-        .iter()
-        .filter_map(|l| {
-            Some(Iface {
-                index: u32::try_from(l.get("ifindex")?.as_u64()?).ok()?,
-                name: l.get("ifname")?.as_str()?.to_string(),
-                master: l.get("master").and_then(Value::as_str).map(String::from),
-                addrs: l
-                    .get("addr_info")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|x| x.get("local")?.as_str()?.parse().ok())
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            })
-        })
-        .collect()
-}
-
 /// Takes a snapshot inside the namespace at `path`.
 pub fn snapshot(path: &Path, tools: &Arc<Tools>) -> Result<Snapshot> {
     let tools = Arc::clone(tools);
@@ -249,25 +218,6 @@ pub fn snapshot(path: &Path, tools: &Arc<Tools>) -> Result<Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ip_addr_json() {
-        let json = r#"[{"ifindex":1,"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8},{"family":"inet6","local":"::1"}]},
-            {"ifindex":4,"ifname":"bp0","master":"br0","addr_info":[]},
-            {"ifindex":5,"ifname":"br0","addr_info":[{"family":"inet","local":"10.5.0.254"}]}]"#;
-        let i = parse_ip_addr(json);
-        assert_eq!(i.len(), 3);
-        assert_eq!(
-            i[0].addrs,
-            [
-                "127.0.0.1".parse::<std::net::IpAddr>().unwrap(),
-                "::1".parse().unwrap()
-            ]
-        );
-        assert_eq!(i[1].master.as_deref(), Some("br0"));
-        assert_eq!(i[2].index, 5);
-        assert!(parse_ip_addr("nope").is_empty());
-    }
 
     #[test]
     fn xtables_replacement_needs_the_same_chains() {
