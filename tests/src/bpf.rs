@@ -30,6 +30,33 @@ pub fn bpf_objects_of(pid: u32) -> Vec<(&'static str, u64)> {
     out
 }
 
+/// Kernels before 5.11 charge BPF programs and maps to RLIMIT_MEMLOCK (the
+/// memcg accounting series came in 5.11), and a guest's limit is the
+/// kernel's default of 64 KiB: a test's own `BPF_PROG_LOAD`, and the
+/// bpftool it runs, then fail with EPERM. kdrop copes through aya, which
+/// raises the limit to infinity on such kernels when a load is refused
+/// (aya 0.14 `sys/bpf.rs`, `RAISE_MEMLIMIT`); a test that loads programs
+/// itself does the same for its own process, and so for the commands it
+/// starts, which inherit the limit. Root may (CAP_SYS_RESOURCE); a failure
+/// fails the test.
+pub fn raise_memlock_before_5_11() {
+    if crate::kernel_at_least(5, 11) {
+        return;
+    }
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+    assert_eq!(
+        rc,
+        0,
+        "raising RLIMIT_MEMLOCK: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 /// Does a program, link or map with this id still exist (bpftool asks the
 /// kernel by id)?
 pub fn bpf_object_exists(what: &str, id: u64) -> bool {
