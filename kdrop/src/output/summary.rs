@@ -18,11 +18,17 @@ impl Summary {
     pub fn add(&mut self, r: &DropRecord) {
         self.received += 1;
         let reason = match (&r.reason, r.kind) {
-            (Some(reason), _) => reason.clone(),
-            (None, "drop") => "unknown".into(),
-            (None, kind) => kind.to_string(),
+            (Some(reason), _) => reason.as_str(),
+            (None, "drop") => "unknown",
+            (None, kind) => kind,
         };
-        *self.by_reason.entry(reason).or_default() += 1;
+        // A known reason costs a lookup, not a String per record.
+        match self.by_reason.get_mut(reason) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_reason.insert(reason.to_string(), 1);
+            }
+        }
         if let Some(svc) = &r.pods.service {
             let cause = r.finding.as_ref().map_or("unexplained", |f| f.cause.id());
             *self
