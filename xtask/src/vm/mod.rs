@@ -127,6 +127,13 @@ pub fn run(opts: &Options) -> Result<()> {
                 Some(bin) => bin.clone(),
                 None => {
                     crate::build()?;
+                    // `cargo xtask test` builds the image in its host leg;
+                    // run alone, the image tests need it built here, from
+                    // this tree (an archive left from before would test an
+                    // older kdrop).
+                    if files.is_empty() || files.iter().any(|f| f == "image") {
+                        crate::image::build_for_tests()?;
+                    }
                     crate::kdrop_bin()
                 }
             };
