@@ -4,7 +4,9 @@
 //! unit-tested without a kernel). Message layouts: include/uapi/linux/{netlink,rtnetlink,if_link,
 //! if_addr,fib_rules}.h (stable UAPI).
 use std::{
+    collections::HashMap,
     io,
+    net::IpAddr,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
@@ -201,28 +203,25 @@ pub fn ifaces() -> Result<Vec<Iface>> {
         .iter()
         .filter_map(|p| parse_link(p))
         .collect();
-    let mut addrs = Vec::new();
+    // By link: a node with hundreds of pods has as many veths.
+    let mut addrs: HashMap<u32, Vec<IpAddr>> = HashMap::new();
     for family in [AF_INET, AF_INET6] {
-        addrs.extend(
-            s.dump(RTM_GETADDR, family, 8)?
-                .iter()
-                .filter_map(|p| parse_addr(p)),
-        );
+        for a in s
+            .dump(RTM_GETADDR, family, 8)?
+            .iter()
+            .filter_map(|p| parse_addr(p))
+        {
+            addrs.entry(a.index).or_default().push(a.addr);
+        }
     }
+    let names: HashMap<u32, &str> = links.iter().map(|l| (l.index, l.name.as_str())).collect();
     Ok(links
         .iter()
         .map(|l| Iface {
             index: l.index,
             name: l.name.clone(),
-            master: l
-                .master
-                .and_then(|m| links.iter().find(|x| x.index == m))
-                .map(|m| m.name.clone()),
-            addrs: addrs
-                .iter()
-                .filter(|a| a.index == l.index)
-                .map(|a| a.addr)
-                .collect(),
+            master: l.master.and_then(|m| names.get(&m)).map(|m| m.to_string()),
+            addrs: addrs.remove(&l.index).unwrap_or_default(),
         })
         .collect())
 }
