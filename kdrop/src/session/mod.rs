@@ -362,9 +362,12 @@ impl Session {
                 }
             }
         }
-        let now = monotonic_ns();
-        let due = self.enricher.due(now);
-        self.taped(Line::Due { now: Some(now) });
+        // Due as of when the batch was taken, not now: what came on the ring
+        // while a slow batch was explained (a retransmission, the SYN-ACK's
+        // drop) is not read yet, and a handshake is not overdue, nor a held
+        // record due, before kdrop has read past its time.
+        let due = self.enricher.due(at);
+        self.taped(Line::Due { now: Some(at) });
         for r in due {
             if self.hand(r, sink) == Control::Stop {
                 return Control::Stop;
