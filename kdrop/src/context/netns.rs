@@ -71,10 +71,16 @@ pub fn resolve_arg(arg: &str, registry: &mut NetnsRegistry) -> Result<Netns, Str
 }
 
 /// inode → namespace, refreshed when an unknown inode shows up (at most once
-/// a second, so a flood from an unnamed namespace costs one scan).
+/// a second, so a flood from an unnamed namespace costs one scan). A known
+/// entry is checked again once a second: the kernel reuses a freed
+/// namespace's inode number (proc_inum's IDA hands out the lowest free one),
+/// so a pod started after another was deleted may get its number, and the
+/// dead one's name must not stay on it.
 #[derive(Debug, Default)]
 pub struct NetnsRegistry {
     known: HashMap<u32, Netns>,
+    /// When each known entry's path was last seen to hold its inode.
+    checked: HashMap<u32, Instant>,
     last_scan: Option<Instant>,
 }
 
@@ -89,7 +95,21 @@ impl NetnsRegistry {
 
     pub fn lookup(&mut self, inode: u32) -> Option<Netns> {
         if let Some(n) = self.known.get(&inode) {
-            return Some(n.clone());
+            let now = Instant::now();
+            let fresh = self
+                .checked
+                .get(&inode)
+                .is_some_and(|t| now.duration_since(*t) < RESCAN_EVERY);
+            if fresh || inode_of(&n.path).is_ok_and(|i| i == inode) {
+                if !fresh {
+                    self.checked.insert(inode, now);
+                }
+                return Some(n.clone());
+            }
+            // Gone, or its path now holds another namespace: a scan says
+            // what holds the number now (whatever the scan's age).
+            self.scan();
+            return self.known.get(&inode).cloned();
         }
         if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN_EVERY) {
             self.scan();
@@ -107,8 +127,10 @@ impl NetnsRegistry {
 
     /// Named namespaces win over process paths.
     fn scan(&mut self) {
-        self.last_scan = Some(Instant::now());
+        let now = Instant::now();
+        self.last_scan = Some(now);
         self.known.clear();
+        self.checked.clear();
         if let Ok(procs) = fs::read_dir("/proc") {
             for p in procs.flatten() {
                 let name = p.file_name();
@@ -143,6 +165,7 @@ impl NetnsRegistry {
                 }
             }
         }
+        self.checked = self.known.keys().map(|&i| (i, now)).collect();
     }
 }
 
@@ -188,10 +211,14 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (idx != 0).then_some(idx)
 }
 
-/// (netns, ifindex) → interface name, resolved inside the namespace once.
+/// (netns, ifindex) → interface name, resolved inside the namespace once,
+/// with the path it was resolved through: a namespace number the kernel
+/// gave to another namespace (see [`NetnsRegistry`]) comes with another
+/// path, and its names are looked up again. A name that could not be
+/// resolved is not kept.
 #[derive(Debug, Default)]
 pub struct IfNames {
-    cache: HashMap<(u32, u32), String>,
+    cache: HashMap<(u32, u32), (PathBuf, String)>,
 }
 
 impl IfNames {
@@ -199,17 +226,25 @@ impl IfNames {
         if ifindex == 0 {
             return "-".into();
         }
-        if let Some(n) = self.cache.get(&(netns, ifindex)) {
-            return n.clone();
+        let via = ns.map(|n| n.path.as_path()).unwrap_or(Path::new(""));
+        if let Some((p, n)) = self.cache.get(&(netns, ifindex)) {
+            if p == via {
+                return n.clone();
+            }
         }
         let name = if netns == own_inode {
             ifname(ifindex)
         } else {
             ns.and_then(|ns| in_netns(&ns.path, move || ifname(ifindex)).ok().flatten())
         };
-        let name = name.unwrap_or_else(|| format!("if{ifindex}"));
-        self.cache.insert((netns, ifindex), name.clone());
-        name
+        match name {
+            Some(name) => {
+                self.cache
+                    .insert((netns, ifindex), (via.to_path_buf(), name.clone()));
+                name
+            }
+            None => format!("if{ifindex}"),
+        }
     }
 }
 
@@ -223,6 +258,52 @@ mod tests {
         assert_eq!(ifindex("lo"), Some(1));
         assert_eq!(ifindex("no-such-if0"), None);
         assert_eq!(ifindex("bad\0name"), None);
+    }
+
+    /// A number whose path now holds another namespace (the kernel reused
+    /// a deleted namespace's inode) is not answered with the dead one's
+    /// name.
+    #[test]
+    fn a_reused_inode_is_not_named_after_the_dead_namespace() {
+        let me = own().unwrap();
+        let mut r = NetnsRegistry::new();
+        let dead = me.inode.wrapping_add(1);
+        // What the registry learnt when `dead` was a named namespace whose
+        // path is now elsewhere (this process's, another inode).
+        r.known.insert(
+            dead,
+            Netns {
+                inode: dead,
+                path: PathBuf::from("/proc/self/ns/net"),
+                name: Some("gone".into()),
+            },
+        );
+        r.checked.insert(dead, Instant::now() - RESCAN_EVERY);
+        assert!(r
+            .lookup(dead)
+            .is_none_or(|n| n.name.as_deref() != Some("gone")));
+        // Checked within the second: answered from what it knows.
+        assert_eq!(r.lookup(me.inode).map(|n| n.inode), Some(me.inode));
+    }
+
+    #[test]
+    fn an_unresolved_interface_name_is_not_kept() {
+        let me = own().unwrap();
+        let mut names = IfNames::default();
+        let ns = Netns {
+            inode: me.inode.wrapping_add(1),
+            path: PathBuf::from("/nonexistent/ns"),
+            name: None,
+        };
+        assert_eq!(names.get(Some(&ns), me.inode, ns.inode, 1), "if1");
+        assert!(names.cache.is_empty());
+        let real = Netns {
+            path: PathBuf::from("/proc/self/ns/net"),
+            ..ns.clone()
+        };
+        assert_eq!(names.get(Some(&real), me.inode, ns.inode, 1), "lo");
+        // The same number through another path: looked up again.
+        assert_eq!(names.get(Some(&ns), me.inode, ns.inode, 1), "if1");
     }
 
     #[test]
