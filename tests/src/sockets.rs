@@ -156,6 +156,27 @@ pub fn send_syn_at(netns: &Path, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
     .unwrap_or_else(|e| panic!("SYN {src} -> {dst}: {e}"))
 }
 
+/// How many times a socket in SYN-SENT has retransmitted its SYN
+/// (`tcpi_retransmits`, icsk_retransmits: tcp_retransmit_timer counts each,
+/// net/ipv4/tcp_timer.c as of v6.18): the kernel's own count, the oracle for
+/// how many transmissions a test's client made.
+pub fn syn_retransmits(fd: &OwnedFd) -> u32 {
+    // SAFETY: tcp_info is plain data; getsockopt fills at most `len` bytes.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+    u32::from(info.tcpi_retransmits)
+}
+
 /// A listener inside `ns`.
 pub fn listen(ns: &Ns, addr: SocketAddr) -> std::net::TcpListener {
     in_netns(&ns.path(), move || std::net::TcpListener::bind(addr))
