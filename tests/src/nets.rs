@@ -11,6 +11,10 @@ pub const NETS: &[(&str, &[u8])] = &[
     ("accounting.rs", &[61, 62]),
     ("caps.rs", &[65]),
     ("causes.rs", &[191, 192, 193, 194, 197, 198, 199]),
+    // 10.244.7.0/24 inside 244 is tests/src/containerd.rs's pod subnet,
+    // every containerd file's (calico, cilium, image, kube_router, pods):
+    // they run one after another, on the host as in a guest's one lane
+    // (SAME_LANE in xtask/src/vm/guest.rs); conntrack.rs keeps to 10.244.1.
     ("conntrack.rs", &[70, 98, 100, 101, 244]),
     ("conntrack_table.rs", &[251]),
     ("ctnetlink.rs", &[168, 169]),
