@@ -1,6 +1,6 @@
 //! Connections and single SYNs with exact 5-tuples, from inside a namespace.
 use std::{
-    net::SocketAddr,
+    net::{SocketAddr, SocketAddrV4},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::Path,
     time::{Duration, Instant},
@@ -156,25 +156,77 @@ pub fn send_syn_at(netns: &Path, src: SocketAddr, dst: SocketAddr) -> OwnedFd {
     .unwrap_or_else(|e| panic!("SYN {src} -> {dst}: {e}"))
 }
 
-/// How many times a socket in SYN-SENT has retransmitted its SYN
-/// (`tcpi_retransmits`, icsk_retransmits: tcp_retransmit_timer counts each,
-/// net/ipv4/tcp_timer.c as of v6.18): the kernel's own count, the oracle for
-/// how many transmissions a test's client made.
-pub fn syn_retransmits(fd: &OwnedFd) -> u32 {
-    // SAFETY: tcp_info is plain data; getsockopt fills at most `len` bytes.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut info).cast(),
-            &mut len,
-        )
+/// A bare SYN's TCP header (no options) from `src` to `dst` with sequence
+/// number `seq` and its right checksum (pseudo-header + header, RFC 9293
+/// 3.1).
+pub fn syn_segment(src: SocketAddrV4, dst: SocketAddrV4, seq: u32) -> [u8; 20] {
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&src.port().to_be_bytes());
+    tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[12] = 5 << 4; // data offset: 5 words
+    tcp[13] = 0x02; // SYN
+    tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    let mut sum: u32 = 0;
+    let mut add = |b: &[u8]| {
+        for w in b.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+        }
     };
-    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    u32::from(info.tcpi_retransmits)
+    add(&src.ip().octets());
+    add(&dst.ip().octets());
+    add(&[0, libc::IPPROTO_TCP as u8, 0, 20]);
+    add(&tcp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    tcp[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    tcp
+}
+
+/// Sends the TCP segment `tcp` from `src` to `dst` through a raw socket in
+/// `ns` (the kernel writes the IP header): one transmission, with no socket
+/// behind it to retransmit, however slow the machine.
+pub fn send_raw_tcp(ns: &Ns, src: SocketAddrV4, dst: SocketAddrV4, tcp: &[u8]) {
+    let tcp = tcp.to_vec();
+    in_netns(&ns.path(), move || -> std::io::Result<()> {
+        // SAFETY: plain socket calls on an fd owned right away.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_INET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_TCP,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let _owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_addr.s_addr = u32::from_ne_bytes(src.ip().octets());
+        let len = size_of::<libc::sockaddr_in>() as u32;
+        if unsafe { libc::bind(fd, (&raw const sin).cast(), len) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        sin.sin_addr.s_addr = u32::from_ne_bytes(dst.ip().octets());
+        let n = unsafe {
+            libc::sendto(
+                fd,
+                tcp.as_ptr().cast(),
+                tcp.len(),
+                0,
+                (&raw const sin).cast(),
+                len,
+            )
+        };
+        if n != tcp.len() as isize {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })
+    .expect("entering the namespace")
+    .unwrap_or_else(|e| panic!("raw TCP {src} -> {dst}: {e}"));
 }
 
 /// A listener inside `ns`.

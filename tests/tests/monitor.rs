@@ -11,8 +11,8 @@ use std::{
 };
 
 use integration_tests::{
-    expected_cause, expected_reason_label, kdrop_bin, ns_name, reason_for, send_syn, Kdrop, Ns,
-    Pair, Record, EVENT_TIMEOUT,
+    expected_cause, expected_reason_label, kdrop_bin, ns_name, reason_for, send_raw_tcp, send_syn,
+    syn_segment, Kdrop, Ns, Pair, Record, EVENT_TIMEOUT,
 };
 use kdrop::context::netns::in_netns;
 
@@ -745,53 +745,10 @@ fn tcp_csum_errors(ns: &Ns) -> u64 {
 /// A SYN from `src` to `dst` with a wrong TCP checksum, sent from a raw
 /// socket in `ns` (the kernel writes the IP header).
 fn bad_checksum_syn(ns: &Ns, src: std::net::SocketAddrV4, dst: std::net::SocketAddrV4) {
-    let mut tcp = [0u8; 20];
-    tcp[0..2].copy_from_slice(&src.port().to_be_bytes());
-    tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
-    tcp[4..8].copy_from_slice(&0x1000_0000u32.to_be_bytes());
-    tcp[12] = 5 << 4; // data offset: 5 words
-    tcp[13] = 0x02; // SYN
-    tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
-    // The right checksum (pseudo-header + header, RFC 793), then one off.
-    let mut sum: u32 = 0;
-    let mut add = |b: &[u8]| {
-        for w in b.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-        }
-    };
-    add(&src.ip().octets());
-    add(&dst.ip().octets());
-    add(&[0, libc::IPPROTO_TCP as u8, 0, 20]);
-    add(&tcp);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let right = !(sum as u16);
+    let mut tcp = syn_segment(src, dst, 0x1000_0000);
+    let right = u16::from_be_bytes([tcp[16], tcp[17]]);
     tcp[16..18].copy_from_slice(&right.wrapping_add(1).to_be_bytes());
-    in_netns(&ns.path(), move || -> std::io::Result<()> {
-        // SAFETY: plain socket calls on an fd owned right away.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 6) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let _owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        sin.sin_family = libc::AF_INET as u16;
-        sin.sin_addr.s_addr = u32::from_ne_bytes(src.ip().octets());
-        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        if unsafe { libc::bind(fd, (&raw const sin).cast(), len) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        sin.sin_addr.s_addr = u32::from_ne_bytes(dst.ip().octets());
-        let n =
-            unsafe { libc::sendto(fd, tcp.as_ptr().cast(), 20, 0, (&raw const sin).cast(), len) };
-        if n != 20 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    })
-    .unwrap()
-    .unwrap();
+    send_raw_tcp(ns, src, dst, &tcp);
 }
 
 /// The exit drain is the tracing mode's: a drop kdrop holds back (no
