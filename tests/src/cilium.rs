@@ -10,7 +10,7 @@
 use std::{
     ffi::CString,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use kdrop::context::{in_netns, netns::ifindex};
@@ -44,17 +44,104 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
 pub const POLICY_DENIED: u8 = 133;
 pub const EGRESS: u8 = 2;
 
-/// The program, map and link; dropping it detaches and frees them.
+/// The program, map and attachment; dropping it detaches and frees them.
 pub struct CiliumStandIn {
     pub map: OwnedFd,
     pub prog: OwnedFd,
-    _link: OwnedFd,
+    _attached: Attached,
+}
+
+/// How the program is attached: a tcx link (6.6+), or, as Cilium does on
+/// older kernels, a direct-action cls_bpf filter on a clsact qdisc.
+enum Attached {
+    Tcx(#[allow(dead_code)] OwnedFd),
+    Tc { netns: PathBuf, dev: String },
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Attached::Tc { netns, dev } = self {
+            let _ = tc(netns, &["qdisc", "del", "dev", dev, "clsact"]);
+        }
+    }
+}
+
+/// `tc` in the namespace at `netns`.
+fn tc(netns: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
+    std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("tc")
+        .args(args)
+        .output()
+}
+
+/// Attaches `prog` to `dev`'s tc ingress with cls_bpf (kernels before
+/// tcx, 6.6): pinned in a bpffs of its own for `tc ... object-pinned`, the
+/// pin gone once the filter holds the program.
+fn attach_cls_bpf(prog: &OwnedFd, netns: &Path, dev: &str) -> Attached {
+    let dir = std::env::temp_dir().join(format!("kdt{}-cilium-bpffs", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting bpffs at {}", dir.display());
+    let pin = dir.join("cil_from_container");
+    let c = CString::new(pin.to_str().unwrap()).unwrap();
+    // BPF_OBJ_PIN: pathname @0, bpf_fd @8.
+    let mut attr = [0u8; 16];
+    attr[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());
+    let pinned = bpf(6, &mut attr);
+    let run = |args: &[&str]| {
+        let out = tc(netns, args).unwrap();
+        assert!(
+            out.status.success(),
+            "tc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    if pinned.is_ok() {
+        run(&["qdisc", "add", "dev", dev, "clsact"]);
+        run(&[
+            "filter",
+            "add",
+            "dev",
+            dev,
+            "ingress",
+            "pref",
+            "1",
+            "bpf",
+            "da",
+            "object-pinned",
+            pin.to_str().unwrap(),
+        ]);
+    }
+    let _ = std::fs::remove_file(&pin);
+    let _ = std::process::Command::new("umount").arg(&dir).status();
+    let _ = std::fs::remove_dir(&dir);
+    pinned.expect("pinning the stand-in");
+    Attached::Tc {
+        netns: netns.to_path_buf(),
+        dev: dev.to_string(),
+    }
 }
 
 impl CiliumStandIn {
     /// Attaches to tc ingress (tcx) of `dev` in the namespace at `netns`:
     /// packets from the pod behind that host veth, its egress.
     pub fn attach(netns: &Path, dev: &str, dport: u16) -> Self {
+        Self::attach_by(netns, dev, dport, true)
+    }
+
+    /// As `attach`, by cls_bpf even where tcx exists (Cilium's
+    /// `--enable-tcx=false`): the older kernels' attachment, on this one.
+    pub fn attach_by_tc(netns: &Path, dev: &str, dport: u16) -> Self {
+        Self::attach_by(netns, dev, dport, false)
+    }
+
+    fn attach_by(netns: &Path, dev: &str, dport: u16, tcx: bool) -> Self {
         // BPF_MAP_CREATE: type @0, key @4, value @8, max_entries @12,
         // map_flags @16, inner_map_fd @20, numa_node @24, map_name[16] @28.
         let mut attr = [0u8; 72];
@@ -145,10 +232,18 @@ impl CiliumStandIn {
                 )
             }
         };
+        if !tcx {
+            let attached = attach_cls_bpf(&prog, netns, dev);
+            return CiliumStandIn {
+                map,
+                prog,
+                _attached: attached,
+            };
+        }
         let prog_fd = prog.as_raw_fd() as u32;
-        let dev = dev.to_string();
+        let name = dev.to_string();
         let link = in_netns(netns, move || {
-            let idx = ifindex(&dev).expect("the host veth");
+            let idx = ifindex(&name).expect("the host veth");
             // BPF_LINK_CREATE: prog_fd @0, target_ifindex @4, attach_type @8.
             let mut attr = [0u8; 64];
             attr[0..4].copy_from_slice(&prog_fd.to_ne_bytes());
@@ -156,12 +251,18 @@ impl CiliumStandIn {
             attr[8..12].copy_from_slice(&46u32.to_ne_bytes());
             bpf(28, &mut attr).map(owned)
         })
-        .unwrap()
-        .expect("tcx link");
+        .unwrap();
+        let attached = match link {
+            Ok(link) => Attached::Tcx(link),
+            // No tcx before v6.6 ("bpf: Add fd-based tcx multi-prog infra
+            // with link support"): the attach type is unknown there.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => attach_cls_bpf(&prog, netns, dev),
+            Err(e) => panic!("tcx link: {e}"),
+        };
         CiliumStandIn {
             map,
             prog,
-            _link: link,
+            _attached: attached,
         }
     }
 }

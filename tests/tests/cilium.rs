@@ -16,7 +16,7 @@ use integration_tests::{
     cilium::{CiliumStandIn, EGRESS, POLICY_DENIED},
     containerd::Containerd,
     netpol::{host_veth, pod, policy_allowing},
-    send_syn_at, Kdrop,
+    reason_for, send_syn_at, Kdrop,
 };
 use serde_json::Value;
 
@@ -65,7 +65,23 @@ fn map_id(map: &std::os::fd::OwnedFd) -> u32 {
 
 #[test]
 fn cilium_policy_drop_in_kubernetes_terms() {
-    let ctd = Containerd::start("cilium");
+    cilium_policy_drop(true);
+}
+
+/// Cilium attaching by cls_bpf, as it does before tcx (6.6) or with
+/// `--enable-tcx=false`.
+#[test]
+fn cilium_policy_drop_by_a_tc_filter_in_kubernetes_terms() {
+    cilium_policy_drop(false);
+}
+
+/// Both tests' pods have the same addresses and kdrop traces port 5432 in
+/// every namespace: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn cilium_policy_drop(tcx: bool) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let ctd = Containerd::start(if tcx { "cilium" } else { "cilium-tc" });
     ctd.import_test_images();
     let mut cri = ctd.cri();
     let db = pod(
@@ -83,7 +99,11 @@ fn cilium_policy_drop_in_kubernetes_terms() {
         CART_LABELS,
     );
     let cart_veth = host_veth(&ctd, &cart.netns_path);
-    let cil = CiliumStandIn::attach(&ctd.node.path(), &cart_veth, 5432);
+    let cil = if tcx {
+        CiliumStandIn::attach(&ctd.node.path(), &cart_veth, 5432)
+    } else {
+        CiliumStandIn::attach_by_tc(&ctd.node.path(), &cart_veth, 5432)
+    };
     let map = map_id(&cil.map);
 
     let state = ctd.state().display().to_string();
@@ -103,7 +123,7 @@ fn cilium_policy_drop_in_kubernetes_terms() {
     let s = syn(43001);
     let e = denied("cart's egress, Cilium's first count", 43001);
     drop(s);
-    assert_eq!(e.reason.as_deref(), Some("TC_INGRESS"), "{e}");
+    assert_eq!(e.reason.as_deref(), reason_for("TC_INGRESS"), "{e}");
     assert_eq!(e.policy().engine, "cilium", "{e}");
     assert_eq!(e.policy().dataplane, "ebpf", "{e}");
     assert_eq!(e.policy().verdict, "no_policy_allowed", "{e}");
