@@ -1093,6 +1093,32 @@ pub(crate) mod tests {
             .is_some());
     }
 
+    /// A local client's retransmission (its socket's namespace, no device)
+    /// does not move a DNAT'd handshake to the client's namespace, in
+    /// either order with the entry's NEW event; a device sighting does say
+    /// where the SYN left.
+    #[test]
+    fn a_client_socket_retransmission_leaves_the_dnat_in_the_entry_namespace() {
+        let ct = dnat_ct(8);
+        let retrans = Packet {
+            netns: 3,
+            ifindex: 0,
+            tuple: ct.orig,
+            ..syn(1_000_000_000, None)
+        };
+        let place = |tr: &Tracker| tr.dnat_reply(&ct.reply).map(|f| (f.netns, f.ifindex));
+        let mut tr = Tracker::default();
+        tr.on_new(&ct, 9, 100, &BITS);
+        assert_eq!(tr.on_retrans(&retrans, &BITS), None);
+        assert_eq!(place(&tr), Some((9, 0)));
+        let mut tr = Tracker::default();
+        assert_eq!(tr.on_retrans(&retrans, &BITS), None);
+        tr.on_new(&ct, 9, 100, &BITS);
+        assert_eq!(place(&tr), Some((9, 0)));
+        assert_eq!(tr.on_egress(&syn(1_000_100_000, Some(ct)), &BITS), None);
+        assert_eq!(place(&tr), Some((7, 2)));
+    }
+
     #[test]
     fn a_tracked_handshake_whose_retransmissions_stop_is_overdue_once() {
         const MS: u64 = 1_000_000;

@@ -320,8 +320,11 @@ impl Tracker {
         }
         f.last_ns = p.ts_ns;
         // A socket's retransmission has no device and no entry: where its
-        // SYN left, if seen, stands.
-        if !retrans || f.ifindex == 0 {
+        // SYN left, if seen, stands, and so does the namespace of the entry
+        // that NAT'd it (ctnetlink NEW): the client's own namespace is not
+        // where the DNAT is (6.1's whole suite: the device probe armed late,
+        // a hairpin explained from the client pod's tables).
+        if !retrans || (f.ifindex == 0 && !f.from_entry) {
             f.netns = p.netns;
             f.ifindex = p.ifindex;
             f.wire = p.tuple;
@@ -438,6 +441,11 @@ impl Tracker {
         });
         f.ct = Some(*ct);
         f.from_entry = true;
+        if f.ifindex == 0 {
+            // Only a socket's retransmission seen so far, in the client's
+            // namespace: the entry's is where the SYN was NAT'd.
+            f.netns = netns;
+        }
         if ct.status & bits.seen_reply != 0 {
             f.answered = true;
         }
