@@ -130,7 +130,6 @@ impl NetnsRegistry {
         let now = Instant::now();
         self.last_scan = Some(now);
         self.known.clear();
-        self.checked.clear();
         if let Ok(procs) = fs::read_dir("/proc") {
             for p in procs.flatten() {
                 let name = p.file_name();
