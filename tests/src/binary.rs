@@ -261,6 +261,19 @@ impl Finished {
         }
     }
 
+    /// Events the other sources lost (`kdrop: <what>: matched M, emitted
+    /// E, lost L`), by source, where any was lost.
+    pub fn other_losses(&self) -> Vec<(String, u64)> {
+        self.stderr
+            .iter()
+            .filter_map(|l| {
+                let (what, rest) = l.strip_prefix("kdrop: ")?.split_once(": matched ")?;
+                let lost = rest.rsplit_once(", lost ")?.1.parse().ok()?;
+                (lost > 0).then(|| (what.to_string(), lost))
+            })
+            .collect()
+    }
+
     /// Every line of stdout as a record (each must fit the schema).
     pub fn records(&self) -> Vec<Record> {
         self.stdout.iter().map(|l| Record::parse(l)).collect()

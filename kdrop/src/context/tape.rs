@@ -67,6 +67,9 @@ pub enum Line {
     Ring { at: u64, hex: String },
     /// A ctnetlink NEW event (a NAT'd entry confirmed), handled at `now`.
     CtNew { now: u64, seen: CtSeen },
+    /// The points that show SYNs leaving devices were armed at `since`
+    /// (None: disarmed): when a retransmission could be seen.
+    Watched { since: Option<u64> },
     /// A ctnetlink DESTROY event of an entry that never saw a reply.
     CtDestroyed { at: u64, destroyed: Destroyed },
     /// Held records were looked at with this clock (None: all released,

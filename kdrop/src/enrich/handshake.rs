@@ -373,6 +373,7 @@ fn flow_of(seen: &crate::model::packet::CtSeen) -> Flow {
         reported: false,
         netns: seen.netns,
         ifindex: 0,
+        due_ns: 0,
         wire: Tuple {
             src: seen.ct.orig.src,
             dst: seen.ct.reply.src,

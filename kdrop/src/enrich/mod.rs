@@ -326,6 +326,12 @@ impl<N: Node> Enricher<N> {
         out
     }
 
+    /// The points that show SYNs leaving devices were armed at `since`
+    /// (None: disarmed).
+    pub fn watching(&mut self, since: Option<u64>) {
+        self.tracker.watching(since);
+    }
+
     /// A NAT'd conntrack entry was created: its handshake is followed from
     /// its first SYN; returns the client's ends to follow in the kernel.
     pub fn on_new(&mut self, seen: &CtSeen, now_ns: u64) -> Vec<std::net::SocketAddr> {

@@ -409,6 +409,9 @@ impl Session {
     /// client's end, and arm what shows its next transmissions.
     fn follow_new(&mut self, seen: &CtSeen) {
         let now = monotonic_ns();
+        // Armed first: the tracker times the handshake by when its
+        // retransmissions became visible.
+        self.want(Demand::Handshakes);
         let ends = self.enricher.on_new(seen, now);
         self.taped(Line::CtNew {
             now,
@@ -431,7 +434,6 @@ impl Session {
                 log::debug!("following {end}: {e:#}");
             }
         }
-        self.want(Demand::Handshakes);
     }
 
     /// A record to the sink, after arming what its connection's next
@@ -456,7 +458,12 @@ impl Session {
             return;
         }
         match self.probes.arm(d) {
-            Ok(n) => log::debug!("armed {n} point(s) for {d}"),
+            Ok(n) => {
+                log::debug!("armed {n} point(s) for {d}");
+                if d == Demand::Handshakes && n > 0 {
+                    self.watching(Some(monotonic_ns()));
+                }
+            }
             Err(e) => {
                 log::warn!("arming the {d} points: {e:#}");
                 self.arming.forget(d);
@@ -471,8 +478,16 @@ impl Session {
                 .disarm(d)
                 .with_context(|| format!("disarming the {d} points"))?;
             log::debug!("disarmed the {d} points");
+            if d == Demand::Handshakes {
+                self.watching(None);
+            }
         }
         Ok(())
+    }
+
+    fn watching(&mut self, since: Option<u64>) {
+        self.enricher.watching(since);
+        self.taped(Line::Watched { since });
     }
 
     /// Ends the pcapng with what never reached it; its packet count.

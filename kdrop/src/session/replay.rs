@@ -120,6 +120,10 @@ fn steps(
                 follow_new(&mut enricher, seen, *now);
                 continue;
             }
+            Line::Watched { since } => {
+                enricher.watching(*since);
+                continue;
+            }
             Line::CtDestroyed { destroyed, .. } => {
                 enricher.on_destroyed(destroyed).into_iter().collect()
             }

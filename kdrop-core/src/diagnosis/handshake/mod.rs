@@ -4,6 +4,7 @@
 pub mod findings;
 pub mod loopback;
 pub mod refused;
+pub mod schedule;
 pub mod syn_ack;
 pub mod tracker;
 pub mod verdict;
@@ -525,6 +526,7 @@ pub(crate) mod tests {
             netns: 7,
             ifindex,
             wire: tuple("172.16.0.50:40000", "10.0.0.13:80"),
+            due_ns: 0,
         }
     }
 
@@ -1164,6 +1166,37 @@ pub(crate) mod tests {
         tr.answered(&f.orig);
         tr.on_egress(&tracked(3_000 * MS), &BITS);
         assert!(tr.overdue(60_000 * MS, usize::MAX).is_empty());
+    }
+
+    /// The conntrack test of the project's CI: the point that shows the
+    /// SYN leaving was armed late, its first retransmission went by unseen,
+    /// and kdrop called the handshake given up while the client was still
+    /// retransmitting. What kdrop did not watch is not waited for.
+    #[test]
+    fn a_retransmission_due_before_the_device_point_was_armed_is_not_waited_for() {
+        const MS: u64 = 1_000_000;
+        let mut tr = Tracker::default();
+        tr.watching(Some(700 * MS));
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, &BITS);
+        // Disarmed meanwhile: the deadline set stands.
+        tr.watching(None);
+        assert!(tr.overdue(3_599 * MS, usize::MAX).is_empty());
+        let [f] = &tr.overdue(3_600 * MS, usize::MAX)[..] else {
+            panic!("overdue 3.5 s after the entry")
+        };
+        assert_eq!(f.syns, 1);
+        // Armed in time (10 ms after): the first retransmission is due.
+        let mut tr = Tracker::default();
+        tr.watching(Some(110 * MS));
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, &BITS);
+        assert_eq!(tr.overdue(1_600 * MS, usize::MAX).len(), 1);
+        // The retransmission after the next one it saw is timed as usual.
+        let mut tr = Tracker::default();
+        tr.watching(Some(700 * MS));
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, &BITS);
+        tr.on_egress(&syn(3_100 * MS, Some(dnat_ct(8))), &BITS);
+        assert!(tr.overdue(5_599 * MS, usize::MAX).is_empty());
+        assert_eq!(tr.overdue(5_600 * MS, usize::MAX).len(), 1);
     }
 
     #[test]

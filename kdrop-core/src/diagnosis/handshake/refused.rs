@@ -375,6 +375,7 @@ mod tests {
             reported: false,
             netns,
             ifindex,
+            due_ns: 0,
             wire: Tuple {
                 src: ct.orig.src,
                 dst: ct.reply.src,

@@ -8,6 +8,8 @@ use std::{
 
 use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
+use super::schedule::overdue_at;
+pub use super::schedule::GaveUp;
 use crate::model::packet::{Abandon, Ct, Packet, Tuple};
 
 /// The `sk_err` values a connect() ending in SYN-SENT carries
@@ -28,13 +30,6 @@ pub const UNANSWERED_AFTER: u32 = 3;
 /// this long is one transmission; retransmissions are at least 200 ms
 /// apart (TCP_RTO_MIN), the first one 1 s.
 const SAME_TRANSMISSION_NS: u64 = 150_000_000;
-/// A SYN's first retransmission comes `TCP_TIMEOUT_INIT` (1 s) after it,
-/// each next one after twice the gap before (`tcp_retransmit_timer`'s
-/// backoff, include/net/tcp.h and net/ipv4/tcp_timer.c as of v6.18).
-const FIRST_RTO_NS: u64 = 1_000_000_000;
-/// How long past its due time a retransmission may be late (timer slack,
-/// a slow guest) before kdrop takes it that the client gave up.
-const LATE_NS: u64 = 500_000_000;
 /// Flows idle this long are forgotten.
 pub(super) const FORGET_AFTER_NS: u64 = 60_000_000_000;
 /// At most this many flows are remembered (oldest dropped first).
@@ -81,30 +76,21 @@ pub struct Flow {
     pub ifindex: u32,
     /// The SYN as it left (after any DNAT).
     pub wire: Tuple,
+    /// When its next retransmission is overdue (0: not waited for).
+    pub due_ns: u64,
 }
 
 impl Flow {
-    /// When the next retransmission of its SYN is overdue: the gap after
-    /// `syns` transmissions, doubled each time, and some lateness.
-    pub fn retransmission_due(&self) -> u64 {
-        let gap = FIRST_RTO_NS << self.syns.saturating_sub(1).min(6);
-        self.last_ns.saturating_add(gap).saturating_add(LATE_NS)
+    /// Sets and returns when its next retransmission is overdue.
+    fn next_due(&mut self, watched_from: Option<u64>) -> u64 {
+        self.due_ns = overdue_at(self.last_ns, self.syns, watched_from);
+        self.due_ns
     }
 
     /// Still waiting for an answer, followed from its entry's creation.
     fn waiting(&self) -> bool {
         !self.answered && !self.reported && self.gave_up.is_none() && self.from_entry
     }
-}
-
-/// How kdrop learned that a client gave up on its handshake.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GaveUp {
-    /// Its socket left SYN-SENT for CLOSE with this `sk_err`.
-    Socket(i32),
-    /// No retransmission came this long after the last transmission,
-    /// though one was due (a client elsewhere: no socket here to ask).
-    Silent { waited_ns: u64 },
 }
 
 /// A SYN-ACK seen leaving a device (the first time its tuple did).
@@ -142,6 +128,8 @@ pub struct Tracker {
     /// When each unanswered tracked flow's next retransmission is overdue
     /// (stale entries are skipped when popped).
     deadlines: BinaryHeap<Reverse<(u64, Tuple)>>,
+    /// Since when the points that see SYNs leave devices are armed.
+    watched_from: Option<u64>,
 }
 
 /// What a dead handshake turned out to be.
@@ -156,6 +144,13 @@ pub enum Dead {
 }
 
 impl Tracker {
+    /// The points that show SYNs leaving devices were armed at `since`
+    /// (None: disarmed, or unknown): a retransmission due before then is
+    /// not waited for (see schedule::overdue_at).
+    pub fn watching(&mut self, since: Option<u64>) {
+        self.watched_from = since;
+    }
+
     /// Feeds one packet leaving a device; returns a dead handshake when a
     /// SYN has now gone unanswered `UNANSWERED_AFTER` times (once per flow).
     pub fn on_egress(&mut self, p: &Packet, bits: &CtBits) -> Option<Dead> {
@@ -221,6 +216,7 @@ impl Tracker {
             netns: p.netns,
             ifindex: p.ifindex,
             wire: p.tuple,
+            due_ns: 0,
         };
         let f = self.flows.entry(key).or_insert_with(fresh);
         if p.isn != 0 && f.isn != 0 && p.isn != f.isn {
@@ -308,6 +304,7 @@ impl Tracker {
             return None;
         }
         let key = p.ct.map_or(p.tuple, |c| c.orig);
+        let watched_from = self.watched_from;
         let f = self.flow_for(key, p, p.ts_ns);
         let another = f.syns == 0 || p.ts_ns.saturating_sub(f.last_ns) >= SAME_TRANSMISSION_NS;
         if retrans && f.syns == 0 {
@@ -339,7 +336,7 @@ impl Tracker {
             f.reported = true;
             f.clone()
         });
-        let due = (dead.is_none() && f.waiting()).then(|| f.retransmission_due());
+        let due = (dead.is_none() && f.waiting()).then(|| f.next_due(watched_from));
         if let Some(ct) = p.ct.filter(|c| c.status & bits.dst_nat != 0) {
             self.dnat_replies.insert(ct.reply, key);
         }
@@ -356,7 +353,7 @@ impl Tracker {
                 .flows
                 .iter()
                 .filter(|(_, f)| f.waiting())
-                .map(|(k, f)| Reverse((f.retransmission_due(), *k)))
+                .map(|(k, f)| Reverse((f.due_ns, *k)))
                 .collect();
         }
         self.deadlines.push(Reverse((due, key)));
@@ -379,7 +376,7 @@ impl Tracker {
                 continue;
             };
             // A later transmission moved its deadline: this one is stale.
-            if !f.waiting() || f.retransmission_due() != due {
+            if !f.waiting() || f.due_ns != due {
                 continue;
             }
             f.gave_up = Some(GaveUp::Silent {
@@ -423,6 +420,7 @@ impl Tracker {
         // The SYN as it left this namespace: to whoever answers, from the
         // client's address after SNAT.
         let wire = ct.reply.reversed();
+        let watched_from = self.watched_from;
         let f = self.flows.entry(key).or_insert_with(|| Flow {
             orig: key,
             ct: None,
@@ -438,6 +436,7 @@ impl Tracker {
             netns,
             ifindex: 0,
             wire,
+            due_ns: 0,
         });
         f.ct = Some(*ct);
         f.from_entry = true;
@@ -449,7 +448,7 @@ impl Tracker {
         if ct.status & bits.seen_reply != 0 {
             f.answered = true;
         }
-        let due = f.waiting().then(|| f.retransmission_due());
+        let due = f.waiting().then(|| f.next_due(watched_from));
         if ct.status & bits.dst_nat != 0 {
             self.dnat_replies.insert(ct.reply, key);
         }
