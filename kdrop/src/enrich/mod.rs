@@ -276,6 +276,27 @@ impl<N: Node> Enricher<N> {
             let rec = self.reset(r);
             out.push(self.fold(rec, r.rst.ts_ns, r.rst.isn));
         }
+        out.extend(self.release_held(now));
+        out
+    }
+
+    /// Held drops whose wait ended before `e` happened (kernel time): filed
+    /// before it is, as a reader keeping up would have. A reader late by
+    /// seconds (a slow guest's execs) took a drop, the SYN-ACK's
+    /// retransmissions and its "unanswered" in one batch, and the drop held
+    /// then joined the later verdict instead of making its own.
+    pub fn held_due_before(&mut self, e: &Event) -> Vec<DropRecord> {
+        let ts = match e {
+            Event::Drop(d) => d.ts_ns,
+            Event::Egress(p) | Event::Retrans(p) => p.ts_ns,
+            Event::Abandon(a) => a.packet.ts_ns,
+            Event::Verdict(_) | Event::Head(_) => return Vec::new(),
+        };
+        self.release_held(ts)
+    }
+
+    fn release_held(&mut self, now: u64) -> Vec<DropRecord> {
+        let mut out = Vec::new();
         while self
             .held
             .front()

@@ -139,6 +139,47 @@ fn a_syn_tcp_freed_in_a_failed_handshake_carries_its_verdict() {
     assert_eq!(e.answered_by_tcp, 0);
 }
 
+/// The VM's silent test at CI's load: the reader seconds late, a repeated
+/// SYN's drop (held for its verdict) and the SYN-ACK's retransmissions that
+/// kill the handshake come in one batch. The drop's wait ended before the
+/// retransmissions happened: it is filed first, and its cause stands.
+#[test]
+fn a_held_drop_is_filed_before_a_later_event_of_the_same_batch() {
+    let mut e = enricher();
+    pending(&mut e, true);
+    let rtx = |ts_ns| {
+        Event::Retrans(Packet {
+            ts_ns,
+            netns: NS,
+            ifindex: 0,
+            mark: 0,
+            tuple: Tuple {
+                src: "10.0.2.2:80".parse().unwrap(),
+                dst: "10.0.1.1:43006".parse().unwrap(),
+            },
+            tcp_flags: TCP_SYN | TCP_ACK,
+            isn: 7,
+            ct: None,
+        })
+    };
+    assert!(e.on_event(&syn_freed()).is_none(), "held");
+    // Within its second: still held.
+    assert!(e.held_due_before(&rtx(1_900_000_000)).is_empty());
+    let first = e.held_due_before(&rtx(2_500_000_000));
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].finding.as_ref().unwrap().cause, "duplicate_syn");
+    assert!(e.on_event(&rtx(2_500_000_000)).is_none());
+    let r = e.on_event(&rtx(4_500_000_000)).expect("dead");
+    assert_eq!(r.kind, "unanswered");
+    let f = r.finding.as_ref().unwrap();
+    assert_eq!(f.cause, "duplicate_syn");
+    assert!(
+        f.evidence.last().unwrap().ends_with("[syn_ack_unanswered]"),
+        "{f:?}"
+    );
+    assert_eq!(r.handshake, first[0].handshake);
+}
+
 /// Before 5.17 no free has a reason: the request socket alone makes a
 /// duplicate, and a SYN freed without one is reported (it may be a closed
 /// port's), never counted away.

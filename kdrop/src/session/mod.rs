@@ -349,6 +349,11 @@ impl Session {
                 // what its next attempts meet.
                 self.want(Demand::Handshakes);
             }
+            for r in self.enricher.held_due_before(e) {
+                if self.hand(r, sink) == Control::Stop {
+                    return Control::Stop;
+                }
+            }
             let r = self.enricher.on_event(e);
             if let Some(bytes) = raw.get(i) {
                 self.taped(Line::Ring {

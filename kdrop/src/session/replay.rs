@@ -107,7 +107,9 @@ fn steps(
                         if let (Event::Head(h), Some(c)) = (&e, capture.as_mut()) {
                             c.head(h);
                         }
-                        enricher.on_event(&e).into_iter().collect()
+                        let mut records = enricher.held_due_before(&e);
+                        records.extend(enricher.on_event(&e));
+                        records
                     }
                     Err(e) => {
                         log::debug!("{e}");
