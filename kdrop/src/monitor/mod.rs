@@ -107,7 +107,7 @@ impl Monitor {
                 r.rungs.iter().map(|(rung, o)| ProbeState {
                     point: r.point.to_string(),
                     rung: rung.to_string(),
-                    attached: matches!(o, Outcome::Attached),
+                    attached: matches!(o, Outcome::Attached | Outcome::Deferred),
                 })
             })
             .collect();

@@ -23,9 +23,13 @@ pub struct PointState {
 }
 
 impl PointState {
-    pub fn new(name: &'static str, demand: Option<Demand>, chosen: Option<(Attach, Link)>) -> Self {
+    pub fn new(
+        name: &'static str,
+        demand: Option<Demand>,
+        chosen: Option<(Attach, Option<Link>)>,
+    ) -> Self {
         let (chosen, link) = match chosen {
-            Some((a, l)) => (Some(a), Some(l)),
+            Some((a, l)) => (Some(a), l),
             None => (None, None),
         };
         Self {
@@ -39,7 +43,7 @@ impl PointState {
         }
     }
 
-    /// Did a rung attach at load time?
+    /// Did a rung attach at load time (or load, to attach when armed)?
     pub fn available(&self) -> bool {
         self.chosen.is_some()
     }
@@ -54,7 +58,12 @@ impl PointState {
         let Some(attach) = self.chosen.filter(|_| self.link.is_none()) else {
             return Ok(false);
         };
-        self.link = Some(attach_loaded(ebpf, &attach)?);
+        let link = attach_loaded(ebpf, &attach).inspect_err(|_| {
+            // Not tried again: a rung loaded, not test-attached at start
+            // (a kretprobe), that the kernel refuses now.
+            self.chosen = None;
+        })?;
+        self.link = Some(link);
         self.armed_times += 1;
         self.armed_since = Some(Instant::now());
         Ok(true)

@@ -29,14 +29,20 @@ pub enum Link {
 
 /// The point's rungs best first, each loaded and attached until one holds
 /// (with `all_rungs`, every one: `kdrop check`). Returns what happened on
-/// each, and the chosen rung with its link.
+/// each, and the chosen rung with its link. An on-demand point's kretprobe
+/// is only loaded, and attached when armed: attached to see that it holds
+/// and detached at once, it was a kretprobe torn down under the node's
+/// traffic at every start, and Debian's 6.1.0-50 (6.1.176) returns into
+/// address 0 from ip_route_input_slow or nf_hook_slow when that happens
+/// to fib_validate_source's or ipt_do_table's (the first start beside
+/// forwarded UDP panicked its guest).
 pub fn attach_ladder(
     ebpf: &mut Ebpf,
     btf: &AyaBtf,
     point: &Point,
     all_rungs: bool,
     forced: Option<Rung>,
-) -> (ProbeReport, Option<(Attach, Link)>) {
+) -> (ProbeReport, Option<(Attach, Option<Link>)>) {
     let mut report = ProbeReport {
         point: point.name,
         what: point.what,
@@ -56,16 +62,26 @@ pub fn attach_ladder(
             report.rungs.push((rung, Outcome::NotTried));
             continue;
         }
+        let defer =
+            point.demand.is_some() && !all_rungs && matches!(attach, Attach::KRetProbe { .. });
         let result = match ready {
             Err(why) => Err(anyhow::anyhow!("{why}")),
-            Ok(()) => load_one(ebpf, btf, attach).and_then(|()| attach_loaded(ebpf, attach)),
+            Ok(()) if defer => load_one(ebpf, btf, attach).map(|()| None),
+            Ok(()) => {
+                load_one(ebpf, btf, attach).and_then(|()| attach_loaded(ebpf, attach).map(Some))
+            }
         };
         let outcome = match result {
             Ok(link) => {
+                let deferred = link.is_none();
                 if chosen.is_none() {
                     chosen = Some((*attach, link));
                 }
-                Outcome::Attached
+                if deferred {
+                    Outcome::Deferred
+                } else {
+                    Outcome::Attached
+                }
             }
             Err(e) => Outcome::Refused(short_error(&e)),
         };

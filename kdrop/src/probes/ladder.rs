@@ -57,6 +57,9 @@ impl fmt::Display for Rung {
 #[derive(Clone, Debug)]
 pub enum Outcome {
     Attached,
+    /// Loaded, to be attached when its demand arms it (see
+    /// attach::attach_ladder).
+    Deferred,
     Refused(String),
     NotTried,
 }
@@ -75,7 +78,7 @@ impl ProbeReport {
     pub fn chosen(&self) -> Option<Rung> {
         self.rungs
             .iter()
-            .find(|(_, o)| matches!(o, Outcome::Attached))
+            .find(|(_, o)| matches!(o, Outcome::Attached | Outcome::Deferred))
             .map(|(r, _)| *r)
     }
 }
@@ -366,6 +369,9 @@ fn nf_points(nf: &NfSetup) -> Vec<Point<'_>> {
 pub fn outcome_text(o: &Outcome) -> String {
     match o {
         Outcome::Attached => "attached".into(),
+        Outcome::Deferred => "loaded, attached when armed (not tried at start: each attach and \
+                              detach of a kretprobe patches a function every packet crosses)"
+            .into(),
         Outcome::Refused(why) => format!("refused: {why}"),
         Outcome::NotTried => "not tried (a better rung attached)".into(),
     }

@@ -77,9 +77,22 @@ impl Probes {
     /// Arms every available point of `demand`; how many were armed now.
     pub fn arm(&mut self, demand: Demand) -> Result<usize> {
         let mut n = 0;
+        let mut refused = Vec::new();
         for p in self.points.iter_mut().filter(|p| p.demand == Some(demand)) {
-            n += usize::from(p.arm(&mut self.ebpf)?);
+            // One point the kernel refuses does not keep the others off.
+            match p.arm(&mut self.ebpf) {
+                Ok(armed) => n += usize::from(armed),
+                Err(e) => refused.push(format!("{}: {e:#}", p.name)),
+            }
         }
+        if refused.is_empty() {
+            return Ok(n);
+        }
+        let why = refused.join("; ");
+        if n == 0 {
+            anyhow::bail!("{why}");
+        }
+        log::warn!("arming the {demand} points: left without {why}");
         Ok(n)
     }
 
