@@ -36,11 +36,12 @@ pub enum Link {
 /// (with `all_rungs`, every one: `kdrop check`). Returns what happened on
 /// each, and the chosen rung with its link. An on-demand point's kretprobe
 /// is only loaded, and attached when armed: attached to see that it holds
-/// and detached at once, it was a kretprobe torn down under the node's
-/// traffic at every start, and Debian's 6.1.0-50 (6.1.176) returns into
-/// address 0 from ip_route_input_slow or nf_hook_slow when that happens
-/// to fib_validate_source's or ipt_do_table's (the first start beside
-/// forwarded UDP panicked its guest).
+/// and detached at once, it patched a function every forwarded packet
+/// crosses (nft_do_chain, ipt_do_table, fib_validate_source) at every
+/// start. In the 6.1 and 6.12 TCG guests that patching under forwarded
+/// traffic panics the kernel (as fexit's does: maybe QEMU's, maybe the
+/// kernels'; branch repro/kretprobe-teardown-6.1), and a start now does
+/// none of it.
 pub fn attach_ladder(
     ebpf: &mut Ebpf,
     btf: &AyaBtf,
