@@ -75,6 +75,23 @@ fn pending(e: &mut Enricher<Replay>, yes: bool) {
     );
 }
 
+/// The server's SYN-ACK for the client of `syn`, retransmitted at `ts_ns`.
+fn rtx(ts_ns: u64) -> Event {
+    Event::Retrans(Packet {
+        ts_ns,
+        netns: NS,
+        ifindex: 0,
+        mark: 0,
+        tuple: Tuple {
+            src: "10.0.2.2:80".parse().unwrap(),
+            dst: "10.0.1.1:43006".parse().unwrap(),
+        },
+        tcp_flags: TCP_SYN | TCP_ACK,
+        isn: 7,
+        ct: None,
+    })
+}
+
 /// The held weak records, all of them.
 fn drained(e: &mut Enricher<Replay>) -> Vec<crate::model::record::DropRecord> {
     e.due(u64::MAX)
@@ -105,21 +122,6 @@ fn a_syn_tcp_freed_in_a_failed_handshake_carries_its_verdict() {
     let mut e = enricher();
     pending(&mut e, false);
     // The server's SYN-ACK for that client, retransmitted twice, 2 s apart.
-    let rtx = |ts_ns| {
-        Event::Retrans(Packet {
-            ts_ns,
-            netns: NS,
-            ifindex: 0,
-            mark: 0,
-            tuple: Tuple {
-                src: "10.0.2.2:80".parse().unwrap(),
-                dst: "10.0.1.1:43006".parse().unwrap(),
-            },
-            tcp_flags: TCP_SYN | TCP_ACK,
-            isn: 7,
-            ct: None,
-        })
-    };
     assert!(e.on_event(&rtx(500_000_000)).is_none());
     let r = e.on_event(&rtx(2_500_000_000)).expect("dead");
     assert_eq!(r.kind, "unanswered");
@@ -147,21 +149,6 @@ fn a_syn_tcp_freed_in_a_failed_handshake_carries_its_verdict() {
 fn a_held_drop_is_filed_before_a_later_event_of_the_same_batch() {
     let mut e = enricher();
     pending(&mut e, true);
-    let rtx = |ts_ns| {
-        Event::Retrans(Packet {
-            ts_ns,
-            netns: NS,
-            ifindex: 0,
-            mark: 0,
-            tuple: Tuple {
-                src: "10.0.2.2:80".parse().unwrap(),
-                dst: "10.0.1.1:43006".parse().unwrap(),
-            },
-            tcp_flags: TCP_SYN | TCP_ACK,
-            isn: 7,
-            ct: None,
-        })
-    };
     assert!(e.on_event(&syn_freed()).is_none(), "held");
     // Within its second: still held.
     assert!(e.held_due_before(&rtx(1_900_000_000)).is_empty());
