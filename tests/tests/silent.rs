@@ -290,11 +290,18 @@ fn healthy_churn_beside_drops(name: &str, net: u8, args: &[&str]) {
     let events = done.records();
     // Exact accounting (tracing), before the causes: a lost event (a SYN's
     // drop) makes a verdict look false. Every drop the kernel matched
-    // reached userspace, and each is a record or counted as TCP's own.
+    // reached userspace, and each is a record or counted as TCP's own. The
+    // churn's own packets followed may be shed under load (counted: half
+    // the ring stays the drops'), never the drops, nor a retransmission.
     if !args.contains(&"monitor") {
         let c = done.counts();
         assert_eq!((c.lost, c.sampled_out), (0, 0), "{c:?}");
-        assert_eq!(done.other_losses(), [], "{:?}", done.stderr);
+        let lost: Vec<_> = done
+            .other_losses()
+            .into_iter()
+            .filter(|(what, _)| what != "handshake packets followed")
+            .collect();
+        assert_eq!(lost, [], "{:?}", done.stderr);
         assert_eq!(c.matched, c.emitted, "{c:?}");
         let drops = events.iter().filter(|e| e.kind == "drop").count() as u64;
         let tcp_own = done
