@@ -80,10 +80,6 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
         "export KDROP_BIN={}\n",
         quote(&kdrop.display().to_string())
     ));
-    // The tests exercise the kretprobe rungs kdrop leaves off by default
-    // (kdrop/src/probes/ladder.rs, KRETPROBES_OFF): their teardown can
-    // panic 6.1 and 6.12 under forwarded traffic, which a guest may.
-    s.push_str("export KDROP_KRETPROBES=1\n");
     // TCG runs kdrop's startup several times slower than the host, and the
     // tests start many at once: stretch the harness's bounds.
     s.push_str(&format!("export KDROP_TEST_TIME_SCALE={TIME_SCALE}\n"));
