@@ -12,13 +12,8 @@ use aya::{
     Btf as AyaBtf, Ebpf,
 };
 
-use super::ladder::{
-    kretprobes_allowed, Attach, Outcome, Point, ProbeReport, Rung, DROP_PATH, KRETPROBES_OFF,
-};
+use super::ladder::{Attach, Outcome, Point, ProbeReport, Rung, DROP_PATH};
 use crate::kernel::btf::Kind;
-
-/// The kprobe PMU's type: missing where the kernel has no kprobes.
-const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
 
 /// A rung's program(s) attached: what detaching needs.
 pub enum Link {
@@ -68,13 +63,10 @@ pub fn attach_ladder(
             report.rungs.push((rung, Outcome::NotTried));
             continue;
         }
-        let kretprobe = matches!(attach, Attach::KRetProbe { .. });
-        let defer = point.demand.is_some() && !all_rungs && kretprobe;
-        // Where kprobes exist at all (else load_one says they do not).
-        let off = kretprobe && !kretprobes_allowed() && Path::new(KPROBE_PMU).exists();
+        let defer =
+            point.demand.is_some() && !all_rungs && matches!(attach, Attach::KRetProbe { .. });
         let result = match ready {
             Err(why) => Err(anyhow::anyhow!("{why}")),
-            Ok(()) if off => Err(anyhow::anyhow!(KRETPROBES_OFF)),
             Ok(()) if defer => load_one(ebpf, btf, attach).map(|()| None),
             Ok(()) => {
                 load_one(ebpf, btf, attach).and_then(|()| attach_loaded(ebpf, attach).map(Some))
@@ -135,7 +127,7 @@ fn load_one(ebpf: &mut Ebpf, btf: &AyaBtf, attach: &Attach) -> Result<()> {
         Attach::KRetProbe { prog, entry, .. } => {
             // Before loading: a kernel without kprobes (this CI host) would
             // verify the program only to refuse the attach, and keep it.
-            let pmu = Path::new(KPROBE_PMU);
+            let pmu = Path::new("/sys/bus/event_source/devices/kprobe/type");
             if !pmu.exists() {
                 anyhow::bail!("no kprobes in this kernel ({} is missing)", pmu.display());
             }

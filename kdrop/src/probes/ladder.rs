@@ -32,22 +32,6 @@ pub fn forced_rung() -> Result<Option<Rung>> {
         })
 }
 
-/// Why kretprobe rungs are off unless `KDROP_KRETPROBES=1`: every one of
-/// them is on a function forwarded packets cross, and tearing one down
-/// under that traffic (at kdrop's exit, or disarmed when quiet) panicked
-/// Debian's 6.1.0-50 (6.1.176) and 6.12.117 guests: a return into address
-/// 0 from nf_hook_slow (ip_forward) or ip_route_input_slow. Reproduced by
-/// starting and killing kdrop beside forwarded UDP (branch
-/// repro/kretprobe-teardown-6.1). Evidence lost is better than a node.
-pub const KRETPROBES_OFF: &str = "off unless KDROP_KRETPROBES=1: tearing a kretprobe down under \
-     forwarded traffic panicked Debian 6.1.0-50 and 6.12.117 (a return into address 0 from \
-     nf_hook_slow)";
-
-/// `KDROP_KRETPROBES=1`: use kretprobe rungs anyway (see KRETPROBES_OFF).
-pub fn kretprobes_allowed() -> bool {
-    std::env::var_os("KDROP_KRETPROBES").is_some_and(|v| v == "1")
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rung {
     TpBtf,
