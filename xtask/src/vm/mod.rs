@@ -349,6 +349,16 @@ fn boot_and_test(
             "--cpus",
             "2",
         ])
+        // Both vCPUs on one host thread. Under multi-threaded TCG, x86
+        // text patching (text_poke_bp's int3 protocol, which attaching or
+        // detaching an fexit trampoline or kretprobe uses) while the other
+        // vCPU runs the patched function panics the guest: kdrop started
+        // and killed 40 times beside forwarded UDP (branch
+        // repro/kretprobe-teardown-6.1) panicked Debian 6.1 twice and 6.12
+        // three times within 37-108 s (int3 Oops at fib_validate_source+0x5,
+        // returns into 0 from nf_hook_slow); with thread=single both ran
+        // the whole 300 s. The cost: a guest computes on one host core.
+        .arg("--qemu-opts=-accel tcg,thread=single")
         .arg("--verbose")
         .arg("--rwdir")
         .arg(&out)
