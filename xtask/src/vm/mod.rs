@@ -139,8 +139,8 @@ pub fn run(opts: &Options) -> Result<()> {
             };
             let vng = vm_tools()?;
             let tests = test_executables(&files, None)?;
-            // One VM at a time on this machine, whichever worktree asks:
-            // TCG takes both cores.
+            // One VM run at a time on this machine, whichever worktree
+            // asks: its guests take every core between them.
             let _lock = vm_lock()?;
             let bin = root().join(".cache/vm/bin");
             let (kdrop, tests) = snapshot(&bin, &kdrop, &tests)?;
@@ -150,12 +150,14 @@ pub fn run(opts: &Options) -> Result<()> {
                 .iter()
                 .map(|k| plan(&tests, &specs_of(k), None))
                 .collect::<Result<Vec<_>>>()?;
-            let mut results = Vec::new();
-            for (k, plan) in kernels.into_iter().zip(plans) {
-                let booted = prepare(k)?;
-                results.push(boot_and_test(k, &booted, &vng, &kdrop, &plan, opts)?);
-            }
-            results
+            let jobs = kernels
+                .into_iter()
+                .zip(plans)
+                .map(|(k, plan)| Ok((k, prepare(k)?, plan)))
+                .collect::<Result<Vec<_>>>()?;
+            side_by_side(jobs, |(k, booted, plan)| {
+                boot_and_test(k, booted, &vng, &kdrop, plan, opts)
+            })?
         }
         Arch::Arm64 => arm64::run(&kernels, &specs_of, &files, opts)?,
     };
@@ -318,6 +320,30 @@ fn vng_path() -> Option<PathBuf> {
 // ---------------------------------------------------------------------------
 // Booting
 
+/// Runs `f` on every job, as many at once as the host has cores (a guest
+/// computes on one host thread, see boot_and_test); results in job order.
+fn side_by_side<J: Sync, R: Send>(
+    jobs: Vec<J>,
+    f: impl Fn(&J) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let width = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..width.min(jobs.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let r = f(job);
+                done.lock().unwrap().push((i, r));
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 fn boot_and_test(
     k: &'static Kernel,
     booted: &Booted,
@@ -357,7 +383,8 @@ fn boot_and_test(
         // repro/kretprobe-teardown-6.1) panicked Debian 6.1 twice and 6.12
         // three times within 37-108 s (int3 Oops at fib_validate_source+0x5,
         // returns into 0 from nf_hook_slow); with thread=single both ran
-        // the whole 300 s. The cost: a guest computes on one host core.
+        // the whole 300 s. A guest then computes on one host core: the
+        // kernels' guests run side by side (side_by_side).
         .arg("--qemu-opts=-accel tcg,thread=single")
         .arg("--verbose")
         .arg("--rwdir")
@@ -373,6 +400,22 @@ fn boot_and_test(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn side_by_side_keeps_the_order_and_every_error() {
+        let jobs: Vec<u32> = (0..7).collect();
+        let r = side_by_side(jobs.clone(), |&j| Ok(j * 10)).unwrap();
+        assert_eq!(r, [0, 10, 20, 30, 40, 50, 60]);
+        let e = side_by_side(jobs, |&j| {
+            anyhow::ensure!(j != 3, "job {j} failed");
+            Ok(j)
+        })
+        .unwrap_err();
+        assert_eq!(e.to_string(), "job 3 failed");
+        assert!(side_by_side(Vec::<u32>::new(), |&j| Ok(j))
+            .unwrap()
+            .is_empty());
+    }
 
     #[test]
     fn selects_kernels() {
