@@ -374,6 +374,7 @@ fn flow_of(seen: &crate::model::packet::CtSeen) -> Flow {
         netns: seen.netns,
         ifindex: 0,
         due_ns: 0,
+        crossed: Default::default(),
         wire: Tuple {
             src: seen.ct.orig.src,
             dst: seen.ct.reply.src,

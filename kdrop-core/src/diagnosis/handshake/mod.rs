@@ -112,7 +112,11 @@ pub(crate) mod tests {
         let mut tr = Tracker::default();
         assert_eq!(tr.on_egress(&syn(0, Some(dnat_ct(8))), &BITS), None);
         // The same SYN leaving the next device on its way is not a retransmission.
-        assert_eq!(tr.on_egress(&syn(20_000, Some(dnat_ct(8))), &BITS), None);
+        let next_device = Packet {
+            ifindex: 6,
+            ..syn(20_000, Some(dnat_ct(8)))
+        };
+        assert_eq!(tr.on_egress(&next_device, &BITS), None);
         assert_eq!(
             tr.on_egress(&syn(1_000_000_000, Some(dnat_ct(8))), &BITS),
             None
@@ -148,6 +152,46 @@ pub(crate) mod tests {
             fd.fix[0],
             "ip netns exec nodeb iptables -t nat -A POSTROUTING -d 10.0.0.13/32 -p tcp --dport 80 -j MASQUERADE"
         );
+    }
+
+    /// 6.12's whole suite under TCG: the first SYN left the client pod's
+    /// device and, 200 ms later, the node's; counted twice, the handshake
+    /// was "unanswered" at its first retransmission, before the SYN-ACK's
+    /// drop that names the hairpin was read.
+    #[test]
+    fn one_transmission_is_counted_once_however_slowly_it_crosses_devices() {
+        let mut tr = Tracker::default();
+        let at = |ts: u64, netns: u32, ifindex: u32| Packet {
+            netns,
+            ifindex,
+            ..syn(ts, Some(dnat_ct(8)))
+        };
+        let ms = 1_000_000;
+        // The client pod's eth0, then the node's bridge port 300 ms later.
+        assert_eq!(tr.on_egress(&at(0, 7, 2), &BITS), None);
+        assert_eq!(tr.on_egress(&at(300 * ms, 9, 6), &BITS), None);
+        // The retransmission, seen leaving the client pod again: the second.
+        assert_eq!(tr.on_egress(&at(1_100 * ms, 7, 2), &BITS), None);
+        // The socket's own word for it, and its way through the node.
+        let mut rtx = at(1_100 * ms + 10, 7, 0);
+        assert_eq!(tr.on_retrans(&rtx, &BITS), None);
+        assert_eq!(tr.on_egress(&at(1_450 * ms, 9, 6), &BITS), None);
+        // A retransmission however soon (a sock_ops program's timeout): it
+        // leaves a device the last one left.
+        let Some(Dead::Unanswered(f)) = tr.on_egress(&at(1_500 * ms, 7, 2), &BITS) else {
+            panic!("the third transmission kills it")
+        };
+        assert_eq!((f.syns, f.first_ns, f.last_ns), (3, 0, 1_500 * ms));
+        // Time alone tells apart the socket's retransmissions, seen leaving
+        // no device: the first (and the one before it, unseen), then one
+        // 600 ms later.
+        let mut tr = Tracker::default();
+        rtx.ts_ns = 0;
+        assert_eq!(tr.on_retrans(&rtx, &BITS), None);
+        rtx.ts_ns = 400 * ms;
+        assert_eq!(tr.on_retrans(&rtx, &BITS), None, "within the window");
+        rtx.ts_ns = 1_000 * ms;
+        assert!(tr.on_retrans(&rtx, &BITS).is_some());
     }
 
     #[test]
@@ -527,6 +571,7 @@ pub(crate) mod tests {
             ifindex,
             wire: tuple("172.16.0.50:40000", "10.0.0.13:80"),
             due_ns: 0,
+            crossed: Default::default(),
         }
     }
 
@@ -1032,9 +1077,18 @@ pub(crate) mod tests {
         );
         // The same retransmission seen leaving a device too is one.
         let mut tr = Tracker::default();
-        tr.on_retrans(&syn_isn(S, 9), &BITS);
+        // A socket's retransmission has no device.
+        let rtx = Packet {
+            ifindex: 0,
+            ..syn_isn(S, 9)
+        };
+        tr.on_retrans(&rtx, &BITS);
         assert_eq!(tr.on_egress(&syn_isn(S + 1_000, 9), &BITS), None);
-        assert_eq!(tr.on_egress(&syn_isn(S + 2_000, 9), &BITS), None);
+        let next_device = Packet {
+            ifindex: 6,
+            ..syn_isn(S + 2_000, 9)
+        };
+        assert_eq!(tr.on_egress(&next_device, &BITS), None);
     }
 
     #[test]

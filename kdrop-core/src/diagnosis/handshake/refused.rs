@@ -376,6 +376,7 @@ mod tests {
             netns,
             ifindex,
             due_ns: 0,
+            crossed: Default::default(),
             wire: Tuple {
                 src: ct.orig.src,
                 dst: ct.reply.src,
