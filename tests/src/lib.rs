@@ -19,6 +19,7 @@ pub use sockets::*;
 pub use topo::*;
 pub mod cilium;
 pub mod cri;
+pub mod ctnl;
 pub mod flood;
 pub mod handshake;
 pub mod manifest;

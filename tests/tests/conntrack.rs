@@ -2,8 +2,9 @@
 //! on one bridge, the SYN-ACK skips de-NAT) and incident 5 (DNAT'd SYN
 //! forwarded, the reply returns another way). The remote side lives in
 //! namespaces of its own; controls must produce nothing.
-use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
+use integration_tests::ctnl::CtDeleter;
 use integration_tests::record::Finding;
 use integration_tests::{
     answered_three_times, assert_kinds, bound, connect_from, in_ns, nf::iptables, ns_name,
@@ -780,28 +781,19 @@ fn an_entry_that_dies_unreplied_is_reported_once() {
         k.stderr_seen
     );
     // One SYN from a raw socket: no client socket retransmits it, so the
-    // node sees exactly one transmission. Its entry is deleted by a loop
-    // already running in the node when the SYN is sent (no exec between
-    // the entry and its delete), long before kdrop would call a lone
-    // transmission overdue (1.5 s): in 6.1's whole suite, twelve tests at
-    // once under TCG, polling for the entry then deleting it took longer.
+    // node sees exactly one transmission. Its entry is deleted by the test
+    // itself over ctnetlink, woken by the entry's creation, long before
+    // kdrop would call a lone transmission overdue (1.5 s): a loop of
+    // `conntrack -D` execs in the node took longer under TCG, a dozen tests
+    // at once (6.1's and 6.12's whole suites).
     let (src, vip) = (
         "172.16.0.50:45008".parse().unwrap(),
         format!("{VIP}:8005").parse().unwrap(),
     );
-    let deleter = Command::new("ip")
-        .args(["netns", "exec", &a.node.name, "sh", "-c"])
-        .arg(
-            "i=0; while [ $i -lt 1000 ]; do \
-               conntrack -D -p tcp --orig-src 172.16.0.50 --orig-port-src 45008 \
-                 >/dev/null 2>&1 && exit 0; i=$((i+1)); done; exit 1",
-        )
-        .spawn()
-        .unwrap();
+    let deleter = CtDeleter::new(&a.node);
     let syn = syn_segment(src, vip, 0x2000_0000);
     send_raw_tcp(&a.client, src, vip, &syn);
-    let deleted = deleter.wait_with_output().unwrap();
-    assert!(deleted.status.success(), "the entry was never deleted");
+    deleter.delete_when_created(src, vip, Duration::from_secs(10));
     let e = k.expect_record_within("the entry that died", Duration::from_secs(2), |e| {
         e.kind == "unanswered"
     });
