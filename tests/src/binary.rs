@@ -187,7 +187,14 @@ impl Kdrop {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("kdrop did not exit within 10 s of signal {signal}");
+                let _ = child.wait();
+                // What it said meanwhile: what it was doing.
+                let stderr: Vec<String> = self.stderr.try_iter().collect();
+                panic!(
+                    "kdrop did not exit within {:?} of signal {signal}; its stderr since it \
+                     started tracing: {stderr:#?}",
+                    bound(Duration::from_secs(10))
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         };
