@@ -7,6 +7,7 @@ pub mod refused;
 pub mod schedule;
 pub mod syn_ack;
 pub mod tracker;
+pub mod transmission;
 pub mod verdict;
 
 pub use self::{

@@ -10,6 +10,7 @@ use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
 use super::schedule::overdue_at;
 pub use super::schedule::GaveUp;
+pub use super::transmission::Crossed;
 use crate::model::packet::{Abandon, Ct, Packet, Tuple};
 
 /// The `sk_err` values a connect() ending in SYN-SENT carries
@@ -26,39 +27,6 @@ pub mod errno {
 /// A SYN sent this many times without an answer is a dead handshake: the
 /// first and two retransmissions (1 s and 3 s after it, Linux defaults).
 pub const UNANSWERED_AFTER: u32 = 3;
-/// The same SYN seen leaving several devices (pod veth, bridge, port) within
-/// this long is one transmission, unless it leaves a device that
-/// transmission already left (a retransmission, whatever its spacing). A
-/// client retransmits its SYN 1 s after the first at the earliest
-/// (TCP_TIMEOUT_INIT, v6.18
-/// https://github.com/torvalds/linux/blob/v6.18/include/net/tcp.h), unless a
-/// sock_ops program lowers it, and then the device tells. 150 ms was too
-/// short: a guest under TCG took longer from the client pod's device to the
-/// node's, and one SYN counted twice made a verdict a transmission early.
-const SAME_TRANSMISSION_NS: u64 = 500_000_000;
-/// The devices one transmission was seen leaving, at most this many (more:
-/// time alone tells a retransmission).
-const CROSSED_MAX: usize = 4;
-
-/// The devices (namespace, ifindex) the flow's last transmission left.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Crossed {
-    devices: [(u32, u32); CROSSED_MAX],
-    len: u8,
-}
-
-impl Crossed {
-    fn contains(&self, dev: (u32, u32)) -> bool {
-        self.devices[..usize::from(self.len)].contains(&dev)
-    }
-
-    fn add(&mut self, dev: (u32, u32)) {
-        if usize::from(self.len) < CROSSED_MAX && !self.contains(dev) {
-            self.devices[usize::from(self.len)] = dev;
-            self.len += 1;
-        }
-    }
-}
 /// Flows idle this long are forgotten.
 pub(super) const FORGET_AFTER_NS: u64 = 60_000_000_000;
 /// At most this many flows are remembered (oldest dropped first).
@@ -338,17 +306,7 @@ impl Tracker {
         let key = p.ct.map_or(p.tuple, |c| c.orig);
         let watched_from = self.watched_from;
         let f = self.flow_for(key, p, p.ts_ns);
-        // A socket's retransmission has no device (ifindex 0).
-        let device = (p.ifindex != 0).then_some((p.netns, p.ifindex));
-        let another = f.syns == 0
-            || device.is_some_and(|d| f.crossed.contains(d))
-            || p.ts_ns.saturating_sub(f.last_ns) >= SAME_TRANSMISSION_NS;
-        if another {
-            f.crossed = Crossed::default();
-        }
-        if let Some(d) = device {
-            f.crossed.add(d);
-        }
+        let another = f.crossed.another(p, f.last_ns) || f.syns == 0;
         if retrans && f.syns == 0 {
             // The transmission this one repeats, before kdrop saw any.
             f.syns = 1;
