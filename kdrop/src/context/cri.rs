@@ -14,6 +14,7 @@ use std::{
     fmt, fs,
     os::unix::fs::FileTypeExt as _,
     path::PathBuf,
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -147,6 +148,9 @@ pub type Listing = Vec<(PathBuf, Result<Vec<Sandbox>, String>)>;
 
 /// What asks the sockets (the gRPC calls; a fake in tests).
 pub type Lister = Box<dyn FnMut(&[PathBuf]) -> Listing + Send>;
+/// What finds the sockets and asks them once ahead of need, on a thread
+/// of its own.
+pub type Asker = Box<dyn FnOnce() -> Listing + Send>;
 
 /// How long one ListPodSandbox may take, connecting included.
 pub const DEADLINE: Duration = Duration::from_secs(1);
@@ -159,6 +163,18 @@ const RETRY_FAILED: Duration = Duration::from_secs(10);
 /// A pod found is looked up again after this (a sandbox's labels do not
 /// change, but a pod of the same name may be a new one).
 const HIT_FRESH: Duration = Duration::from_secs(60);
+/// How long the listing asked at start may take: nothing waits on it
+/// until a finding needs labels, and then for `DEADLINE` at most. Under
+/// TCG a containerd in the same guest took longer than `DEADLINE` for a
+/// cold call (connect, HTTP/2, the listing) while three kdrops asked at
+/// once, and the policies came out with `{}` selectors.
+const AHEAD_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The listing asked at start, until it is taken.
+struct Ahead {
+    answer: mpsc::Receiver<Listing>,
+    asked: Instant,
+}
 
 /// The last ListPodSandbox answers, asked again on a miss.
 pub struct Cri {
@@ -170,6 +186,7 @@ pub struct Cri {
     /// When the last listing was, and whether a call of it failed.
     listed: Option<(Instant, bool)>,
     list: Lister,
+    ahead: Option<Ahead>,
 }
 
 impl fmt::Debug for Cri {
@@ -196,6 +213,57 @@ impl Cri {
             answered: Vec::new(),
             listed: None,
             list,
+            ahead: None,
+        }
+    }
+
+    /// Asks the runtimes now, on a thread of its own, so that the first
+    /// finding that needs a pod's labels finds them listed (a session's
+    /// start, after loading).
+    pub fn ask_ahead(&mut self, ask: Asker) {
+        if self.ahead.is_some() {
+            return;
+        }
+        let (tx, rx) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("kdrop-cri-ahead".into())
+            .spawn(move || {
+                let _ = tx.send(ask());
+            });
+        match spawned {
+            Ok(_) => {
+                self.ahead = Some(Ahead {
+                    answer: rx,
+                    asked: Instant::now(),
+                })
+            }
+            Err(e) => log::debug!("listing the pods ahead: {e}"),
+        }
+    }
+
+    /// The answer to the listing asked ahead, waiting `DEADLINE` at most:
+    /// Some(why not) while it is still out (no second listing meanwhile).
+    fn take_ahead(&mut self) -> Option<String> {
+        let ahead = self.ahead.take()?;
+        match ahead.answer.recv_timeout(DEADLINE) {
+            // No socket then: nothing asked, the usual path says why.
+            Ok(listing) if listing.is_empty() => None,
+            Ok(listing) => {
+                self.apply(listing);
+                None
+            }
+            Err(mpsc::RecvTimeoutError::Timeout)
+                if ahead.asked.elapsed() < AHEAD_DEADLINE + DEADLINE =>
+            {
+                let why = format!(
+                    "ListPodSandbox asked at start has not answered in {:.1}s",
+                    ahead.asked.elapsed().as_secs_f64()
+                );
+                self.ahead = Some(ahead);
+                Some(why)
+            }
+            // Its thread is gone, or kept no deadline: ask anew.
+            Err(_) => None,
         }
     }
 
@@ -206,6 +274,9 @@ impl Cri {
         pod: &PodId,
         sockets: impl FnOnce() -> (Vec<PathBuf>, Vec<PathBuf>),
     ) -> Result<Labels, String> {
+        if let Some(why) = self.take_ahead() {
+            return Err(why);
+        }
         let found = sandbox_of(&self.sandboxes, pod).is_some();
         let due = match self.listed {
             None => true,
@@ -234,8 +305,6 @@ impl Cri {
             self.listed = Some((Instant::now(), false));
             return;
         }
-        let mut sandboxes = Vec::new();
-        let mut answered = Vec::new();
         let started = Instant::now();
         let listing = (self.list)(present);
         log::debug!(
@@ -243,6 +312,13 @@ impl Cri {
             present.len(),
             started.elapsed()
         );
+        self.apply(listing);
+    }
+
+    fn apply(&mut self, listing: Listing) {
+        self.trouble.clear();
+        let mut sandboxes = Vec::new();
+        let mut answered = Vec::new();
         for (socket, r) in listing {
             match r {
                 Ok(s) => {
@@ -287,6 +363,18 @@ impl Cri {
     }
 }
 
+/// Every socket's sandboxes, each call given `AHEAD_DEADLINE`: for
+/// `Cri::ask_ahead`, already on a thread of its own. No socket, no call.
+pub fn ask_all(sockets: Vec<PathBuf>) -> Listing {
+    if sockets.is_empty() {
+        return Vec::new();
+    }
+    #[cfg(feature = "runtime")]
+    return grpc::list_all(sockets, AHEAD_DEADLINE);
+    #[cfg(not(feature = "runtime"))]
+    return list_all(&sockets);
+}
+
 /// Every socket's sandboxes, asked at once on a thread of its own (with
 /// its own current-thread tokio runtime: this one's caller may be on a
 /// runtime's thread, where a runtime cannot be entered), each call given
@@ -304,7 +392,7 @@ fn list_all(sockets: &[PathBuf]) -> Listing {
     let spawned = std::thread::Builder::new()
         .name("kdrop-cri".into())
         .spawn(move || {
-            let _ = tx.send(grpc::list_all(owned));
+            let _ = tx.send(grpc::list_all(owned, DEADLINE));
         });
     if let Err(e) = spawned {
         return every(&format!("starting a thread: {e}"));
@@ -335,10 +423,10 @@ mod grpc {
     };
     use tonic::transport::{Endpoint, Uri};
 
-    use super::{Listing, Sandbox, DEADLINE};
+    use super::{Listing, Sandbox};
     use crate::context::bundles;
 
-    pub fn list_all(sockets: Vec<PathBuf>) -> Listing {
+    pub fn list_all(sockets: Vec<PathBuf>, deadline: std::time::Duration) -> Listing {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -355,9 +443,9 @@ mod grpc {
             let mut set = tokio::task::JoinSet::new();
             for (i, s) in sockets.into_iter().enumerate() {
                 set.spawn(async move {
-                    let r = match tokio::time::timeout(DEADLINE, list(&s)).await {
+                    let r = match tokio::time::timeout(deadline, list(&s)).await {
                         Ok(r) => r.map_err(|e| causes(&e)),
-                        Err(_) => Err(format!("no answer within {DEADLINE:?}")),
+                        Err(_) => Err(format!("no answer within {deadline:?}")),
                     };
                     (i, s, r)
                 });
@@ -629,6 +717,53 @@ mod tests {
         cri.listed = Some((Instant::now() - RETRY_MISS, false));
         assert_eq!(cri.labels(&named("shop", "cart"), sock), want(&cart));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn the_listing_asked_at_start_answers_the_first_finding() {
+        let db = sb("data", "db-0", "u1", true, 1, "db");
+        let socket = PathBuf::from("/run/containerd/containerd.sock");
+        let (mut cri, calls) = fake(Vec::new());
+        let answer = vec![(socket.clone(), Ok(vec![db.clone()]))];
+        cri.ask_ahead(Box::new(move || answer));
+        assert_eq!(
+            cri.labels(&named("data", "db-0"), sock),
+            Ok(db.labels.clone())
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "no call of its own");
+
+        // Still out when a finding needs it: that finding waits DEADLINE at
+        // most and is told so, no second listing meanwhile; the next one
+        // takes the answer.
+        let (mut cri, calls) = fake(Vec::new());
+        let (go, wait) = mpsc::channel::<()>();
+        let answer = vec![(socket.clone(), Ok(vec![db.clone()]))];
+        cri.ask_ahead(Box::new(move || {
+            let _ = wait.recv();
+            answer
+        }));
+        let started = Instant::now();
+        let why = cri.labels(&named("data", "db-0"), sock).unwrap_err();
+        assert!(
+            why.starts_with("ListPodSandbox asked at start has not answered in "),
+            "{why}"
+        );
+        assert!(started.elapsed() >= DEADLINE, "{:?}", started.elapsed());
+        go.send(()).unwrap();
+        assert_eq!(
+            cri.labels(&named("data", "db-0"), sock),
+            Ok(db.labels.clone())
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+        // No socket at start: the usual path asks, and says why not.
+        let (mut cri, calls) = fake(vec![vec![(socket.clone(), Ok(vec![db.clone()]))]]);
+        cri.ask_ahead(Box::new(Vec::new));
+        assert_eq!(
+            cri.labels(&named("data", "db-0"), sock),
+            Ok(db.labels.clone())
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[test]

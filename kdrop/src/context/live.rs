@@ -154,6 +154,12 @@ impl Live {
             self.netfilter.prime(&ns);
         }
     }
+
+    /// Lists the pods' sandboxes now, in the background: a NetworkPolicy
+    /// finding then names its pods' labels without a call to the runtime.
+    pub fn ask_pod_labels_ahead(&mut self) {
+        self.pods.ask_labels_ahead();
+    }
 }
 
 impl Node for Live {

@@ -216,6 +216,17 @@ impl Pods {
         }
     }
 
+    /// Lists the pods' sandboxes now, on a thread of its own, for the
+    /// first finding that needs their labels (see Cri::ask_ahead).
+    pub fn ask_labels_ahead(&mut self) {
+        let dirs = self.bundles.dirs().to_vec();
+        self.cri.ask_ahead(Box::new(move || {
+            let mut bundles = Bundles::new(dirs);
+            let all = bundles.scan();
+            cri::ask_all(cri::sockets(bundles.dirs(), &all).0)
+        }));
+    }
+
     /// The pod's labels from its runtime over CRI (their bundles gave
     /// none), or why not.
     pub fn labels(&mut self, pod: &PodId) -> Result<Labels, String> {

@@ -167,8 +167,9 @@ impl Session {
             },
         )?;
         // After the load's peak (the parsed BTF freed): a first drop's
-        // location then costs no wait.
+        // location, or a policy's pods, then cost no wait.
         crate::kernel::symbols::prefetch();
+        live.ask_pod_labels_ahead();
         let ring = Ring::new(probes.take_events()?, o.record.is_some())?;
         let nf_rungs: HashMap<&'static str, String> = probes
             .reports
