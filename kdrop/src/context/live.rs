@@ -155,6 +155,22 @@ impl Live {
         }
     }
 
+    /// What kept the newest reading of the namespace's rules from being
+    /// whole: a tool that failed or did not answer (not one that is not
+    /// installed).
+    pub fn rules_unread(&self, inode: u32) -> Vec<String> {
+        self.netfilter
+            .latest(inode)
+            .map(|s| {
+                s.problems
+                    .iter()
+                    .filter(|p| !p.contains("installed"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Lists the pods' sandboxes now, in the background: a NetworkPolicy
     /// finding then names its pods' labels without a call to the runtime.
     pub fn ask_pod_labels_ahead(&mut self) {

@@ -31,7 +31,22 @@ pub fn follow(live: &mut Live, traced: u32, filter: &mut Filter) -> NodePorts {
         return NodePorts::default();
     }
     let Some(services) = live.kube(traced) else {
-        return NodePorts::default();
+        // Said, not silent: a Service's node port would go unfollowed
+        // because the rules naming it could not be read.
+        let unread = live.rules_unread(traced);
+        let left = (!unread.is_empty())
+            .then(|| {
+                format!(
+                    "kube-proxy's node ports of --port: the rules were not read ({})",
+                    unread.join("; ")
+                )
+            })
+            .into_iter()
+            .collect();
+        return NodePorts {
+            followed: Vec::new(),
+            left,
+        };
     };
     let found = services.node_ports_of(&asked);
     let ports: Vec<u16> = found.iter().map(|(p, _)| *p).collect();

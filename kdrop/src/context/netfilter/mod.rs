@@ -8,9 +8,9 @@ pub mod conntrack;
 pub use kdrop_core::parse::{iptables_save, nft_json, nft_render};
 pub mod snapshot;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use self::snapshot::{snapshot, tool_name, Tools};
+use self::snapshot::{snapshot, tool_name, Tools, START_TOOL_TIMEOUT, TOOL_TIMEOUT};
 use crate::{context::netns::Netns, model::netfilter::Snapshot};
 
 /// Snapshots kept per namespace (before, after, and one spare for events
@@ -53,7 +53,11 @@ impl NetfilterContext {
     }
 
     fn take(&mut self, ns: &Netns) -> Option<Arc<Snapshot>> {
-        match snapshot(&ns.path, &self.tools) {
+        self.take_within(ns, TOOL_TIMEOUT)
+    }
+
+    fn take_within(&mut self, ns: &Netns, timeout: Duration) -> Option<Arc<Snapshot>> {
+        match snapshot(&ns.path, &self.tools, timeout) {
             Ok(s) => {
                 log::debug!(
                     "netfilter snapshot of {}: {} tables in {:.1} ms",
@@ -84,7 +88,7 @@ impl NetfilterContext {
 
     /// A "before" for the first drop in `ns`: call before tracing starts.
     pub fn prime(&mut self, ns: &Netns) {
-        self.take(ns);
+        self.take_within(ns, START_TOOL_TIMEOUT);
     }
 
     /// The snapshots that bracket a drop at `ts_ns` (CLOCK_MONOTONIC) in

@@ -23,7 +23,12 @@ use crate::{
 
 /// A tool that has not answered in this long is killed; kdrop reports the
 /// drop without attribution rather than stall.
-const TOOL_TIMEOUT: Duration = Duration::from_secs(5);
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same at start, where only the start waits: the rules read then are
+/// the first drop's "before" and the node ports followed all session. In
+/// 5.10's guest under TCG, two tests at once, 5 s was not enough and
+/// kube-proxy's node ports went unfollowed.
+pub const START_TOOL_TIMEOUT: Duration = Duration::from_secs(15);
 /// The binaries found on this host.
 #[derive(Clone, Debug, Default)]
 pub struct Tools {
@@ -78,6 +83,11 @@ pub fn monotonic_ns() -> u64 {
 
 /// Runs a tool to completion (bounded by TOOL_TIMEOUT), returning stdout.
 pub fn run(bin: &Path, args: &[&str]) -> Result<String> {
+    run_within(bin, args, TOOL_TIMEOUT)
+}
+
+/// `run`, bounded by `timeout`.
+fn run_within(bin: &Path, args: &[&str], timeout: Duration) -> Result<String> {
     let child = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
@@ -88,13 +98,13 @@ pub fn run(bin: &Path, args: &[&str]) -> Result<String> {
     let pid = child.id();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || tx.send(child.wait_with_output()));
-    let out = match rx.recv_timeout(TOOL_TIMEOUT) {
+    let out = match rx.recv_timeout(timeout) {
         Ok(out) => out?,
         Err(_) => {
             // SAFETY: kill(2) on our own child, still unreaped (the waiting
             // thread reaps it after this).
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            bail!("{} did not answer within {TOOL_TIMEOUT:?}", bin.display());
+            bail!("{} did not answer within {timeout:?}", bin.display());
         }
     };
     if !out.status.success() {
@@ -119,8 +129,10 @@ fn source_of(bin: &Path) -> String {
     format!("{} -c", tool_name(bin))
 }
 
-/// Reads everything, in the calling thread's namespace.
-fn read_here(tools: &Tools) -> Snapshot {
+/// Reads everything, in the calling thread's namespace, each tool
+/// bounded by `timeout`.
+fn read_here(tools: &Tools, timeout: Duration) -> Snapshot {
+    let run = |bin: &Path, args: &[&str]| run_within(bin, args, timeout);
     let started_ns = monotonic_ns();
     let mut snap = Snapshot {
         started_ns,
@@ -210,9 +222,9 @@ fn replace_xtables(nft_tables: &mut [Table], saved: Vec<Table>) {
 }
 
 /// Takes a snapshot inside the namespace at `path`.
-pub fn snapshot(path: &Path, tools: &Arc<Tools>) -> Result<Snapshot> {
+pub fn snapshot(path: &Path, tools: &Arc<Tools>, timeout: Duration) -> Result<Snapshot> {
     let tools = Arc::clone(tools);
-    in_netns(path, move || read_here(&tools))
+    in_netns(path, move || read_here(&tools, timeout))
 }
 
 #[cfg(test)]
