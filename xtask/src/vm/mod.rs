@@ -373,9 +373,9 @@ fn boot_and_test(
             "--memory",
             "2G",
             "--cpus",
-            "2",
+            "1",
         ])
-        // Both vCPUs on one host thread. Under multi-threaded TCG, x86
+        // One vCPU, on one host thread. Under multi-threaded TCG, x86
         // text patching (text_poke_bp's int3 protocol, which attaching or
         // detaching an fexit trampoline or kretprobe uses) while the other
         // vCPU runs the patched function panics the guest: kdrop started
@@ -383,8 +383,15 @@ fn boot_and_test(
         // repro/kretprobe-teardown-6.1) panicked Debian 6.1 twice and 6.12
         // three times within 37-108 s (int3 Oops at fib_validate_source+0x5,
         // returns into 0 from nf_hook_slow); with thread=single both ran
-        // the whole 300 s. A guest then computes on one host core: the
-        // kernels' guests run side by side (side_by_side).
+        // the whole 300 s. Two vCPUs taking turns on that one thread ran
+        // four tests at once (two lanes, libtest's two threads each), and
+        // a vCPU spinning on a lock the other held waited for its turn:
+        // 5.10's CI subset crossed the harness's bounds there (a kdrop not
+        // out 40 s after SIGINT, iptables-save past its 5 s). One vCPU runs
+        // two at once; its files took 206-258 s against 243-327 s (one run
+        // each, the two-vCPU one beside a host build) and passed. SMP stays
+        // tested on the host and on arm64. A guest computes on one host
+        // core: the kernels' guests run side by side (side_by_side).
         .arg("--qemu-opts=-accel tcg,thread=single")
         .arg("--verbose")
         .arg("--rwdir")
