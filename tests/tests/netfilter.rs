@@ -641,3 +641,78 @@ fn busy_ruleset_legacy() {
 fn busy_ruleset_nft() {
     busy_ruleset(Backend::Nft, 136);
 }
+
+/// A reading that failed is named where kdrop could not tell the rule: an
+/// `nft` earlier in kdrop's PATH that refuses with a message of the test's
+/// own (the oracle), an iptables-nft rule dropping the SYN. Without nft's
+/// listing kdrop has no rules to count, so the finding (or, where a kernel
+/// verdict probe named the table, the attribution's evidence) quotes it.
+/// 6.1's CI runs it for that second shape.
+#[test]
+fn a_tool_that_fails_is_named_in_the_finding() {
+    let p = Pair::new("nffail", 137);
+    ipt(
+        &p.server,
+        Backend::Nft,
+        false,
+        "-A INPUT -p tcp --dport 6111 -j DROP",
+    );
+    let dir = std::env::temp_dir().join(ns_name("nffail-bin"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _rm = TempDir(dir.clone());
+    let nft = dir.join("nft");
+    let refusal = "Error: refused by kdrop's netfilter test";
+    std::fs::write(&nft, format!("#!/bin/sh\necho \"{refusal}\" >&2\nexit 1\n")).unwrap();
+    std::fs::set_permissions(&nft, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let k = Kdrop::start_env(
+        &["--json", "--netns", &p.server.name, "-p", "6111"],
+        &[("PATH", &path)],
+    );
+    // The first drop arms the kernel's verdict probes where they attach
+    // (kretprobe or fexit on nft_do_chain); the second has their verdict.
+    let records: Vec<Record> = [42111, 42112]
+        .into_iter()
+        .map(|sport| drop_of(&k, &p.client, p.client_v4(sport), p.server_v4(6111)))
+        .collect();
+    k.stop(libc::SIGINT);
+    let why = format!(
+        "the rules read after the drop are incomplete: {} -j list ruleset failed: {refusal}",
+        nft.display()
+    );
+    for e in &records {
+        match &e.netfilter {
+            None => {
+                assert_eq!(e.finding().cause, "netfilter", "{e}");
+                assert_eq!(
+                    e.finding().fix_notes,
+                    [format!(
+                        "kdrop could not tell which rule: {why}; the rulesets below hold it"
+                    )],
+                    "{e}"
+                );
+            }
+            Some(nf) => {
+                assert!(nf.method.starts_with("kernel verdict ("), "{e}");
+                assert_eq!(nf.dropped_by, "table", "{e}");
+                assert!(
+                    nf.evidence.contains(&format!("rule counters: {why}")),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

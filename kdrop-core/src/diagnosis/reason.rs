@@ -21,6 +21,9 @@ pub struct DropFacts<'a> {
     pub tcp_flags: u8,
     /// The rule, chain policy or conntrack drop behind a NETFILTER_DROP.
     pub netfilter: Option<&'a Attribution>,
+    /// Without `netfilter`: why kdrop could not tell (a tool that failed,
+    /// no reading from before; `netfilter::unattributed`).
+    pub unattributed: Option<&'a str>,
 }
 
 /// A finding from the kernel's drop reason alone. Richer causes (the route
@@ -169,7 +172,12 @@ fn socket_words(reason: &str, f: &DropFacts, ns: &str, iface: &str) -> Option<Wo
             Cause::Netfilter,
             format!("a netfilter rule or chain policy dropped it on {iface}"),
             vec![],
-            vec!["kdrop could not tell which rule: the rulesets below hold it".into()],
+            vec![match f.unattributed {
+                Some(why) => {
+                    format!("kdrop could not tell which rule: {why}; the rulesets below hold it")
+                }
+                None => "kdrop could not tell which rule: the rulesets below hold it".into(),
+            }],
             vec![
                 format!("{ns}iptables-save -c"),
                 format!("{ns}nft list ruleset"),
@@ -256,6 +264,7 @@ mod tests {
             location: Some("ip_rcv_finish_core+0x1a3"),
             tcp_flags: 0x02,
             netfilter: None,
+            unattributed: None,
         }
     }
 
@@ -289,6 +298,25 @@ mod tests {
             "netfilter"
         );
         assert!(explain(&facts("TCP_CSUM")).is_none());
+    }
+
+    #[test]
+    fn an_unattributed_netfilter_drop_says_why() {
+        let mut f = facts("NETFILTER_DROP");
+        assert_eq!(
+            explain(&f).unwrap().fix_notes,
+            ["kdrop could not tell which rule: the rulesets below hold it"]
+        );
+        f.unattributed = Some("nft did not answer within 5s");
+        let got = explain(&f).unwrap();
+        assert_eq!(got.cause, "netfilter");
+        assert_eq!(
+            got.fix_notes,
+            [
+                "kdrop could not tell which rule: nft did not answer within 5s; the rulesets \
+                 below hold it"
+            ]
+        );
     }
 
     #[test]

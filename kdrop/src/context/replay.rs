@@ -51,6 +51,29 @@ impl Replay {
         });
     }
 
+    /// The fake node's netfilter readings around a drop in `netns` at
+    /// `ts_ns`, as if recorded (blob ids from 1000 up).
+    #[cfg(test)]
+    pub fn set_netfilter_around(
+        &mut self,
+        netns: u32,
+        ts_ns: u64,
+        before: Option<Snapshot>,
+        after: Snapshot,
+    ) {
+        let mut id = |s: Snapshot| {
+            let id = 1000 + self.blobs.len() as u64;
+            let v = serde_json::to_value(s).expect("a snapshot serialises");
+            self.apply(&Line::Blob { id, v });
+            id
+        };
+        let ids = [before.map(&mut id), Some(id(after))];
+        self.apply(&Line::Answer {
+            q: json!(["netfilter_around", netns, ts_ns]).to_string(),
+            a: json!(ids),
+        });
+    }
+
     fn answer<A: DeserializeOwned>(&mut self, q: Value) -> Option<A> {
         let q = q.to_string();
         let Some(a) = self.answers.get(&q) else {

@@ -81,12 +81,12 @@ impl<N: Node> Enricher<N> {
         let verdicts = self.verdicts.take_for(d);
         // Without a reason (before 5.17) the kernel's NF_DROP verdict, or
         // a free in nf_hook_slow, is what says netfilter dropped it.
-        let netfilter = match reason.as_deref() {
+        let (netfilter, unattributed) = match reason.as_deref() {
             Some("NETFILTER_DROP") => self.attribute(d, &verdicts),
             None if !verdicts.is_empty() || diagnosis::netfilter_location(&location) => {
                 self.attribute(d, &verdicts)
             }
-            _ => None,
+            _ => (None, None),
         };
         // A packet a program dropped died before routing (tc ingress, XDP)
         // or after it was done (tc egress, cgroup): lookups recorded then
@@ -157,9 +157,10 @@ impl<N: Node> Enricher<N> {
                 Explainer::Kube => self.explain_kube(d, &r),
                 Explainer::Program => self.explain_program(d, &r),
                 Explainer::Listen => self.explain_listen(d, &r),
-                Explainer::Reason => {
-                    diagnosis::explain(&facts(&r, d.tcp_flags, r.netfilter.as_deref()))
-                }
+                Explainer::Reason => diagnosis::explain(&DropFacts {
+                    unattributed: unattributed.as_deref(),
+                    ..facts(&r, d.tcp_flags, r.netfilter.as_deref())
+                }),
             })
             .map(Arc::new);
         // Not a rival: the netfilter finding, refined with the way back
@@ -186,32 +187,65 @@ impl<N: Node> Enricher<N> {
     /// Which rule, policy, conntrack or NAT drop killed this NETFILTER_DROP
     /// packet: the kernel's own verdicts for it first (see
     /// diagnosis::netfilter::kernel), the rule counters within the table
-    /// and hook they name (or everywhere, without them).
-    fn attribute(&mut self, d: &Drop, verdicts: &[NfVerdict]) -> Option<Arc<Attribution>> {
+    /// and hook they name (or everywhere, without them). Without an
+    /// answer, why not (the finding says it).
+    fn attribute(
+        &mut self,
+        d: &Drop,
+        verdicts: &[NfVerdict],
+    ) -> (Option<Arc<Attribution>>, Option<String>) {
         let scope = nf::kernel::scope(verdicts);
         let around = self.node.netfilter_around(d.netns, d.ts_ns);
-        let counted = match (around, &scope) {
-            (None, _) => None,
-            (Some((before, after)), None) if self.memo_on => {
-                self.attributions.attribute(Dropped::of(d), before, after)
+        let Some((before, after)) = around else {
+            let a = nf::kernel::combine(verdicts, d.ts_ns, &|f| self.rung(f), None).map(Arc::new);
+            let why = a.is_none().then(|| nf::UNREAD.to_string());
+            return (a, why);
+        };
+        let counted = match &scope {
+            None if self.memo_on => {
+                self.attributions
+                    .attribute(Dropped::of(d), before.clone(), after.clone())
             }
-            (Some((before, after)), scope) => {
+            scope => {
                 nf::attribute_within(&Dropped::of(d), before.as_deref(), &after, scope.as_ref())
                     .map(Arc::new)
             }
         };
         if verdicts.is_empty() {
-            return counted;
+            let why = counted
+                .is_none()
+                .then(|| nf::unattributed(before.as_deref(), &after));
+            return (counted, why);
         }
-        let rungs = &self.facts.nf_rungs;
-        let rung = |f: NfFn| {
-            rungs
-                .get(f.name())
-                .cloned()
-                .unwrap_or_else(|| "probe".into())
-        };
-        nf::kernel::combine(verdicts, d.ts_ns, &rung, counted.map(Arc::unwrap_or_clone))
-            .map(Arc::new)
+        // The kernel named the table and hook; when the counters could not
+        // name the rule within them, its evidence says why.
+        let counters_silent = counted.is_none();
+        let a = nf::kernel::combine(
+            verdicts,
+            d.ts_ns,
+            &|f| self.rung(f),
+            counted.map(Arc::unwrap_or_clone),
+        )
+        .map(|mut a| {
+            if counters_silent && a.dropped_by == DroppedBy::Table {
+                let why = nf::unattributed(before.as_deref(), &after);
+                a.evidence.push(format!("rule counters: {why}"));
+            }
+            Arc::new(a)
+        });
+        let why = a
+            .is_none()
+            .then(|| nf::unattributed(before.as_deref(), &after));
+        (a, why)
+    }
+
+    /// The rung a netfilter function's verdict came through.
+    fn rung(&self, f: NfFn) -> String {
+        self.facts
+            .nf_rungs
+            .get(f.name())
+            .cloned()
+            .unwrap_or_else(|| "probe".into())
     }
 
     /// A drop by a rule kube-proxy wrote, in Kubernetes terms.
@@ -506,6 +540,7 @@ pub(super) fn facts<'a>(
         location: Some(&r.location),
         tcp_flags,
         netfilter,
+        unattributed: None,
     }
 }
 

@@ -238,3 +238,86 @@ fn which_drops_share_a_diagnosis() {
     assert_eq!(memo::Key::of(&looked_up, false), None);
     assert_eq!(memo::Key::of(&syn(), true), None);
 }
+
+/// The enricher of a kernel with NETFILTER_DROP (reason 7), and a SYN it
+/// dropped; the node's readings around it have nft failing.
+fn nf_dropped() -> (Enricher<Replay>, Drop) {
+    let mut e = enricher();
+    e.facts.reasons = Reasons::from_pairs([("NETFILTER_DROP", 7)]);
+    let d = Drop { reason: 7, ..syn() };
+    let failed = crate::model::netfilter::Snapshot {
+        started_ns: d.ts_ns + 1,
+        finished_ns: d.ts_ns + 2,
+        problems: vec!["/usr/sbin/nft -j list ruleset failed: Error: busy".into()],
+        ..Default::default()
+    };
+    e.node.set_netfilter_around(NS, d.ts_ns, None, failed);
+    (e, d)
+}
+
+const NFT_FAILED: &str = "the rules read after the drop are incomplete: /usr/sbin/nft -j list \
+                          ruleset failed: Error: busy";
+
+#[test]
+fn a_netfilter_drop_kdrop_cannot_attribute_says_why() {
+    let (mut e, d) = nf_dropped();
+    let r = e.on_event(&Event::Drop(d)).expect("a record");
+    assert!(r.netfilter.is_none());
+    let f = r.finding.as_ref().unwrap();
+    assert_eq!(f.cause, "netfilter");
+    assert_eq!(
+        f.fix_notes,
+        [format!(
+            "kdrop could not tell which rule: {NFT_FAILED}; the rulesets below hold it"
+        )]
+    );
+}
+
+#[test]
+fn a_netfilter_drop_in_a_namespace_kdrop_cannot_read_says_so() {
+    let (mut e, mut d) = nf_dropped();
+    d.ts_ns += 1; // no readings recorded for this drop
+    let r = e.on_event(&Event::Drop(d)).expect("a record");
+    assert_eq!(
+        r.finding.as_ref().unwrap().fix_notes,
+        [format!(
+            "kdrop could not tell which rule: {}; the rulesets below hold it",
+            crate::diagnosis::netfilter::UNREAD
+        )]
+    );
+}
+
+/// The kernel's verdict names the table and hook; the counters could not
+/// name the rule in it, and its evidence says why.
+#[test]
+fn a_kernel_verdict_without_counters_says_why_not_the_rule() {
+    use crate::model::{
+        netfilter::{Family, Hook},
+        packet::{NfFn, NfVerdict},
+    };
+    let (mut e, d) = nf_dropped();
+    let v = NfVerdict {
+        ts_ns: d.ts_ns - 1_000,
+        cpu: d.cpu,
+        func: NfFn::NftDoChain,
+        raw: 0,
+        netns: d.netns,
+        saddr: d.saddr,
+        daddr: d.daddr,
+        sport: d.sport,
+        dport: d.dport,
+        hook: Some(Hook::Input),
+        family: Some(Family::Ip),
+        table: Some("filter".into()),
+        chain: Some("INPUT".into()),
+    };
+    assert!(e.on_event(&Event::Verdict(v)).is_none());
+    let r = e.on_event(&Event::Drop(d)).expect("a record");
+    let a = r.netfilter.as_ref().expect("the kernel's verdict");
+    assert_eq!(a.dropped_by, crate::model::netfilter::DroppedBy::Table);
+    assert_eq!(a.chain.as_deref(), Some("INPUT"));
+    assert_eq!(
+        a.evidence.last().unwrap(),
+        &format!("rule counters: {NFT_FAILED}")
+    );
+}

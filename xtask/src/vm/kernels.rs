@@ -126,6 +126,9 @@ pub const KERNELS: &[Kernel] = &[
             "netfilter::nft_rule_drop",
             // The same for iptables-nft's rules.
             "netfilter::input_drop_nft",
+            // That verdict without counters (nft's listing refused): the
+            // table named by the kernel, why not the rule by the readings.
+            "netfilter::a_tool_that_fails_is_named_in_the_finding",
             // conntrack's insert failure (__nf_conntrack_confirm): its
             // statistics, not a verdict, name it, with this kernel's
             // nf_conn layout for the clashing entry.

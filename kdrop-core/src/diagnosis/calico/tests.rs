@@ -320,6 +320,7 @@ fn finding_in_kubernetes_terms() {
         location: Some("nf_hook_slow+0x9c"),
         tcp_flags: 0x02,
         netfilter: Some(&a),
+        unattributed: None,
     };
     let (f, p) = explain(&d, &conn, &a, &facts);
     assert_eq!(f.cause, "network_policy_denied");
@@ -403,6 +404,7 @@ fn the_notes_say_why_a_selector_is_not_exact() {
         location: Some("nf_hook_slow+0x9c"),
         tcp_flags: 0x02,
         netfilter: Some(&a),
+        unattributed: None,
     };
     let notes = |db: &Workload, cart: &Workload| {
         let peer = Peer::Pod(cart.clone());

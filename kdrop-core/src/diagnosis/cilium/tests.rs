@@ -153,6 +153,7 @@ fn a_deny_rule_in_kubernetes_terms() {
         location: None,
         tcp_flags: 0x02,
         netfilter: None,
+        unattributed: None,
     };
     let (f, p) = explain(&d, Direction::Ingress, &conn, &facts);
     assert_eq!(

@@ -433,6 +433,7 @@ fn facts(src: &str, dst: &str) -> DropFacts<'static> {
         location: Some("nf_hook_slow+0x7d"),
         tcp_flags: 0x02,
         netfilter: None,
+        unattributed: None,
     }
 }
 

@@ -164,6 +164,7 @@ fn the_finding_in_kubernetes_terms() {
         location: None,
         tcp_flags: 0x02,
         netfilter: Some(&a),
+        unattributed: None,
     };
     let (f, p) = explain(&d, &conn, &a, &facts);
     assert_eq!(f.cause, crate::model::cause::Cause::NetworkPolicyDenied);

@@ -453,6 +453,7 @@ mod tests {
             location: Some("nf_hook_slow+0x7d"),
             tcp_flags: TCP_SYN,
             netfilter: None,
+            unattributed: None,
         }
     }
 

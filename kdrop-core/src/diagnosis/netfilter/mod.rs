@@ -27,6 +27,8 @@ pub mod fixes;
 pub mod kernel;
 pub mod matching;
 pub mod pairing;
+pub mod unattributed;
 
 pub use attribution::{attribute, attribute_within, reads_source_port, Dropped};
 pub use matching::Packet;
+pub use unattributed::{unattributed, UNREAD};
