@@ -60,7 +60,7 @@ causes! {
     NoSocket = "no_socket", 1;
     /// The client refused the SYN-ACK with a RST (no connection of its own matches it).
     SynAckReset = "syn_ack_reset", 1;
-    /// Netfilter dropped it and kdrop could not tell which rule.
+    /// Netfilter dropped it and kdrop could not tell which rule; the note says why (a tool that failed or timed out, the readings it lacked).
     Netfilter = "netfilter", 1;
     /// The frame was addressed to another host's MAC.
     Otherhost = "otherhost", 1;
