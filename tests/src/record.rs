@@ -146,6 +146,10 @@ pub struct Netfilter {
     /// Present (and true) only when the chain runs before conntrack.
     #[serde(default)]
     pub before_conntrack: Option<bool>,
+    /// Present (and true) only when the rule was gone from the reading
+    /// after the drop.
+    #[serde(default)]
+    pub gone: Option<bool>,
     /// A conntrack drop only.
     #[serde(default)]
     pub conntrack: Option<ConntrackMoved>,

@@ -9,9 +9,9 @@ use std::{
 };
 
 use integration_tests::{
-    in_ns, inode,
+    bound, in_ns, inode,
     nf::{ipt, Backend, BrNetfilter},
-    ns_name, reason_for, send_syn, veth, Kdrop, Ns, Pair, Record,
+    ns_name, reason_for, rule_packets_of, send_syn, veth, Kdrop, Ns, Pair, Record,
 };
 use serde_json::Value;
 
@@ -706,6 +706,59 @@ fn a_tool_that_fails_is_named_in_the_finding() {
             }
         }
     }
+}
+
+/// A rule deleted between a drop and kdrop's reading of it: kdrop is held
+/// (SIGSTOP) while the second SYN is dropped, the kernel's counter shows
+/// the drop, and the rule goes; let go, kdrop names the rule from its
+/// reading before (the first drop's), says it is gone and repairs nothing.
+/// The test deleted that rule: it is the oracle.
+#[test]
+fn a_rule_deleted_before_kdrop_reads_its_drop_is_named_gone() {
+    let b = Backend::Nft;
+    let p = Pair::new("nfgone", 138);
+    let spec = "-A INPUT -p tcp --dport 6112 -j DROP";
+    ipt(&p.server, b, false, spec);
+    let k = Kdrop::start(&["--json", "--netns", &p.server.name, "-p", "6112"]);
+    let first = drop_of(&k, &p.client, p.client_v4(42121), p.server_v4(6112));
+    assert_eq!(first.netfilter().gone, None, "{first}");
+    // SAFETY: kill(2) on our own child, stopped then continued below.
+    unsafe { libc::kill(k.pid() as i32, libc::SIGSTOP) };
+    let (src, dst) = (p.client_v4(42122), p.server_v4(6112));
+    let _syn = send_syn(&p.client, src, dst);
+    let deadline = Instant::now() + bound(Duration::from_secs(5));
+    while rule_packets_of(&p.server, &b.tool(false), "INPUT", "dpt:6112") < 2 {
+        assert!(Instant::now() < deadline, "the second SYN was not dropped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ipt(&p.server, b, false, &spec.replacen("-A", "-D", 1));
+    // SAFETY: as above.
+    unsafe { libc::kill(k.pid() as i32, libc::SIGCONT) };
+    let e = k.expect_record("the drop read after its rule went", |e| {
+        e.is_tuple(&src, &dst)
+    });
+    k.stop(libc::SIGINT);
+    let nf = e.netfilter();
+    assert_eq!(nf.gone, Some(true), "{e}");
+    assert_eq!(nf.dropped_by, "rule", "{e}");
+    assert_eq!(
+        nf.rule.as_deref(),
+        Some("-A INPUT -p tcp -m tcp --dport 6112 -j DROP"),
+        "{e}"
+    );
+    // Where a verdict probe attached, its table and hook come first.
+    assert!(
+        nf.method
+            .ends_with("ruleset evaluation (iptables-nft-save -c)"),
+        "{e}"
+    );
+    let f = e.finding();
+    assert_eq!(f.cause, "netfilter_rule", "{e}");
+    assert!(f.fix.is_empty() && f.fix_or.is_empty(), "{e}");
+    assert!(
+        f.fix_notes[0].starts_with("the rule is gone already"),
+        "{e}"
+    );
 }
 
 /// A directory removed on drop.

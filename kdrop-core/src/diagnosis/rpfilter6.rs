@@ -442,6 +442,7 @@ mod tests {
             ctstate_invalid: false,
             accepts_established: None,
             before_conntrack: false,
+            gone: false,
             conntrack: None,
             evidence: vec![],
         }

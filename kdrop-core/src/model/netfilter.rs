@@ -441,6 +441,10 @@ pub struct Attribution {
     /// -200): no conntrack state is known there yet.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub before_conntrack: bool,
+    /// The rule is gone from the rules read after the drop (deleted since):
+    /// named from the reading before it. Present (and true) only then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone: bool,
     /// For a conntrack drop: its statistics before and after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<ConntrackMoved>,
@@ -468,6 +472,7 @@ impl Attribution {
             ctstate_invalid: false,
             accepts_established: None,
             before_conntrack: false,
+            gone: false,
             conntrack: None,
             evidence: Vec::new(),
         }

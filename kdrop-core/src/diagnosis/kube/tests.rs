@@ -418,6 +418,7 @@ fn attribution(table: &str, rule: &str) -> Attribution {
         ctstate_invalid: false,
         accepts_established: None,
         before_conntrack: false,
+        gone: false,
         conntrack: None,
         evidence: vec![],
     }

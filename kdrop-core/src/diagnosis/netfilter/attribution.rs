@@ -21,8 +21,8 @@ use super::{
     matching::{eval_all, Packet, Tri},
 };
 use crate::model::netfilter::{
-    Attribution, Backend, Chain, ConntrackStats, CtState, Dir, Family, Hook, Iface, Match, Policy,
-    Rule, Snapshot, Table, Verdict,
+    Attribution, Backend, Chain, ConntrackStats, CtState, Family, Hook, Iface, Match, Policy, Rule,
+    Snapshot, Table, Verdict,
 };
 use crate::model::packet::Drop;
 
@@ -51,27 +51,6 @@ impl Dropped {
             ifindex: d.ifindex,
         }
     }
-}
-
-/// Whether any rule of `s` looks at a packet's source port (`--sport`,
-/// multiport `--ports`, `tcp sport`): if none does, packets that differ
-/// only in it are attributed alike (see `matching`, where `Dir::Src` and
-/// `Dir::Either` are the only readers of `sport`).
-pub fn reads_source_port(s: &Snapshot) -> bool {
-    s.tables
-        .iter()
-        .flat_map(|t| &t.chains)
-        .flat_map(|c| &c.rules)
-        .flat_map(|r| &r.matches)
-        .any(|m| {
-            matches!(
-                m,
-                Match::Port {
-                    dir: Dir::Src | Dir::Either,
-                    ..
-                }
-            )
-        })
 }
 
 /// What a counter says about one rule or policy.
@@ -257,17 +236,24 @@ fn chain_key(t: &Table, c: &Chain) -> ChainKey {
 #[derive(Default)]
 struct Before {
     present: bool,
+    /// Counters ignored: a walk by matches alone (`deleted_since`).
+    uncounted: bool,
     rules: HashMap<RuleKey, u64>,
     policies: HashMap<ChainKey, u64>,
 }
 
 impl Before {
-    fn of(s: Option<&Snapshot>) -> Self {
+    /// Without `counted`, every counter is ignored.
+    fn of(s: Option<&Snapshot>, counted: bool) -> Self {
         let Some(s) = s else {
-            return Self::default();
+            return Self {
+                uncounted: !counted,
+                ..Self::default()
+            };
         };
         let mut b = Before {
             present: true,
+            uncounted: !counted,
             ..Self::default()
         };
         for t in &s.tables {
@@ -287,6 +273,7 @@ impl Before {
 
     fn evidence(&self, before: Option<u64>, after: Option<u64>, full: bool) -> Evidence {
         match (after, self.present) {
+            _ if self.uncounted => Evidence::None,
             (None, _) => Evidence::None,
             (Some(a), false) => Evidence::Total(a),
             // A rule, chain or table that is new since the snapshot before
@@ -538,6 +525,19 @@ pub fn attribute_within(
     after: &Snapshot,
     scope: Option<&Scope>,
 ) -> Option<Attribution> {
+    attribute_in(d, before, after, scope, true)
+        .or_else(|| super::deleted::deleted_since(d, before?, after, scope))
+}
+
+/// The walk itself (`attribute_within` without the deleted rule's case);
+/// without `counted`, by the rules' matches alone.
+pub(super) fn attribute_in(
+    d: &Dropped,
+    before: Option<&Snapshot>,
+    after: &Snapshot,
+    scope: Option<&Scope>,
+    counted: bool,
+) -> Option<Attribution> {
     let (mut hooks, packet) = path_of(d, &after.ifaces);
     if let Some(h) = scope.and_then(|s| s.hook) {
         hooks = vec![h];
@@ -555,7 +555,7 @@ pub fn attribute_within(
     let mut w = Walker {
         tables: tables.clone(),
         packet: &packet,
-        before: Before::of(before),
+        before: Before::of(before, counted),
         keys: HashMap::new(),
         found: Vec::new(),
         off_path: false,
@@ -1644,11 +1644,14 @@ mod tests {
     fn which_rulesets_read_source_ports() {
         let save =
             |rule: &str| format!("*filter\n:INPUT ACCEPT [0:0]\n[3:120] -A INPUT {rule}\nCOMMIT\n");
-        let reads = |rule: &str| reads_source_port(&snap(legacy(&save(rule))));
+        let reads =
+            |rule: &str| crate::diagnosis::netfilter::reads_source_port(&snap(legacy(&save(rule))));
         assert!(!reads("-p tcp -m tcp --dport 80 -j DROP"));
         assert!(!reads("-p tcp -m multiport --dports 80,443 -j DROP"));
         assert!(reads("-p tcp -m tcp --sport 1024:2023 -j DROP"));
         assert!(reads("-p tcp -m multiport --ports 80,443 -j DROP"));
-        assert!(!reads_source_port(&snap(Vec::new())));
+        assert!(!crate::diagnosis::netfilter::reads_source_port(&snap(
+            Vec::new()
+        )));
     }
 }

@@ -137,6 +137,7 @@ pub(super) fn describe(
         ctstate_invalid,
         accepts_established: matches!(c.kind, Kind::Policy).then(|| accepts_established(c.chain)),
         before_conntrack: before_conntrack(c),
+        gone: false,
         conntrack: None,
         evidence: evidence(c, hooks, unrelated, first_sight && !counters, after),
     }
@@ -196,9 +197,7 @@ fn evidence(
         ));
     }
     if first_look {
-        evidence.push(
-            "first look at this namespace: later drops are compared with this snapshot".into(),
-        );
+        evidence.push(FIRST_LOOK.into());
     }
     evidence.extend(after.problems.iter().cloned());
     evidence
@@ -225,6 +224,13 @@ fn rule_evidence(c: &Candidate, r: &Rule) -> Vec<String> {
     vec![counter_moved("rule", c.evidence.counts()), fit]
 }
 
+/// The evidence of a walk without a reading from before.
+pub const FIRST_LOOK: &str =
+    "first look at this namespace: later drops are compared with this snapshot";
+
+/// A rule's evidence when it has no counter.
+pub const NO_COUNTER: &str = "the rule has no counter";
+
 /// `rule counter ...` / `policy counter ...`, or that there is none.
 fn counter_moved(what: &str, counts: (Option<u64>, Option<u64>)) -> String {
     match counts {
@@ -235,6 +241,7 @@ fn counter_moved(what: &str, counts: (Option<u64>, Option<u64>)) -> String {
             "{what} counter stands at {a} packets (first look at this namespace: no snapshot \
              from before)"
         ),
+        _ if what == "rule" => NO_COUNTER.into(),
         _ => format!("the {what} has no counter"),
     }
 }

@@ -335,6 +335,17 @@ pub fn explain(a: &Attribution, f: &DropFacts) -> Finding {
         .map(|n| format!("ip netns exec {n} "))
         .unwrap_or_default();
     let mut r = repair(a, f, &ns);
+    if a.gone {
+        // Nothing left to repair: a repair would accept or delete what is
+        // no longer there.
+        r.fix.clear();
+        r.fix_or.clear();
+        r.notes = vec![
+            "the rule is gone already (deleted after the drop): it drops no new connection; \
+             if it comes back, so do the drops"
+                .into(),
+        ];
+    }
     let cause = cause(a);
     match cause {
         Cause::ConntrackInvalid => {
@@ -475,9 +486,33 @@ mod tests {
             ctstate_invalid: false,
             accepts_established: None,
             before_conntrack: false,
+            gone: false,
             conntrack: None,
             evidence: vec!["its counter went 0 -> 1".into()],
         }
+    }
+
+    #[test]
+    fn a_rule_gone_since_the_drop_has_nothing_to_repair() {
+        let a = Attribution {
+            gone: true,
+            ..rule()
+        };
+        let f = explain(&a, &facts());
+        assert_eq!(f.cause, "netfilter_rule");
+        assert!(f
+            .summary
+            .ends_with("-A INPUT -p tcp -m tcp --dport 80 -j DROP"));
+        assert!(f.fix.is_empty() && f.fix_or.is_empty(), "{f:?}");
+        assert_eq!(
+            f.fix_notes,
+            ["the rule is gone already (deleted after the drop): it drops no new connection; if \
+              it comes back, so do the drops"]
+        );
+        assert_eq!(
+            f.inspect[0],
+            "ip netns exec srv iptables-legacy -t filter -L INPUT -v -n -x --line-numbers"
+        );
     }
 
     #[test]

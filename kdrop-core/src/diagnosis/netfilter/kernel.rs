@@ -242,6 +242,7 @@ mod tests {
             ctstate_invalid: false,
             accepts_established: None,
             before_conntrack: false,
+            gone: false,
             conntrack: None,
             evidence: vec!["rule counter went 0 -> 1".into()],
         }

@@ -3,7 +3,7 @@
 //! rate limits, conntrack details, ...) answer `Maybe`, never a guess.
 use std::net::IpAddr;
 
-use crate::model::netfilter::{CtState, Dir, Match, PROTO_TCP};
+use crate::model::netfilter::{CtState, Dir, Match, Snapshot, PROTO_TCP};
 
 /// The dropped packet, as far as rule matching needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,6 +237,27 @@ fn ct_eval(flags: u8, states: &[CtState]) -> Tri {
         n if n == possible.len() => Tri::Yes,
         _ => Tri::Maybe,
     }
+}
+
+/// Whether any rule of `s` looks at a packet's source port (`--sport`,
+/// multiport `--ports`, `tcp sport`): if none does, packets that differ
+/// only in it are attributed alike (see `matching`, where `Dir::Src` and
+/// `Dir::Either` are the only readers of `sport`).
+pub fn reads_source_port(s: &Snapshot) -> bool {
+    s.tables
+        .iter()
+        .flat_map(|t| &t.chains)
+        .flat_map(|c| &c.rules)
+        .flat_map(|r| &r.matches)
+        .any(|m| {
+            matches!(
+                m,
+                Match::Port {
+                    dir: Dir::Src | Dir::Either,
+                    ..
+                }
+            )
+        })
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 //!
 //! Nothing here changes the ruleset.
 pub mod attribution;
+mod deleted;
 pub mod describe;
 pub mod finding;
 pub mod fixes;
@@ -29,6 +30,6 @@ pub mod matching;
 pub mod pairing;
 pub mod unattributed;
 
-pub use attribution::{attribute, attribute_within, reads_source_port, Dropped};
-pub use matching::Packet;
+pub use attribution::{attribute, attribute_within, Dropped};
+pub use matching::{reads_source_port, Packet};
 pub use unattributed::{unattributed, UNREAD};
