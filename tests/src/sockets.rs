@@ -267,6 +267,20 @@ pub fn answered_three_times(
     src: SocketAddr,
     dst: SocketAddr,
 ) -> OwnedFd {
+    answered_three_times_then(client, server, server_port, src, dst, || {})
+}
+
+/// `answered_three_times`, calling `before_lifting` once the SYN-ACKs were
+/// dropped and before the client's rule goes (a test tracing the client's
+/// namespace waits there for kdrop to have read that rule).
+pub fn answered_three_times_then(
+    client: &Ns,
+    server: &Ns,
+    server_port: u16,
+    src: SocketAddr,
+    dst: SocketAddr,
+    before_lifting: impl FnOnce(),
+) -> OwnedFd {
     let port = server_port.to_string();
     let sport = src.port().to_string();
     iptables(
@@ -284,6 +298,7 @@ pub fn answered_three_times(
         rule_packets(client, "INPUT", "DROP") >= 3,
         "SYN-ACKs not dropped"
     );
+    before_lifting();
     iptables(client, &format!("-D INPUT -p tcp --dport {sport} -j DROP"));
     // The next SYN-ACK (the server's or the client's 7 s retransmission)
     // completes it.
