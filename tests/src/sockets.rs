@@ -63,6 +63,17 @@ pub fn connect_within(
     wait_connected(&fd, timeout)
 }
 
+/// Waits for a SYN sent at `sent` to complete on one of its
+/// retransmissions. Linux resends it 1, 3, 7, 15, 31 and 63 s after the
+/// first (TCP_TIMEOUT_INIT, 1 s, doubled per retry: include/net/tcp.h, and
+/// tcp_syn_retries 6), so the next one comes within twice the time since
+/// the first plus a second: a fix applied late waits for that one (a
+/// fixed 12 s ran out in 6.1's whole suite under TCG).
+pub fn wait_retransmitted(fd: &OwnedFd, sent: Instant) -> std::io::Result<()> {
+    let next = sent.elapsed() * 2 + Duration::from_secs(2);
+    wait_connected(fd, bound(Duration::from_secs(12)).max(next))
+}
+
 /// Waits up to `timeout` for a socket `send_syn` returned to finish its
 /// handshake (a retransmission of its SYN answered): the same tuple tried
 /// again, as the client's kernel does.

@@ -15,11 +15,14 @@
 //! back however it ends, and runs alone in the VM guest (xtask's `ALONE`),
 //! as nf_verdicts does: another test's namespace with as many entries
 //! would meet the full table meanwhile.
-use std::{os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
 
 use integration_tests::{
-    assert_kinds, connect_from, listen, reason_for, run_fix, send_syn, wait_connected, Kdrop, Ns,
-    Pair,
+    assert_kinds, connect_from, listen, reason_for, run_fix, send_syn, wait_connected,
+    wait_retransmitted, Kdrop, Ns, Pair,
 };
 use kdrop::{context::netns::in_netns, diagnosis::fix_kinds::Kind};
 
@@ -104,6 +107,7 @@ fn a_full_table_is_repaired_by_kdrops_sysctls() {
     let k = Kdrop::start(&["--json", "--port", "7251"]);
     std::fs::write(MAX, n.to_string()).unwrap();
     let src = p.client_v4(42253);
+    let sent = Instant::now();
     let syn = send_syn(&p.client, src, at);
     // The first drop arms what attributes it (netfilter's counters around
     // the drop): a retransmission's drop names the table.
@@ -133,7 +137,7 @@ fn a_full_table_is_repaired_by_kdrops_sysctls() {
     assert_eq!(read(MAX), (n * 2).to_string());
     // The finding is about the table, and the dropped SYN's own socket
     // retransmits (1 s, 3 s): its tuple completes, then a new one.
-    wait_connected(&syn, Duration::from_secs(12)).expect("the dropped SYN's retransmission");
+    wait_retransmitted(&syn, sent).expect("the dropped SYN's retransmission");
     connect_from(&p.client, p.client_v4(42254), at).expect("a new connection after the fix");
     drop(held);
     drop(saved);

@@ -4,12 +4,12 @@
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpStream},
     os::fd::OwnedFd,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use integration_tests::{
     assert_kinds, connect_from, connect_within, expected_rp_filter_cause, kernel_reason, listen,
-    ns_name, reason_for, run_fix, send_syn, veth, wait_connected, Kdrop, Ns, Record,
+    ns_name, reason_for, run_fix, send_syn, veth, wait_retransmitted, Kdrop, Ns, Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 use kdrop::{
@@ -549,6 +549,7 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
     let _srv = listen(&l.node, dst);
     let k = Kdrop::start(&["--json", "--port", &ROUTED_PORT.to_string()]);
     let src: SocketAddr = format!("{ROUTED_CLIENT}:40231").parse().unwrap();
+    let sent = Instant::now();
     let syn = send_syn(&l.client, src, dst);
     let e = k.expect_record("the routed client's SYN drop", |e| {
         e.kind == "drop" && e.saddr == ROUTED_CLIENT && e.sport == 40231
@@ -598,7 +599,7 @@ fn no_route_back_to_a_routed_client_is_repaired_through_its_router() {
     connect_from(&l.client, new, dst).expect("a new connection after kdrop's fix");
     // The first SYN's socket, still retransmitting (1, 3, 7 s): the same
     // tuple gets through too.
-    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+    wait_retransmitted(&syn, sent).expect("the first SYN's retransmission");
 }
 
 /// A client on the node's link that connects from an address outside every
@@ -646,6 +647,7 @@ fn no_route_back_to_a_client_on_the_link_is_repaired_on_link() {
     let _srv = listen(&node, dst);
     let k = Kdrop::start(&["--json", "--port", "7249"]);
     let src: SocketAddr = "10.249.9.1:40249".parse().unwrap();
+    let sent = Instant::now();
     let syn = send_syn(&client, src, dst);
     let e = k.expect_record("the on-link client's SYN drop", |e| {
         e.kind == "drop" && e.saddr == "10.249.9.1" && e.sport == 40249
@@ -680,5 +682,5 @@ fn no_route_back_to_a_client_on_the_link_is_repaired_on_link() {
     }
     connect_from(&client, "10.249.9.1:40250".parse().unwrap(), dst)
         .expect("a new connection after kdrop's fix");
-    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+    wait_retransmitted(&syn, sent).expect("the first SYN's retransmission");
 }

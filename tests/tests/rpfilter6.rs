@@ -6,11 +6,14 @@
 //! check fails. kdrop must name the rule, the way back (eth0, table main,
 //! the rule that chose it) and a policy route through eth1 that, applied as
 //! printed, lets a new connection through. The topology is the oracle.
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use integration_tests::{
     assert_kinds, connect_from, connect_within, handshake, ip6, listen, ns_name, run_fix, send_syn,
-    veth, wait_connected, Kdrop, Ns, Record,
+    veth, wait_retransmitted, Kdrop, Ns, Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 
@@ -100,6 +103,7 @@ fn traced_drop(l: &Lab, sport: u16) -> (Record, std::os::fd::OwnedFd) {
     let k = Kdrop::start(&["--json", "--port", &PORT.to_string()]);
     let src: SocketAddr = format!("[{CLIENT}]:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("[{SERVER}]:{PORT}").parse().unwrap();
+    let sent = Instant::now();
     let syn = send_syn(&l.client, src, dst);
     let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
         e.kind == "drop" && e.saddr == CLIENT && e.sport == sport
@@ -267,7 +271,7 @@ fn loosen_then_connect(e: &Record, l: &Lab, syn: std::os::fd::OwnedFd, sport: u1
         dst,
     )
     .expect("a new connection after the loose rule");
-    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+    wait_retransmitted(&syn, sent).expect("the first SYN's retransmission");
 }
 
 #[test]
@@ -524,6 +528,7 @@ fn a_routed_client_is_repaired_through_its_router() {
     let _srv = listen(&node, dst);
     let k = Kdrop::start(&["--json", "--port", &port.to_string()]);
     let src: SocketAddr = format!("[{client_addr}]:48401").parse().unwrap();
+    let sent = Instant::now();
     let syn = send_syn(&client, src, dst);
     let e = k.expect_record_within("the SYN's drop", Duration::from_secs(10), |e| {
         e.kind == "drop" && e.saddr == client_addr && e.sport == 48401
@@ -574,5 +579,5 @@ fn a_routed_client_is_repaired_through_its_router() {
     let new: SocketAddr = format!("[{client_addr}]:48403").parse().unwrap();
     connect_from(&client, new, dst).expect("a new connection after kdrop's fix");
     // The first SYN's socket, still retransmitting: the same tuple too.
-    wait_connected(&syn, Duration::from_secs(12)).expect("the first SYN's retransmission");
+    wait_retransmitted(&syn, sent).expect("the first SYN's retransmission");
 }
