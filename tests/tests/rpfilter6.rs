@@ -98,8 +98,11 @@ fn lab(test: &str) -> Lab {
     }
 }
 
+/// The dropped SYN's socket, still retransmitting, and when it was sent.
+type Syn = (std::os::fd::OwnedFd, Instant);
+
 /// The drop of the client's SYN, with its finding.
-fn traced_drop(l: &Lab, sport: u16) -> (Record, std::os::fd::OwnedFd) {
+fn traced_drop(l: &Lab, sport: u16) -> (Record, Syn) {
     let k = Kdrop::start(&["--json", "--port", &PORT.to_string()]);
     let src: SocketAddr = format!("[{CLIENT}]:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("[{SERVER}]:{PORT}").parse().unwrap();
@@ -111,7 +114,7 @@ fn traced_drop(l: &Lab, sport: u16) -> (Record, std::os::fd::OwnedFd) {
     k.stop(libc::SIGINT);
     assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
     assert_eq!(e.ifname, "eth1", "{e}");
-    (e, syn)
+    (e, (syn, sent))
 }
 
 /// What both rules share: the way back, the rule that chose it, the fix.
@@ -149,13 +152,13 @@ fn check_way_back(e: &Record, l: &Lab, asked: &str) {
 }
 
 /// The route and the rule, applied; then a new connection (the next port).
-fn fix_then_connect(e: &Record, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16) {
+fn fix_then_connect(e: &Record, l: &Lab, syn: Syn, sport: u16) {
     let f = e.finding();
     assert_kinds(&f.fix, &[Kind::Rpfilter6Route, Kind::Rpfilter6Rule]);
     handshake::fix_then_connect(
         f,
         &l.client,
-        syn,
+        syn.0,
         format!("[{CLIENT}]:{}", sport + 1).parse().unwrap(),
         format!("[{SERVER}]:{PORT}").parse().unwrap(),
     );
@@ -258,7 +261,7 @@ fn asymmetric_lab(test: &str) -> Lab {
 
 /// Applies kdrop's loose-mode repair as printed (it must be of `kind`),
 /// then a new connection and the dropped SYN's retransmission complete.
-fn loosen_then_connect(e: &Record, l: &Lab, syn: std::os::fd::OwnedFd, sport: u16, kind: Kind) {
+fn loosen_then_connect(e: &Record, l: &Lab, (syn, sent): Syn, sport: u16, kind: Kind) {
     let or = e.finding().fix_or[0].clone();
     assert_kinds(&or, &[kind]);
     for cmd in &or {
