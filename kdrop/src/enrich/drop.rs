@@ -211,11 +211,10 @@ impl<N: Node> Enricher<N> {
                     .map(Arc::new)
             }
         };
+        let why = || nf::unattributed(before.as_deref(), &after);
         if verdicts.is_empty() {
-            let why = counted
-                .is_none()
-                .then(|| nf::unattributed(before.as_deref(), &after));
-            return (counted, why);
+            let unattributed = counted.is_none().then(why);
+            return (counted, unattributed);
         }
         // The kernel named the table and hook; when the counters could not
         // name the rule within them, its evidence says why.
@@ -228,15 +227,12 @@ impl<N: Node> Enricher<N> {
         )
         .map(|mut a| {
             if counters_silent && a.dropped_by == DroppedBy::Table {
-                let why = nf::unattributed(before.as_deref(), &after);
-                a.evidence.push(format!("rule counters: {why}"));
+                a.evidence.push(format!("rule counters: {}", why()));
             }
             Arc::new(a)
         });
-        let why = a
-            .is_none()
-            .then(|| nf::unattributed(before.as_deref(), &after));
-        (a, why)
+        let unattributed = a.is_none().then(why);
+        (a, unattributed)
     }
 
     /// The rung a netfilter function's verdict came through.
