@@ -530,6 +530,7 @@ pub(crate) mod tests {
                 netns: 7,
                 ifindex: 3,
                 reported: true,
+                isn: 0,
             },
             rst: packet(1_500_000, 4, syn_ack.reversed(), TCP_RST),
             flow: None,
@@ -1014,6 +1015,63 @@ pub(crate) mod tests {
             isn,
             ..syn(ts, None)
         }
+    }
+
+    fn rst_isn(ts: u64, isn: u32) -> Packet {
+        Packet {
+            ifindex: 4,
+            tcp_flags: TCP_RST,
+            isn,
+            ..syn(ts, None)
+        }
+    }
+
+    /// A RST refuses a SYN-ACK only if its sequence number answers that
+    /// SYN-ACK's connection: a client port reused (healthy churn), the
+    /// later connection's SYN-ACK unseen, its RST answering a FIN is not
+    /// the refusal of the earlier one's (6.1's guest reported that once).
+    #[test]
+    fn a_rst_of_another_connection_on_the_tuple_refuses_no_syn_ack() {
+        let s = 1_000_000_000;
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn_isn(0, 100), &BITS);
+        tr.on_egress(&syn_ack_isn(1000, 100), &BITS);
+        tr.on_egress(&syn_isn(3 * s, 200), &BITS);
+        tr.on_egress(&rst_isn(3 * s + 900, 200), &BITS);
+        assert_eq!(tr.due_resets(u64::MAX), []);
+        // The earlier connection's own refusal still is one.
+        tr.on_egress(&rst_isn(3 * s + 1000, 100), &BITS);
+        let [r] = &tr.due_resets(u64::MAX)[..] else {
+            panic!("one reset")
+        };
+        assert_eq!((r.syn_ack_at.ts_ns, r.syn_ack_at.isn), (1000, 100));
+    }
+
+    /// The SYN-ACK of a connection that reuses the tuple replaces the
+    /// earlier one's: a refusal names when its own SYN-ACK left, and an
+    /// earlier one already settled does not hide it.
+    #[test]
+    fn a_syn_ack_of_a_new_connection_on_the_tuple_replaces_the_old() {
+        let s = 1_000_000_000;
+        let mut tr = Tracker::default();
+        let syn_ack = syn_ack_isn(1000, 100);
+        tr.on_egress(&syn_ack, &BITS);
+        tr.final_ack_seen(&syn_ack.tuple, 2000);
+        // Its retransmission keeps the first transmission's time.
+        tr.on_egress(&syn_ack_isn(s, 100), &BITS);
+        tr.on_egress(&rst_isn(s + 10, 100), &BITS);
+        assert_eq!(tr.due_resets(u64::MAX), []);
+        tr.on_egress(&syn_ack_isn(5 * s, 300), &BITS);
+        tr.on_egress(&rst_isn(5 * s + 10, 300), &BITS);
+        let [r] = &tr.due_resets(u64::MAX)[..] else {
+            panic!("one reset")
+        };
+        assert_eq!((r.syn_ack_at.ts_ns, r.syn_ack_at.isn), (5 * s, 300));
+        // Unknown ISNs (older bundles) match anything, as before.
+        let mut tr = Tracker::default();
+        tr.on_egress(&syn_ack_isn(1000, 0), &BITS);
+        tr.on_egress(&rst_isn(2000, 300), &BITS);
+        assert_eq!(tr.due_resets(u64::MAX).len(), 1);
     }
 
     fn gave_up(ts: u64, isn: u32, retransmits: Option<u32>, err: i32) -> Abandon {
