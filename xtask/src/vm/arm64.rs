@@ -221,7 +221,7 @@ pub(super) fn run(
             })
             .collect();
         let script = out.join("guest.sh");
-        fs::write(&script, guest_script(&out, &kdrop, &plan, &opts.args))?;
+        fs::write(&script, guest_script(&out, &kdrop, &plan, &opts.args, &[]))?;
         let shares = [
             ("src", root(), "ro"),
             ("bin", bin, "ro"),

@@ -1,6 +1,6 @@
 //! The script a guest runs: modules, `kdrop check`, then the test files,
 //! those that must run alone first, the rest in lanes.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{Planned, GUEST_CONTROL_HANDSHAKES, TIME_SCALE};
 
@@ -70,8 +70,14 @@ const LANES: usize = 2;
 /// The script the guest runs: modules, `kdrop check`, the `ALONE` test
 /// files, then the rest from a queue in `LANES` lanes (most tests first);
 /// everything to the console and to `<out>/guest.log`, the exit status to
-/// `<out>/status`.
-pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[String]) -> String {
+/// `<out>/status`. `hold` is kept open meanwhile (hold.rs).
+pub(super) fn guest_script(
+    out: &Path,
+    kdrop: &Path,
+    tests: &[Planned],
+    args: &[String],
+    hold: &[PathBuf],
+) -> String {
     let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
     let mut s = String::new();
     s.push_str("#!/bin/sh\n# Written by `cargo xtask vm`; runs inside the VM.\n");
@@ -119,6 +125,24 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
     s.push_str("    modprobe \"$m\" 2>/dev/null || missing=\"${missing:-} $m\"\n");
     s.push_str("  done\n");
     s.push_str("  [ -n \"${missing:-}\" ] && echo \"xtask-vm: modules not loaded:$missing\"\n");
+    if !hold.is_empty() {
+        let files: Vec<String> = hold
+            .iter()
+            .map(|p| quote(&p.display().to_string()))
+            .collect();
+        // bash opens each (sh has only descriptors 0-9), then becomes a
+        // sleep that inherits them: no polling (`tail -f` polls files on
+        // 9p every second: 181 fstats a second made 5.10's kdrop start
+        // 9.6-17 s instead of 7.5-8).
+        s.push_str(&format!(
+            "  bash -c 'for f do exec {{fd}}<\"$f\"; done; exec sleep infinity' hold {} > /dev/null 2>&1 &\n  holder=$!\n",
+            files.join(" ")
+        ));
+        s.push_str(&format!(
+            "  echo 'xtask-vm: holding {} files open (kdrop, the tools, their libraries)'\n",
+            hold.len()
+        ));
+    }
     s.push_str("  echo 'xtask-vm: kdrop check'\n");
     s.push_str("  \"$KDROP_BIN\" check\n");
     // Issue 29's start time in this guest: spawn to "kdrop: tracing", as the
@@ -180,10 +204,14 @@ pub(super) fn guest_script(out: &Path, kdrop: &Path, tests: &[Planned], args: &[
             ));
         }
     }
+    // Waits for the lanes only: the holder runs until killed.
     for _ in 0..LANES {
-        s.push_str("  lane &\n");
+        s.push_str("  lane & lanes=\"${lanes:-} $!\"\n");
     }
-    s.push_str("  wait\n");
+    s.push_str("  wait $lanes\n");
+    if !hold.is_empty() {
+        s.push_str("  kill \"$holder\" 2>/dev/null\n");
+    }
     s.push_str("  if [ -s \"$out/failed\" ]; then echo 1; else echo 0; fi > \"$out/status\"\n");
     s.push_str("}\n");
     s.push_str("main 2>&1 | tee \"$out/guest.log\"\n");
@@ -209,7 +237,7 @@ mod tests {
             planned("nf_verdicts", &[]),
             planned("routing", &["d"]),
         ];
-        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[]);
+        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[], &[]);
         let alone = s.find("run_file 'nf_verdicts'").unwrap();
         let queue: Vec<&str> = s
             .lines()
@@ -222,8 +250,9 @@ mod tests {
             "  run_file 'nf_verdicts' '/x/test-nf_verdicts' -Zunstable-options --report-time\n"
         ));
         assert!(s.contains(r"'\''a'\'' '\''b'\'' '\''c'\'' --exact"));
-        assert_eq!(s.matches("  lane &\n").count(), LANES);
-        assert!(s.find("  wait\n").unwrap() < s.find("$out/status").unwrap());
+        assert_eq!(s.matches("  lane & lanes=").count(), LANES);
+        assert!(s.find("  wait $lanes\n").unwrap() < s.find("$out/status").unwrap());
+        assert!(!s.contains("holder"), "nothing to hold, no holder");
         // kdrop's start timed after `kdrop check`, before any test.
         let timed = s.find("xtask-vm: kdrop start to tracing").unwrap();
         assert!(s.find("\" check\n").unwrap() < timed && timed < alone);
@@ -243,7 +272,7 @@ mod tests {
             planned("ipv6"),
             planned("routing"),
         ];
-        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[]);
+        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[], &[]);
         let jobs: Vec<(&str, &str)> = s
             .lines()
             .filter(|l| l.contains("/queue/"))
@@ -263,6 +292,28 @@ mod tests {
             ]
         );
         assert!(s.contains(" >> \"$out/queue/01.sh\""));
+    }
+
+    #[test]
+    fn held_files_stay_open_from_before_kdrop_check_to_the_end() {
+        let tests = [Planned {
+            file: "caps".into(),
+            exe: PathBuf::from("/x/test-caps"),
+            names: Vec::new(),
+        }];
+        let hold = [PathBuf::from("/usr/bin/ip"), PathBuf::from("/k/it's")];
+        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[], &hold);
+        let holder = s
+            .find(concat!(
+                "  bash -c 'for f do exec {fd}<\"$f\"; done; exec sleep infinity' hold ",
+                "'/usr/bin/ip' '/k/it'\\''s' > /dev/null 2>&1 &\n  holder=$!\n"
+            ))
+            .unwrap();
+        assert!(holder < s.find("\" check\n").unwrap());
+        assert!(s.contains("holding 2 files open"));
+        let wait = s.find("  wait $lanes\n").unwrap();
+        let kill = s.find("  kill \"$holder\"").unwrap();
+        assert!(wait < kill && kill < s.find("$out/status").unwrap());
     }
 
     #[test]
