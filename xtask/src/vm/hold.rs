@@ -1,12 +1,13 @@
 //! Files an x86_64 guest keeps open while its tests run. The guest's root
 //! is this machine's filesystem over 9p without a cache (virtme-ng's
 //! mount): a file nobody holds leaves the dentry cache when it is closed
-//! (`always_delete_dentry`), the next lookup makes a new inode, and its
-//! pages are read again. Every `ip` or `nft` a test runs read its binary
-//! and libraries anew, on 5.10 a page per 9p request (no netfs readahead
-//! before 5.15?): `/bin/true` took 390 ms there against 90 ms on 6.1. A
-//! process that holds these files open keeps their dentries, inodes and
-//! pages.
+//! (`v9fs_dentry_operations.d_delete = always_delete_dentry`), the next
+//! lookup makes a new inode (`v9fs_get_new_inode_from_fid` without a
+//! cache), and its pages are read again (v5.10 fs/9p/vfs_dentry.c and
+//! vfs_inode.c, https://github.com/torvalds/linux/blob/v5.10/fs/9p/). Every
+//! `ip` or `nft` a test ran read its binary and libraries anew: `/bin/true`
+//! took 390 ms on 5.10 against 90 ms on 6.1 (BENCHMARKS.md). A process
+//! that holds these files open keeps their dentries, inodes and pages.
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
