@@ -70,13 +70,13 @@ const LANES: usize = 2;
 /// The script the guest runs: modules, `kdrop check`, the `ALONE` test
 /// files, then the rest from a queue in `LANES` lanes (most tests first);
 /// everything to the console and to `<out>/guest.log`, the exit status to
-/// `<out>/status`. `hold` is kept open meanwhile (hold.rs).
+/// `<out>/status`. `copies` are read from tmpfs meanwhile (copies.rs).
 pub(super) fn guest_script(
     out: &Path,
     kdrop: &Path,
     tests: &[Planned],
     args: &[String],
-    hold: &[PathBuf],
+    copies: &[PathBuf],
 ) -> String {
     let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
     let mut s = String::new();
@@ -125,23 +125,8 @@ pub(super) fn guest_script(
     s.push_str("    modprobe \"$m\" 2>/dev/null || missing=\"${missing:-} $m\"\n");
     s.push_str("  done\n");
     s.push_str("  [ -n \"${missing:-}\" ] && echo \"xtask-vm: modules not loaded:$missing\"\n");
-    if !hold.is_empty() {
-        let files: Vec<String> = hold
-            .iter()
-            .map(|p| quote(&p.display().to_string()))
-            .collect();
-        // bash opens each (sh has only descriptors 0-9), then becomes a
-        // sleep that inherits them: no polling (`tail -f` polls files on
-        // 9p every second: 181 fstats a second made 5.10's kdrop start
-        // 9.6-17 s instead of 7.5-8).
-        s.push_str(&format!(
-            "  bash -c 'for f do exec {{fd}}<\"$f\"; done; exec sleep infinity' hold {} > /dev/null 2>&1 &\n  holder=$!\n",
-            files.join(" ")
-        ));
-        s.push_str(&format!(
-            "  echo 'xtask-vm: holding {} files open (kdrop, the tools, their libraries)'\n",
-            hold.len()
-        ));
+    if !copies.is_empty() {
+        copy_and_bind(&mut s, copies);
     }
     s.push_str("  echo 'xtask-vm: kdrop check'\n");
     s.push_str("  \"$KDROP_BIN\" check\n");
@@ -204,18 +189,57 @@ pub(super) fn guest_script(
             ));
         }
     }
-    // Waits for the lanes only: the holder runs until killed.
     for _ in 0..LANES {
         s.push_str("  lane & lanes=\"${lanes:-} $!\"\n");
     }
     s.push_str("  wait $lanes\n");
-    if !hold.is_empty() {
-        s.push_str("  kill \"$holder\" 2>/dev/null\n");
-    }
     s.push_str("  if [ -s \"$out/failed\" ]; then echo 1; else echo 0; fi > \"$out/status\"\n");
     s.push_str("}\n");
     s.push_str("main 2>&1 | tee \"$out/guest.log\"\n");
     s
+}
+
+/// Where the guest keeps its copies (a tmpfs of its own) and the fstab
+/// that binds them.
+const COPIES: &str = "/run/xtask-vm-files";
+
+/// Copies `files` into a tmpfs and binds each copy over its original: one
+/// `cp` and one `mount -a` for all (each exec is slow under TCG). A file
+/// that cannot be copied or bound is read over 9p as before.
+fn copy_and_bind(s: &mut String, files: &[PathBuf]) {
+    let quoted: Vec<String> = files
+        .iter()
+        .map(|p| quote(&p.display().to_string()))
+        .collect();
+    s.push_str(&format!(
+        "  mkdir -p {COPIES} && mount -t tmpfs -o mode=0755 xtask-vm-files {COPIES}\n"
+    ));
+    s.push_str(&format!(
+        "  cp --parents --preserve=mode {} {COPIES}/ 2>/dev/null\n",
+        quoted.join(" ")
+    ));
+    s.push_str(&format!("  cat > {COPIES}.fstab <<'FSTAB'\n"));
+    for f in files {
+        let f = fstab_path(&f.display().to_string());
+        s.push_str(&format!("{COPIES}{f} {f} none bind 0 0\n"));
+    }
+    s.push_str("FSTAB\n");
+    s.push_str(&format!("  mount -a -T {COPIES}.fstab 2>/dev/null\n"));
+    // The tmpfs itself is one of the mounts of that source.
+    s.push_str(&format!(
+        "  echo \"xtask-vm: $(( $(grep -c ' - tmpfs xtask-vm-files ' /proc/self/mountinfo) - 1 )) of {} files (kdrop, the tools, their libraries) read from tmpfs copies\"\n",
+        files.len()
+    ));
+}
+
+/// A path as fstab(5) spells it: blanks and backslashes octal-escaped.
+fn fstab_path(p: &str) -> String {
+    p.chars()
+        .map(|c| match c {
+            ' ' | '\t' | '\n' | '\\' => format!("\\{:03o}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -252,7 +276,7 @@ mod tests {
         assert!(s.contains(r"'\''a'\'' '\''b'\'' '\''c'\'' --exact"));
         assert_eq!(s.matches("  lane & lanes=").count(), LANES);
         assert!(s.find("  wait $lanes\n").unwrap() < s.find("$out/status").unwrap());
-        assert!(!s.contains("holder"), "nothing to hold, no holder");
+        assert!(!s.contains("tmpfs"), "nothing to copy, no tmpfs");
         // kdrop's start timed after `kdrop check`, before any test.
         let timed = s.find("xtask-vm: kdrop start to tracing").unwrap();
         assert!(s.find("\" check\n").unwrap() < timed && timed < alone);
@@ -295,25 +319,34 @@ mod tests {
     }
 
     #[test]
-    fn held_files_stay_open_from_before_kdrop_check_to_the_end() {
+    fn copies_are_bound_before_kdrop_check() {
         let tests = [Planned {
             file: "caps".into(),
             exe: PathBuf::from("/x/test-caps"),
             names: Vec::new(),
         }];
-        let hold = [PathBuf::from("/usr/bin/ip"), PathBuf::from("/k/it's")];
-        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[], &hold);
-        let holder = s
+        let copies = [PathBuf::from("/usr/bin/ip"), PathBuf::from("/k/it's a\\b")];
+        let s = guest_script(Path::new("/o"), Path::new("/k"), &tests, &[], &copies);
+        let cp = s
             .find(concat!(
-                "  bash -c 'for f do exec {fd}<\"$f\"; done; exec sleep infinity' hold ",
-                "'/usr/bin/ip' '/k/it'\\''s' > /dev/null 2>&1 &\n  holder=$!\n"
+                "  cp --parents --preserve=mode '/usr/bin/ip' '/k/it'\\''s a\\b' ",
+                "/run/xtask-vm-files/ 2>/dev/null\n"
             ))
             .unwrap();
-        assert!(holder < s.find("\" check\n").unwrap());
-        assert!(s.contains("holding 2 files open"));
-        let wait = s.find("  wait $lanes\n").unwrap();
-        let kill = s.find("  kill \"$holder\"").unwrap();
-        assert!(wait < kill && kill < s.find("$out/status").unwrap());
+        let fstab = s
+            .find(concat!(
+                "  cat > /run/xtask-vm-files.fstab <<'FSTAB'\n",
+                "/run/xtask-vm-files/usr/bin/ip /usr/bin/ip none bind 0 0\n",
+                "/run/xtask-vm-files/k/it's\\040a\\134b /k/it's\\040a\\134b none bind 0 0\n",
+                "FSTAB\n  mount -a -T /run/xtask-vm-files.fstab 2>/dev/null\n"
+            ))
+            .unwrap();
+        let tmpfs = s
+            .find("mount -t tmpfs -o mode=0755 xtask-vm-files")
+            .unwrap();
+        assert!(tmpfs < cp && cp < fstab);
+        assert!(fstab < s.find("\" check\n").unwrap());
+        assert!(s.contains(" of 2 files (kdrop, the tools, their libraries) read from tmpfs"));
     }
 
     #[test]

@@ -23,8 +23,8 @@ use crate::{bootstrap, root, run as run_cmd};
 
 mod arm64;
 mod console;
+mod copies;
 mod guest;
-mod hold;
 mod kernels;
 mod log;
 mod plan;
@@ -145,7 +145,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let _lock = vm_lock()?;
             let bin = root().join(".cache/vm/bin");
             let (kdrop, tests) = snapshot(&bin, &kdrop, &tests)?;
-            let hold = hold::files(&[&kdrop]);
+            let copies = copies::files(&[&kdrop]);
             // Every kernel's plan before the first boot: a bad name fails
             // at once.
             let plans = kernels
@@ -158,7 +158,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 .map(|(k, plan)| Ok((k, prepare(k)?, plan)))
                 .collect::<Result<Vec<_>>>()?;
             side_by_side(jobs, |(k, booted, plan)| {
-                boot_and_test(k, booted, &vng, &kdrop, plan, &hold, opts)
+                boot_and_test(k, booted, &vng, &kdrop, plan, &copies, opts)
             })?
         }
         Arch::Arm64 => arm64::run(&kernels, &specs_of, &files, opts)?,
@@ -352,14 +352,17 @@ fn boot_and_test(
     vng: &Path,
     kdrop: &Path,
     tests: &[Planned],
-    hold: &[PathBuf],
+    copies: &[PathBuf],
     opts: &Options,
 ) -> Result<VmResult> {
     let out = cache_dir().join("vm").join(k.label());
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
     let script = out.join("guest.sh");
-    fs::write(&script, guest_script(&out, kdrop, tests, &opts.args, hold))?;
+    fs::write(
+        &script,
+        guest_script(&out, kdrop, tests, &opts.args, copies),
+    )?;
     let console_path = out.join("console.log");
     eprintln!(
         "xtask vm: booting {} ({}) under TCG, console in {}",

@@ -1,13 +1,17 @@
-//! Files an x86_64 guest keeps open while its tests run. The guest's root
-//! is this machine's filesystem over 9p without a cache (virtme-ng's
+//! Files an x86_64 guest reads from copies in its own memory. The guest's
+//! root is this machine's filesystem over 9p without a cache (virtme-ng's
 //! mount): a file nobody holds leaves the dentry cache when it is closed
 //! (`v9fs_dentry_operations.d_delete = always_delete_dentry`), the next
 //! lookup makes a new inode (`v9fs_get_new_inode_from_fid` without a
 //! cache), and its pages are read again (v5.10 fs/9p/vfs_dentry.c and
 //! vfs_inode.c, https://github.com/torvalds/linux/blob/v5.10/fs/9p/). Every
-//! `ip` or `nft` a test ran read its binary and libraries anew: `/bin/true`
-//! took 390 ms on 5.10 against 90 ms on 6.1 (BENCHMARKS.md). A process
-//! that holds these files open keeps their dentries, inodes and pages.
+//! `ip` or `nft` a test ran read its binary and libraries anew, on 5.10 a
+//! page per round trip. Holding the files open kept their pages on 6.1
+//! but not on 5.10, whose every lookup makes a new inode anyway (60 execs
+//! of a static busybox held open over 9p: 2.9 s on 5.10, 0.9 s on 6.1).
+//! So the guest copies these files into a tmpfs and binds each copy over
+//! its original (guest.rs): 60 execs of the bound busybox took 0.7 s on
+//! 5.10 and 0.6 s on 6.1 (BENCHMARKS.md).
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
@@ -44,16 +48,19 @@ const TOOLS: &[&str] = &[
     "cat",
 ];
 
-/// The files to hold: `extra` (kdrop), each tool's binary and the
-/// libraries `ldd` names for them, and the iptables extensions beside
-/// libxtables (dlopened per match). What cannot be found is left out:
-/// holding is only a speed-up.
+/// What every dynamically linked program reads at its start.
+const LOADER_CACHE: &str = "/etc/ld.so.cache";
+
+/// The files to copy: `extra` (kdrop), each tool's binary and the
+/// libraries `ldd` names for them, the iptables extensions beside
+/// libxtables (dlopened per match) and the loader's cache. What cannot be
+/// found is left out: the copies are only a speed-up.
 pub(super) fn files(extra: &[&Path]) -> Vec<PathBuf> {
     let bins: BTreeSet<PathBuf> = TOOLS
         .iter()
         .filter_map(|t| on_path(t)?.canonicalize().ok())
         .collect();
-    let mut held: BTreeSet<PathBuf> = bins.clone();
+    let mut copied: BTreeSet<PathBuf> = bins.clone();
     let libs = Command::new("ldd")
         .args(&bins)
         .output()
@@ -68,7 +75,7 @@ pub(super) fn files(extra: &[&Path]) -> Vec<PathBuf> {
             .is_some_and(|n| n.to_string_lossy().starts_with("libxtables.so"))
         {
             if let Some(dir) = lib.parent().map(|d| d.join("xtables")) {
-                held.extend(
+                copied.extend(
                     std::fs::read_dir(dir)
                         .into_iter()
                         .flatten()
@@ -78,10 +85,11 @@ pub(super) fn files(extra: &[&Path]) -> Vec<PathBuf> {
                 );
             }
         }
-        held.insert(lib);
+        copied.insert(lib);
     }
-    held.extend(extra.iter().map(|p| p.to_path_buf()));
-    held.into_iter().collect()
+    copied.extend(extra.iter().map(|p| p.to_path_buf()));
+    copied.extend(Path::new(LOADER_CACHE).canonicalize());
+    copied.into_iter().collect()
 }
 
 /// The libraries in `ldd`'s output for several files: `name => /path
@@ -122,16 +130,18 @@ mod tests {
     }
 
     #[test]
-    fn holds_this_machines_ip_and_its_loader() {
+    fn copies_this_machines_ip_its_loader_and_its_cache() {
         let kdrop = Path::new("/k/kdrop");
-        let held = files(&[kdrop]);
+        let copied = files(&[kdrop]);
         let ip = on_path("ip").unwrap().canonicalize().unwrap();
-        assert!(held.contains(&ip), "{held:?}");
-        assert!(held.contains(&kdrop.to_path_buf()));
+        assert!(copied.contains(&ip), "{copied:?}");
+        assert!(copied.contains(&kdrop.to_path_buf()));
         assert!(
-            held.iter()
+            copied
+                .iter()
                 .any(|p| p.to_string_lossy().contains("ld-linux")),
-            "{held:?}"
+            "{copied:?}"
         );
+        assert!(copied.contains(&PathBuf::from(LOADER_CACHE)), "{copied:?}");
     }
 }
