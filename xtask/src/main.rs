@@ -172,8 +172,8 @@ fn main() -> ExitCode {
 fn ci(args: &[String], no_fuzz: bool, vm: Option<(Vec<String>, Vec<vm::Arch>)>) -> Result<()> {
     // Whether the whole suite's record still covers the kernel-facing
     // code, first and again next to the closing lines. Said, not failed on:
-    // CI cannot run the whole suite itself (18 min on 6.12 under TCG here,
-    // longer on 6.1 and 5.10: well past CI's 30 min for the three), so
+    // CI cannot run the whole suite itself (70 min on 6.12 and 52 min on
+    // 6.1 under TCG here, tests/vm-whole-suite.txt: well past CI's 30 min), so
     // failing would stop every merge that touches those files on a step
     // only a person can take.
     let whole = vm::record::check(vm::CI_KERNELS);
