@@ -202,6 +202,8 @@ pub(super) fn guest_script(
 /// Where the guest keeps its copies (a tmpfs of its own) and the fstab
 /// that binds them.
 const COPIES: &str = "/run/xtask-vm-files";
+/// The tmpfs's source name, by which its binds are counted.
+const COPIES_FS: &str = "xtask-vm-files";
 
 /// Copies `files` into a tmpfs and binds each copy over its original: one
 /// `cp` and one `mount -a` for all (each exec is slow under TCG). A file
@@ -212,7 +214,7 @@ fn copy_and_bind(s: &mut String, files: &[PathBuf]) {
         .map(|p| quote(&p.display().to_string()))
         .collect();
     s.push_str(&format!(
-        "  mkdir -p {COPIES} && mount -t tmpfs -o mode=0755 xtask-vm-files {COPIES}\n"
+        "  mkdir -p {COPIES} && mount -t tmpfs -o mode=0755 {COPIES_FS} {COPIES}\n"
     ));
     s.push_str(&format!(
         "  cp --parents --preserve=mode {} {COPIES}/ 2>/dev/null\n",
@@ -227,7 +229,7 @@ fn copy_and_bind(s: &mut String, files: &[PathBuf]) {
     s.push_str(&format!("  mount -a -T {COPIES}.fstab 2>/dev/null\n"));
     // The tmpfs itself is one of the mounts of that source.
     s.push_str(&format!(
-        "  echo \"xtask-vm: $(( $(grep -c ' - tmpfs xtask-vm-files ' /proc/self/mountinfo) - 1 )) of {} files (kdrop, the tools, their libraries) read from tmpfs copies\"\n",
+        "  echo \"xtask-vm: $(( $(grep -c ' - tmpfs {COPIES_FS} ' /proc/self/mountinfo) - 1 )) of {} files (kdrop, the tools, their libraries) read from tmpfs copies\"\n",
         files.len()
     ));
 }
