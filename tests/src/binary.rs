@@ -154,7 +154,30 @@ impl Kdrop {
                 None => break,
             }
         }
-        panic!("no event for {what} within {limit:?}; saw {seen:?}")
+        panic!(
+            "no event for {what} within {limit:?}; saw {seen:?}; kdrop said, stopped now: {:#?}",
+            self.interrupted_stderr()
+        )
+    }
+
+    /// Everything kdrop wrote on stderr since it started tracing, up to its
+    /// exit summary (counters, losses) after a SIGINT: what a failing test
+    /// needs to tell a lost event from a verdict never made. Bounded; the
+    /// child is reaped by `Drop`.
+    fn interrupted_stderr(&self) -> Vec<String> {
+        if let Some(c) = &self.child {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+        }
+        let deadline = Instant::now() + bound(Duration::from_secs(5));
+        let mut said = self.stderr_seen.clone();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => said.push(line),
+                Err(_) => break,
+            }
+        }
+        said
     }
 
     /// The first record `want` accepts, failing the test after
