@@ -65,8 +65,15 @@ pub enum Line {
     /// A ring buffer record as the kernel wrote it (hex), read at `at`
     /// (CLOCK_MONOTONIC ns).
     Ring { at: u64, hex: String },
-    /// A ctnetlink NEW event (a NAT'd entry confirmed), handled at `now`.
-    CtNew { now: u64, seen: CtSeen },
+    /// A ctnetlink NEW event (a NAT'd entry confirmed), handled at `now`,
+    /// the session busy `late` ns before it read it (absent: recorded
+    /// before kdrop measured it).
+    CtNew {
+        now: u64,
+        #[serde(default)]
+        late: u64,
+        seen: CtSeen,
+    },
     /// The points that show SYNs leaving devices were armed at `since`
     /// (None: disarmed): when a retransmission could be seen.
     Watched { since: Option<u64> },
@@ -445,5 +452,19 @@ mod tests {
         assert_eq!(serde_json::to_string(&l).unwrap(), r#"{"t":"due","now":5}"#);
         let l: Line = serde_json::from_str(r#"{"t":"ring","at":1,"hex":"00ff"}"#).unwrap();
         assert!(matches!(l, Line::Ring { at: 1, ref hex } if hex == "00ff"));
+    }
+
+    /// Bundles recorded before the session measured how late it read a NEW
+    /// event replay it as read at once, as those sessions took it.
+    #[test]
+    fn a_ct_new_line_without_its_lateness_is_read_as_on_time() {
+        let old = r#"{"t":"ct_new","now":7,"seen":{"netns":9,"ct":{
+            "orig":{"src":"10.0.0.1:40000","dst":"10.96.0.10:80"},
+            "reply":{"src":"10.1.0.5:8080","dst":"10.0.0.1:40000"},
+            "status":8,"mark":0,"zone":0,"ctinfo":0},"tcp_state":null,"timeout_s":120}}"#;
+        let l: Line = serde_json::from_str(old).unwrap();
+        assert!(matches!(l, Line::CtNew { now: 7, late: 0, ref seen } if seen.netns == 9));
+        let text = serde_json::to_string(&l).unwrap();
+        assert!(text.contains(r#""now":7,"late":0,"#), "{text}");
     }
 }

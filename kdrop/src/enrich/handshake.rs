@@ -238,7 +238,7 @@ impl<N: Node> Enricher<N> {
                 .conntrack_find(Side::Reply, syn_ack, None)
                 .filter(|s| s.ct.status & dnat_bit != 0)?;
             self.tracker
-                .on_new(&seen.ct, seen.netns, now_ns, &self.ct_bits);
+                .on_new(&seen.ct, seen.netns, now_ns, 0, &self.ct_bits);
             self.tracker.dnat_reply(syn_ack).cloned()
         });
         // The client's SYN come back into a namespace as client -> the

@@ -355,9 +355,15 @@ impl<N: Node> Enricher<N> {
 
     /// A NAT'd conntrack entry was created: its handshake is followed from
     /// its first SYN; returns the client's ends to follow in the kernel.
-    pub fn on_new(&mut self, seen: &CtSeen, now_ns: u64) -> Vec<std::net::SocketAddr> {
+    /// `late_ns`: how long the reader was busy before it read the event.
+    pub fn on_new(
+        &mut self,
+        seen: &CtSeen,
+        now_ns: u64,
+        late_ns: u64,
+    ) -> Vec<std::net::SocketAddr> {
         self.tracker
-            .on_new(&seen.ct, seen.netns, now_ns, &self.ct_bits)
+            .on_new(&seen.ct, seen.netns, now_ns, late_ns, &self.ct_bits)
     }
 
     /// A conntrack entry that died without a reply: an "unanswered" record

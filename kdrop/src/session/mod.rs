@@ -4,6 +4,7 @@
 //! source (ring, sockets, held records) the same way.
 pub mod arming;
 mod capture;
+mod lateness;
 mod node_ports;
 mod recording;
 pub use self::recording::Recording;
@@ -27,6 +28,7 @@ use kdrop_common::{Endpoint, Evidence, AF_INET, AF_INET6};
 
 use self::{
     arming::{demands, Arming, ROUTE_REASONS},
+    lateness::Lateness,
     recording::Line,
     ring::Ring,
 };
@@ -103,6 +105,14 @@ pub enum Ended {
 /// How often records held back (RSTs answering a SYN-ACK) are looked at
 /// when no other event comes.
 const TICK: Duration = Duration::from_millis(100);
+
+/// What woke the loop.
+enum Woke {
+    Ring(Vec<Event>),
+    Tick,
+    Ct(Vec<CtEvent>),
+    Scrape(Scrape),
+}
 
 pub struct Session {
     probes: Probes,
@@ -274,47 +284,58 @@ impl Session {
         tokio::pin!(sleep);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut lateness = Lateness::new(monotonic_ns());
         let ended = loop {
-            tokio::select! {
-                batch = self.ring.next_batch() => {
-                    let batch = batch?;
-                    if self.deliver(batch, sink) == Control::Stop {
-                        break Ended::Sink;
-                    }
-                }
-                _ = tick.tick() => {
-                    self.disarm_quiet()?;
-                    self.probes.follow_sweep(monotonic_ns())?;
-                    // What is on the ring first: a held RST's SYN-ACK drop may be.
-                    let batch = self.ring.drain();
-                    if self.deliver(batch, sink) == Control::Stop
-                        || self.watch_listeners(sink) == Control::Stop
-                    {
-                        break Ended::Sink;
-                    }
-                }
-                destroyed = self.ct_events.next() => {
-                    // The SYNs that created those entries are on the ring
-                    // buffer already: follow them first.
-                    let batch = self.ring.drain();
-                    if self.deliver(batch, sink) == Control::Stop
-                        || self.deliver_ct(destroyed, sink) == Control::Stop
-                    {
-                        break Ended::Sink;
-                    }
-                }
-                Some(reply) = next_scrape(&mut scrapes) => {
-                    let _ = reply.send(sink.scrape(&self.probes));
-                }
+            let entered = monotonic_ns();
+            let woke = tokio::select! {
+                batch = self.ring.next_batch() => Woke::Ring(batch?),
+                _ = tick.tick() => Woke::Tick,
+                events = self.ct_events.next() => Woke::Ct(events),
+                Some(reply) = next_scrape(&mut scrapes) => Woke::Scrape(reply),
                 _ = self.sigint.recv() => break Ended::Signal,
                 _ = self.sigterm.recv() => break Ended::Signal,
                 _ = &mut sleep => break Ended::Deadline,
+            };
+            let late = lateness.woke(entered, monotonic_ns());
+            if self.on_woke(woke, late, sink)? == Control::Stop {
+                break Ended::Sink;
             }
         };
         if ended != Ended::Sink {
             self.drain_all(sink);
         }
         Ok(ended)
+    }
+
+    /// One turn of the loop: what woke it, read up to `late_ns` after it
+    /// came.
+    fn on_woke(&mut self, woke: Woke, late_ns: u64, sink: &mut impl Sink) -> Result<Control> {
+        Ok(match woke {
+            Woke::Ring(batch) => self.deliver(batch, sink),
+            Woke::Tick => {
+                self.disarm_quiet()?;
+                self.probes.follow_sweep(monotonic_ns())?;
+                // What is on the ring first: a held RST's SYN-ACK drop may be.
+                let batch = self.ring.drain();
+                match self.deliver(batch, sink) {
+                    Control::Stop => Control::Stop,
+                    Control::Continue => self.watch_listeners(sink),
+                }
+            }
+            Woke::Ct(events) => {
+                // The SYNs that created those entries are on the ring
+                // buffer already: follow them first.
+                let batch = self.ring.drain();
+                match self.deliver(batch, sink) {
+                    Control::Stop => Control::Stop,
+                    Control::Continue => self.deliver_ct(events, late_ns, sink),
+                }
+            }
+            Woke::Scrape(reply) => {
+                let _ = reply.send(sink.scrape(&self.probes));
+                Control::Continue
+            }
+        })
     }
 
     /// At exit: what is on the ring, destroy events already queued on the
@@ -325,7 +346,8 @@ impl Session {
             return;
         }
         let destroyed = self.ct_events.read_all();
-        if self.deliver_ct(destroyed, sink) == Control::Stop {
+        // At exit no handshake waits for its next SYN.
+        if self.deliver_ct(destroyed, 0, sink) == Control::Stop {
             return;
         }
         let due = self.enricher.due(u64::MAX);
@@ -385,11 +407,12 @@ impl Session {
         sink.flush()
     }
 
-    fn deliver_ct(&mut self, events: Vec<CtEvent>, sink: &mut impl Sink) -> Control {
+    /// `late_ns`: how long the events may have waited unread.
+    fn deliver_ct(&mut self, events: Vec<CtEvent>, late_ns: u64, sink: &mut impl Sink) -> Control {
         for e in &events {
             let d = match e {
                 CtEvent::New(seen) => {
-                    self.follow_new(seen);
+                    self.follow_new(seen, late_ns);
                     continue;
                 }
                 CtEvent::Destroyed(d) => d,
@@ -413,14 +436,15 @@ impl Session {
 
     /// A NAT'd connection matching the filter started: follow it by its
     /// client's end, and arm what shows its next transmissions.
-    fn follow_new(&mut self, seen: &CtSeen) {
+    fn follow_new(&mut self, seen: &CtSeen, late_ns: u64) {
         let now = monotonic_ns();
         // Armed first: the tracker times the handshake by when its
         // retransmissions became visible.
         self.want(Demand::Handshakes);
-        let ends = self.enricher.on_new(seen, now);
+        let ends = self.enricher.on_new(seen, now, late_ns);
         self.taped(Line::CtNew {
             now,
+            late: late_ns,
             seen: seen.clone(),
         });
         for end in ends {

@@ -118,8 +118,8 @@ fn steps(
                     }
                 }
             }
-            Line::CtNew { now, seen } => {
-                follow_new(&mut enricher, seen, *now);
+            Line::CtNew { now, late, seen } => {
+                follow_new(&mut enricher, seen, *now, *late);
                 continue;
             }
             Line::Watched { since } => {
@@ -160,10 +160,10 @@ fn steps(
     Ok(())
 }
 
-fn follow_new(enricher: &mut Enricher<Replay>, seen: &CtSeen, now: u64) {
+fn follow_new(enricher: &mut Enricher<Replay>, seen: &CtSeen, now: u64, late: u64) {
     // The ends the live session followed in the kernel: nothing to do
     // here, their packets are on the tape.
-    let _ = enricher.on_new(seen, now);
+    let _ = enricher.on_new(seen, now, late);
 }
 
 #[cfg(test)]

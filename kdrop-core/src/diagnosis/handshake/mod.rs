@@ -356,7 +356,7 @@ pub(crate) mod tests {
     fn a_new_nat_entry_is_the_first_transmission_and_names_the_hairpin_reply() {
         let mut tr = Tracker::default();
         let ct = dnat_ct(8);
-        let ends = tr.on_new(&ct, 9, 100, &BITS);
+        let ends = tr.on_new(&ct, 9, 100, 0, &BITS);
         assert_eq!(ends, [ct.orig.src]);
         // Its reply side is known before any packet was seen leaving.
         assert_eq!(tr.dnat_reply(&ct.reply).map(|f| f.orig), Some(ct.orig));
@@ -371,7 +371,7 @@ pub(crate) mod tests {
         // SNAT: the client's end after it is followed too.
         let mut snat = ct;
         snat.reply.dst = tuple("10.0.0.12:61000", "10.0.0.12:61000").src;
-        let ends = Tracker::default().on_new(&snat, 9, 100, &BITS);
+        let ends = Tracker::default().on_new(&snat, 9, 100, 0, &BITS);
         assert_eq!(ends.len(), 2);
     }
 
@@ -950,7 +950,7 @@ pub(crate) mod tests {
                 ..plain_ct()
             };
             if by_event {
-                tr.on_new(&new, 7, 1_000_000_000, &BITS);
+                tr.on_new(&new, 7, 1_000_000_000, 0, &BITS);
             } else {
                 tr.on_egress(&syn(1_000_000_000, Some(new)), &BITS);
             }
@@ -970,7 +970,7 @@ pub(crate) mod tests {
             reply: client(2).reversed(),
             ..plain_ct()
         };
-        tr.on_new(&new, 7, 20_000_000_000, &BITS);
+        tr.on_new(&new, 7, 20_000_000_000, 0, &BITS);
         assert_eq!(tr.len(), 3);
         assert!(!tr.is_empty());
     }
@@ -987,7 +987,7 @@ pub(crate) mod tests {
             status: 8 | BITS.src_nat,
             ..plain_ct()
         };
-        let ends = tr.on_new(&snat, 9, 100, &BITS);
+        let ends = tr.on_new(&snat, 9, 100, 0, &BITS);
         assert_eq!(
             ends,
             [
@@ -1223,12 +1223,12 @@ pub(crate) mod tests {
         };
         let place = |tr: &Tracker| tr.dnat_reply(&ct.reply).map(|f| (f.netns, f.ifindex));
         let mut tr = Tracker::default();
-        tr.on_new(&ct, 9, 100, &BITS);
+        tr.on_new(&ct, 9, 100, 0, &BITS);
         assert_eq!(tr.on_retrans(&retrans, &BITS), None);
         assert_eq!(place(&tr), Some((9, 0)));
         let mut tr = Tracker::default();
         assert_eq!(tr.on_retrans(&retrans, &BITS), None);
-        tr.on_new(&ct, 9, 100, &BITS);
+        tr.on_new(&ct, 9, 100, 0, &BITS);
         assert_eq!(place(&tr), Some((9, 0)));
         assert_eq!(tr.on_egress(&syn(1_000_100_000, Some(ct)), &BITS), None);
         assert_eq!(place(&tr), Some((7, 2)));
@@ -1241,7 +1241,7 @@ pub(crate) mod tests {
         // Followed from its entry's creation (its first transmission),
         // then nothing: due 1 s later, and some lateness.
         let mut tr = Tracker::default();
-        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 0, 0, &BITS);
         assert!(tr.overdue(1_400 * MS, usize::MAX).is_empty());
         let [f] = &tr.overdue(1_500 * MS, usize::MAX)[..] else {
             panic!("overdue after 1.5 s")
@@ -1263,7 +1263,7 @@ pub(crate) mod tests {
         assert!(tr.overdue(60_000 * MS, usize::MAX).is_empty(), "once");
         // A retransmission on time moves the deadline: the next gap is 2 s.
         let mut tr = Tracker::default();
-        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 0, 0, &BITS);
         tr.on_egress(&tracked(1_000 * MS), &BITS);
         assert!(tr.overdue(3_400 * MS, usize::MAX).is_empty());
         let [f] = &tr.overdue(3_500 * MS, usize::MAX)[..] else {
@@ -1272,7 +1272,7 @@ pub(crate) mod tests {
         assert_eq!(f.syns, 2);
         // The caller found a reply in the entry: answered, never reported.
         let mut tr = Tracker::default();
-        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 0, 0, &BITS);
         let [f] = &tr.overdue(2_000 * MS, usize::MAX)[..] else {
             panic!()
         };
@@ -1290,7 +1290,7 @@ pub(crate) mod tests {
         const MS: u64 = 1_000_000;
         let mut tr = Tracker::default();
         tr.watching(Some(700 * MS));
-        tr.on_new(&dnat_ct(8), 7, 100 * MS, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, 0, &BITS);
         // Disarmed meanwhile: the deadline set stands.
         tr.watching(None);
         assert!(tr.overdue(3_599 * MS, usize::MAX).is_empty());
@@ -1301,15 +1301,56 @@ pub(crate) mod tests {
         // Armed in time (10 ms after): the first retransmission is due.
         let mut tr = Tracker::default();
         tr.watching(Some(110 * MS));
-        tr.on_new(&dnat_ct(8), 7, 100 * MS, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, 0, &BITS);
         assert_eq!(tr.overdue(1_600 * MS, usize::MAX).len(), 1);
         // The retransmission after the next one it saw is timed as usual.
         let mut tr = Tracker::default();
         tr.watching(Some(700 * MS));
-        tr.on_new(&dnat_ct(8), 7, 100 * MS, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, 0, &BITS);
         tr.on_egress(&syn(3_100 * MS, Some(dnat_ct(8))), &BITS);
         assert!(tr.overdue(5_599 * MS, usize::MAX).is_empty());
         assert_eq!(tr.overdue(5_600 * MS, usize::MAX).len(), 1);
+    }
+
+    /// incident5 in a fresh machine's CI (dpkg unpacking beside it): the
+    /// session was busy 1.2 s (the SYN-ACK's drop explained) before it read
+    /// the entry's NEW event, so the SYN's first retransmission had gone by
+    /// before the points were armed; timed from the read, the handshake was
+    /// called given up after "1 transmission" while its client still sent.
+    /// The reader's own lateness moves the wait to the retransmission after.
+    #[test]
+    fn an_entry_read_late_does_not_wait_for_a_retransmission_gone_by() {
+        const MS: u64 = 1_000_000;
+        // SYN at 0, read and armed at 1.2 s.
+        let read_late = |late| {
+            let mut tr = Tracker::default();
+            tr.watching(Some(1_200 * MS));
+            tr.on_new(&dnat_ct(8), 7, 1_200 * MS, late, &BITS);
+            tr
+        };
+        // Not told: the 1 s one is waited for, 2.7 s is the verdict.
+        assert_eq!(read_late(0).overdue(2_700 * MS, usize::MAX).len(), 1);
+        // Told: the SYN may have left at 0, its 1 s retransmission before
+        // the arming; the one 2 s after it is waited for (due by 4.2 s
+        // counted from the read, overdue at 4.7 s).
+        let mut tr = read_late(1_200 * MS);
+        assert!(tr.overdue(4_699 * MS, usize::MAX).is_empty());
+        tr.on_egress(&syn(3_000 * MS, Some(dnat_ct(8))), &BITS);
+        assert!(tr.overdue(5_499 * MS, usize::MAX).is_empty());
+        let [f] = &tr.overdue(5_500 * MS, usize::MAX)[..] else {
+            panic!("overdue 2.5 s after the retransmission seen")
+        };
+        assert_eq!(f.syns, 2);
+        // A client that gave up at once still gets its verdict, later.
+        assert_eq!(
+            read_late(1_200 * MS).overdue(4_700 * MS, usize::MAX).len(),
+            1
+        );
+        // Lateness within LATE_NS changes nothing.
+        let mut tr = Tracker::default();
+        tr.watching(Some(110 * MS));
+        tr.on_new(&dnat_ct(8), 7, 100 * MS, 400 * MS, &BITS);
+        assert_eq!(tr.overdue(1_600 * MS, usize::MAX).len(), 1);
     }
 
     #[test]
@@ -1326,7 +1367,7 @@ pub(crate) mod tests {
         assert!(tr.overdue(100 * S, usize::MAX).is_empty());
         // Reported at its third transmission.
         let mut tr = Tracker::default();
-        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 0, 0, &BITS);
         for ts in [S, 3 * S] {
             tr.on_egress(&syn(ts, Some(dnat_ct(8))), &BITS);
         }
@@ -1339,7 +1380,7 @@ pub(crate) mod tests {
         assert!(tr.overdue(100 * S, usize::MAX).is_empty());
         // Followed from its entry's creation (a client elsewhere).
         let mut tr = Tracker::default();
-        tr.on_new(&dnat_ct(8), 7, 0, &BITS);
+        tr.on_new(&dnat_ct(8), 7, 0, 0, &BITS);
         assert_eq!(tr.overdue(2 * S, usize::MAX).len(), 1);
     }
 
@@ -1376,7 +1417,7 @@ pub(crate) mod tests {
         for port in 0..5u16 {
             let mut ct = dnat_ct(8);
             ct.orig.src.set_port(50_000 + port);
-            tr.on_new(&ct, 7, 0, &BITS);
+            tr.on_new(&ct, 7, 0, 0, &BITS);
         }
         assert_eq!(tr.overdue(2 * S, 2).len(), 2);
         assert_eq!(tr.overdue(2 * S, 2).len(), 2);

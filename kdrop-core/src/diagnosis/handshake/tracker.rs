@@ -8,8 +8,8 @@ use std::{
 
 use kdrop_common::{TCP_ACK, TCP_RST, TCP_SYN};
 
-use super::schedule::overdue_at;
 pub use super::schedule::GaveUp;
+use super::schedule::{overdue_at, LATE_NS};
 pub use super::transmission::Crossed;
 pub use resets::{Reset, SynAckSeen};
 
@@ -365,11 +365,17 @@ impl Tracker {
     /// when it was read): the SYN that created it is the handshake's first
     /// transmission, followed from here as if seen leaving. Returns the
     /// client's ends to follow (before and after SNAT).
+    /// `late_ns`: how long the reader was busy before it read the event
+    /// (the event has no time of its own): the SYN may have left that long
+    /// before `now_ns`, and a retransmission due before the points were
+    /// armed plus that is not waited for (schedule::overdue_at allows
+    /// `LATE_NS` of it already).
     pub fn on_new(
         &mut self,
         ct: &Ct,
         netns: u32,
         now_ns: u64,
+        late_ns: u64,
         bits: &CtBits,
     ) -> Vec<std::net::SocketAddr> {
         let key = ct.orig;
@@ -379,7 +385,9 @@ impl Tracker {
         // The SYN as it left this namespace: to whoever answers, from the
         // client's address after SNAT.
         let wire = ct.reply.reversed();
-        let watched_from = self.watched_from;
+        let watched_from = self
+            .watched_from
+            .map(|w| w.saturating_add(late_ns.saturating_sub(LATE_NS)));
         let f = self.flows.entry(key).or_insert_with(|| Flow {
             orig: key,
             ct: None,
