@@ -14,7 +14,12 @@ use crate::{
         syn_ack::{self, SynAckRetransmitted},
         BridgeFacts, Flow, Refused, Reset, Translator,
     },
-    model::{finding::Finding, packet::Tuple, record::DropRecord, routing::NetnsContext},
+    model::{
+        finding::Finding,
+        packet::Tuple,
+        record::DropRecord,
+        routing::{NetnsContext, Tables},
+    },
 };
 
 impl<N: Node> Enricher<N> {
@@ -47,16 +52,12 @@ impl<N: Node> Enricher<N> {
                 let status = self.status(back.ct.as_ref());
                 handshake::lb_loopback(&handshake::looped_back(flow, back, &status, &tables), &exec)
             }
-            None => {
-                let status = self.status(flow.ct.as_ref());
-                let f = handshake::unanswered(flow, &self.ct_bits, &status, &tables, &exec);
-                // Nothing on the way explains it: the listener's side may.
-                if f.cause == "unanswered" {
-                    self.unanswered_listener(flow).unwrap_or(f)
-                } else {
-                    f
-                }
-            }
+            // Both ends on one bridge that skips netfilter: a hairpin whose
+            // refused SYN-ACK went by before kdrop armed what shows it.
+            None => match self.silent_hairpin(flow) {
+                Some(f) => f,
+                None => self.unanswered_on_the_way(flow, &tables, &exec),
+            },
         };
         let mut r = DropRecord {
             packet: None,
@@ -328,6 +329,27 @@ impl<N: Node> Enricher<N> {
             .route_out(back.netns, e.ct.orig.dst.ip())
             .map(|i| self.node.ifname(back.netns, i));
         Some((e.ct.orig, dev))
+    }
+
+    /// The hairpin seen from its silence (refused::silent_hairpin).
+    fn silent_hairpin(&mut self, flow: &Flow) -> Option<Finding> {
+        flow.ct?;
+        let ctx = self.node.routing(flow.netns)?;
+        let d = self.translator(flow.clone(), &ctx);
+        refused::silent_hairpin(&d, &self.ct_bits, handshake::findings::transmissions(flow))
+    }
+
+    /// A silent death explained from the flow's own namespace, else from
+    /// the listener's side.
+    fn unanswered_on_the_way(&mut self, flow: &Flow, tables: &Tables, exec: &str) -> Finding {
+        let status = self.status(flow.ct.as_ref());
+        let f = handshake::unanswered(flow, &self.ct_bits, &status, tables, exec);
+        // Nothing on the way explains it: the listener's side may.
+        if f.cause == "unanswered" {
+            self.unanswered_listener(flow).unwrap_or(f)
+        } else {
+            f
+        }
     }
 
     fn translator<'a>(&mut self, flow: Flow, ctx: &'a NetnsContext) -> Translator<'a> {

@@ -114,7 +114,12 @@ pub fn explain(r: &Refused, bits: &CtBits) -> Option<Finding> {
     let d = r.dnat.as_ref()?;
     let ct = d.flow.ct?;
     if let Some((how, bridge)) = hairpin_bridge(d, &ct) {
-        return Some(hairpin(r, d, &ct, &how, &bridge));
+        let summary = format!(
+            "hairpin: the SYN-ACK from {} matches the reply side of a DNAT'd connection ({} -> \
+             {} => {}) but arrived un-NAT'd: both ends are on bridge {bridge}",
+            r.syn_ack.src, ct.orig.src, ct.orig.dst, ct.reply.src,
+        );
+        return Some(hairpin(d, &ct, (&how, &bridge), summary, r.kernel.clone()));
     }
     dnat_only(&ct, bits).then(|| {
         asymmetric(
@@ -228,10 +233,40 @@ fn hairpin_bridge(d: &Translator, ct: &Ct) -> Option<(String, String)> {
     on_subnet(br, client).then(|| (how, br.name.clone()))
 }
 
+/// A DNAT'd handshake that died unanswered (`sent`: its transmissions)
+/// where the reply is bridged straight back to the client: both ends on
+/// one bridge of the DNAT's namespace, whose bridged packets skip
+/// netfilter there. The hairpin seen from its silence: the SYN-ACK and the
+/// client's RST crossed the bridge before kdrop armed the points that show
+/// them (a client that gave up before it retransmitted, the node traced
+/// alone), so an entry never replied is all that is left of it.
+pub fn silent_hairpin(d: &Translator, bits: &CtBits, sent: String) -> Option<Finding> {
+    let ct = d.flow.ct.filter(|c| dnat_only(c, bits))?;
+    // With the switch on, a bridged reply is un-DNAT'd and replies the
+    // entry: the silence is something else.
+    if d.bridge.call_for(ct.orig.src.ip()).is_some_and(|v| v != 0) {
+        return None;
+    }
+    let (how, bridge) = hairpin_bridge(d, &ct)?;
+    let summary = format!(
+        "hairpin: SYN {} -> {} was DNAT'd to {} and no reply came back through netfilter: both \
+         ends are on bridge {bridge}, which hands the reply straight back un-NAT'd",
+        ct.orig.src, ct.orig.dst, ct.reply.src,
+    );
+    Some(hairpin(d, &ct, (&how, &bridge), summary, sent))
+}
+
 /// Hairpin: the DNAT'd SYN and its reply cross one bridge of the DNAT's
-/// namespace, and bridged packets skip netfilter there.
-fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding {
-    let (client, service, backend) = (ct.orig.src, ct.orig.dst, ct.reply.src);
+/// namespace, and bridged packets skip netfilter there. `seen`: what showed
+/// it (the first evidence).
+fn hairpin(
+    d: &Translator,
+    ct: &Ct,
+    (how, br): (&str, &str),
+    summary: String,
+    seen: String,
+) -> Finding {
+    let (client, backend) = (ct.orig.src, ct.reply.src);
     let dnat_ns = &d.exec;
     let mut fix = Vec::new();
     if d.bridge.needs_module(client.ip()) {
@@ -243,12 +278,8 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
     )));
     Finding {
         cause: Cause::HairpinNoReverseNat,
-        summary: format!(
-            "hairpin: the SYN-ACK from {} matches the reply side of a DNAT'd connection ({} -> \
-             {} => {}) but arrived un-NAT'd: both ends are on bridge {br}",
-            r.syn_ack.src, client, service, backend,
-        ),
-        evidence: hairpin_evidence(r, d, ct, how, br),
+        summary,
+        evidence: hairpin_evidence(seen, d, ct, how, br),
         fix,
         fix_or: vec![vec![
             Kind::HairpinMasquerade.fix(format!(
@@ -284,12 +315,13 @@ fn hairpin(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Finding
     }
 }
 
-/// The refusal, the entry, the bridge the reply crosses and the switches
+/// What showed it (the refusal, or the transmissions left unanswered), the
+/// entry, the bridge the reply crosses and the switches
 /// that let it skip netfilter.
-fn hairpin_evidence(r: &Refused, d: &Translator, ct: &Ct, how: &str, br: &str) -> Vec<String> {
+fn hairpin_evidence(seen: String, d: &Translator, ct: &Ct, how: &str, br: &str) -> Vec<String> {
     let (client, bridge) = (ct.orig.src, &d.bridge);
     vec![
-        r.kernel.clone(),
+        seen,
         format!("conntrack: {}", ct_text(ct, &d.status)),
         format!(
             "the DNAT'd SYN {how}; {} is on {br}'s subnet too: the reply is bridged straight \
@@ -495,6 +527,67 @@ mod tests {
             explain(&bare, &BITS).unwrap().fix[0],
             "modprobe br_netfilter"
         );
+    }
+
+    /// Incident 2 traced on the node alone, the client giving up at 1 s:
+    /// the SYN-ACK and the client's RST crossed cni0 before kdrop armed
+    /// what shows them, and the DNAT'd entry died unreplied. Before this it
+    /// was called an asymmetric return path, with a masquerade of the
+    /// backend for its fix.
+    #[test]
+    fn a_dnat_entry_never_replied_across_one_bridge_is_a_silent_hairpin() {
+        let t = tables();
+        let c = ct(
+            ("10.244.1.5:43705", "100.67.30.133:80"),
+            ("10.244.1.9:8080", "10.244.1.5:43705"),
+            BITS.dst_nat,
+        );
+        let mut d = translator(&t, "node", flow(7, 6, c));
+        d.bridge = BridgeFacts {
+            br_netfilter_loaded: true,
+            call_iptables: Some(0),
+            call_ip6tables: Some(0),
+        };
+        let sent = "1 transmission of the SYN, not answered".to_string();
+        let f = silent_hairpin(&d, &BITS, sent.clone()).unwrap();
+        assert_eq!(f.cause, "hairpin_no_reverse_nat");
+        assert_eq!(
+            f.summary,
+            "hairpin: SYN 10.244.1.5:43705 -> 100.67.30.133:80 was DNAT'd to 10.244.1.9:8080 \
+             and no reply came back through netfilter: both ends are on bridge cni0, which \
+             hands the reply straight back un-NAT'd"
+        );
+        assert_eq!(f.evidence[0], sent);
+        assert!(f.evidence[2].contains("a port of bridge cni0; 10.244.1.5 is on cni0's subnet too"));
+        assert!(f.evidence[3].starts_with(
+            "br_netfilter loaded; net.bridge.bridge-nf-call-iptables = 0: bridged packets skip"
+        ));
+        assert_eq!(
+            f.fix,
+            ["ip netns exec node sysctl -w net.bridge.bridge-nf-call-iptables=1"]
+        );
+        // The switch on: a bridged reply would have replied the entry.
+        let mut on = d.clone();
+        on.bridge.call_iptables = Some(1);
+        assert_eq!(silent_hairpin(&on, &BITS, sent.clone()), None);
+        // Without br_netfilter (no switch), bridged packets skip it too.
+        let mut bare = d.clone();
+        bare.bridge = BridgeFacts::default();
+        let f = silent_hairpin(&bare, &BITS, sent.clone()).unwrap();
+        assert_eq!(f.fix[0], "modprobe br_netfilter");
+        // SNAT'd too: the reply comes back to this namespace.
+        let mut snat = d.clone();
+        snat.flow.ct.as_mut().unwrap().status |= BITS.src_nat;
+        assert_eq!(silent_hairpin(&snat, &BITS, sent.clone()), None);
+        // A client off the bridge: not a hairpin.
+        let off = ct(
+            ("192.0.2.7:40000", "100.67.30.133:80"),
+            ("10.244.1.9:8080", "192.0.2.7:40000"),
+            BITS.dst_nat,
+        );
+        let mut d = translator(&t, "node", flow(7, 6, off));
+        d.bridge.br_netfilter_loaded = true;
+        assert_eq!(silent_hairpin(&d, &BITS, sent), None);
     }
 
     /// A bridge in the DNAT's namespace is not enough: the client must be
