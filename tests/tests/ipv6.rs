@@ -10,7 +10,7 @@
 use std::{net::SocketAddr, path::Path};
 
 use integration_tests::{
-    connect_from,
+    connect_from, connect_within,
     handshake::{self, fix_then_connect, records},
     ip6, listen,
     record::{Finding, Record},
@@ -94,10 +94,21 @@ fn dnat(node: &Ns, nat: Nat, vip: &str, port: u16, backend: &str, to: u16) {
 const SERVICE: u16 = 80;
 const BACKEND_PORT: u16 = 8080;
 
+/// How the hairpin's client behaves, and what kdrop traces.
+#[derive(Clone, Copy)]
+enum Seen {
+    /// The client keeps its socket open (it retransmits); kdrop traces
+    /// with the test's arguments alone.
+    Everywhere,
+    /// The client gives up after 1 s, before its first retransmission;
+    /// kdrop traces the node's namespace alone (`--netns`).
+    NodeAloneClientGivingUpAfter1s,
+}
+
 /// Incident 2 over IPv6: pod A -> ClusterIP [fd00:108::133]:80, DNAT'd by
 /// ip6tables to pod B:8080 on the same bridge; bridge-nf-call-ip6tables=0,
 /// so the bridged reply skips netfilter and is not un-DNAT'd.
-fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
+fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16, seen: Seen) {
     let node = role_ns(test, "node");
     let a = role_ns(test, "a");
     let b = role_ns(test, "b");
@@ -143,20 +154,40 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
         &b,
         format!("[fd00:111:1::9]:{BACKEND_PORT}").parse().unwrap(),
     );
-    let k = Kdrop::start(args);
+    let mut args = args.to_vec();
+    if let Seen::NodeAloneClientGivingUpAfter1s = seen {
+        args.extend(["--netns", &node.name]);
+    }
+    let k = Kdrop::start(&args);
     let src: SocketAddr = format!("[fd00:111:1::5]:{sport}").parse().unwrap();
     let dst: SocketAddr = format!("[fd00:108::133]:{SERVICE}").parse().unwrap();
-    let syn = send_syn(&a, src, dst);
+    let syn = match seen {
+        Seen::Everywhere => Some(send_syn(&a, src, dst)),
+        Seen::NodeAloneClientGivingUpAfter1s => {
+            connect_within(&a, src, dst, std::time::Duration::from_secs(1))
+                .expect_err("the handshake dies");
+            None
+        }
+    };
     let recs = records(k, src);
     let f = one_verdict(&recs, "hairpin_no_reverse_nat");
-    assert_eq!(
-        f.summary,
-        format!(
+    // Refused where kdrop saw the SYN-ACK (the client's drop of it, its
+    // RST); from the entry's silence where both went by before kdrop armed
+    // what shows them (incidents_traced's incident2 says more).
+    let summary = match recs[0].kind.as_str() {
+        "drop" | "reset" => format!(
             "hairpin: the SYN-ACK from [fd00:111:1::9]:8080 matches the reply side of a DNAT'd \
              connection ([fd00:111:1::5]:{sport} -> [fd00:108::133]:80 => [fd00:111:1::9]:8080) \
              but arrived un-NAT'd: both ends are on bridge cni0"
-        )
-    );
+        ),
+        "unanswered" => format!(
+            "hairpin: SYN [fd00:111:1::5]:{sport} -> [fd00:108::133]:80 was DNAT'd to \
+             [fd00:111:1::9]:8080 and no reply came back through netfilter: both ends are on \
+             bridge cni0, which hands the reply straight back un-NAT'd"
+        ),
+        other => panic!("a hairpin record of kind {other}: {recs:#?}"),
+    };
+    assert_eq!(f.summary, summary, "{recs:#?}");
     let ev = f.evidence.clone();
     assert!(
         ev.iter().any(|e| e.ends_with(
@@ -192,12 +223,31 @@ fn hairpin(test: &str, nat: Nat, args: &[&str], sport: u16) {
 
 #[test]
 fn hairpin_v6_traced_by_the_service_port() {
-    hairpin("v6hp", Nat::Ip6tables, &["--json", "--port", "80"], 43801);
+    hairpin(
+        "v6hp",
+        Nat::Ip6tables,
+        &["--json", "--port", "80"],
+        43801,
+        Seen::Everywhere,
+    );
+}
+
+/// The node alone, a client elsewhere giving up at 1 s: no retransmission,
+/// the refused SYN-ACK unseen; the verdict comes when the next is overdue.
+#[test]
+fn hairpin_v6_node_alone_client_giving_up_after_1s() {
+    hairpin(
+        "v6ho",
+        Nat::Ip6tables,
+        &["--json", "--port", "80"],
+        43803,
+        Seen::NodeAloneClientGivingUpAfter1s,
+    );
 }
 
 #[test]
 fn hairpin_v6_nft_inet_traced_unfiltered() {
-    hairpin("v6hn", Nat::NftInet, &["--json"], 43802);
+    hairpin("v6hn", Nat::NftInet, &["--json"], 43802, Seen::Everywhere);
 }
 
 /// Incident 5 over IPv6, NAT by an nft `inet` table: an office client ->
