@@ -22,17 +22,18 @@ impl Lateness {
         Self { quiet_from: now_ns }
     }
 
-    /// The loop's `select!`, entered at `entered`, returned at `woke`: how
-    /// long what it returned may have waited. Counted from the last wait
+    /// The loop's `select!`, entered at `entered`, returned at `woke`: since
+    /// when what it returned may have waited. Counted from the last wait
     /// before this one, so a wait that was the thread preempted with
     /// something pending still counts the work before it; when idle, the
-    /// 100 ms tick bounds the excess.
-    pub(super) fn woke(&mut self, entered: u64, woke: u64) -> u64 {
-        let late = woke.saturating_sub(self.quiet_from);
+    /// 100 ms tick bounds the excess. Whatever the turn does before it
+    /// handles the event (the ring drained first) adds to the lateness.
+    pub(super) fn since(&mut self, entered: u64, woke: u64) -> u64 {
+        let since = self.quiet_from.min(woke);
         if woke.saturating_sub(entered) >= WAITED_NS {
             self.quiet_from = entered;
         }
-        late
+        since
     }
 }
 
@@ -46,22 +47,22 @@ mod tests {
     fn busy_work_before_a_read_is_its_lateness() {
         let mut l = Lateness::new(0);
         // Idle: the tick's waits.
-        assert_eq!(l.woke(0, 100 * MS), 100 * MS);
-        assert_eq!(l.woke(100 * MS, 200 * MS), 200 * MS);
+        assert_eq!(l.since(0, 100 * MS), 0);
+        assert_eq!(l.since(100 * MS, 200 * MS), 0);
         // A drop woke it at 250 ms, explained until 1.45 s; the NEW event
         // that came meanwhile is there at once.
-        assert_eq!(l.woke(200 * MS, 250 * MS), 150 * MS);
-        assert_eq!(l.woke(1_450 * MS, 1_450 * MS + 20_000), 1_250 * MS + 20_000);
+        assert_eq!(l.since(200 * MS, 250 * MS), 100 * MS);
+        assert_eq!(l.since(1_450 * MS, 1_450 * MS + 20_000), 200 * MS);
         // Still counted from the last wait while it returns at once.
-        assert_eq!(l.woke(1_460 * MS, 1_460 * MS), 1_260 * MS);
+        assert_eq!(l.since(1_460 * MS, 1_460 * MS), 200 * MS);
         // Waiting again: only that wait and the one before count.
-        assert_eq!(l.woke(1_470 * MS, 1_570 * MS), 1_370 * MS);
-        assert_eq!(l.woke(1_570 * MS, 1_600 * MS), 130 * MS);
+        assert_eq!(l.since(1_470 * MS, 1_570 * MS), 200 * MS);
+        assert_eq!(l.since(1_570 * MS, 1_600 * MS), 1_470 * MS);
     }
 
     #[test]
     fn a_clock_seen_out_of_order_is_not_late() {
         let mut l = Lateness::new(5 * MS);
-        assert_eq!(l.woke(MS, 2 * MS), 0);
+        assert_eq!(l.since(MS, 2 * MS), 2 * MS);
     }
 }

@@ -296,8 +296,8 @@ impl Session {
                 _ = self.sigterm.recv() => break Ended::Signal,
                 _ = &mut sleep => break Ended::Deadline,
             };
-            let late = lateness.woke(entered, monotonic_ns());
-            if self.on_woke(woke, late, sink)? == Control::Stop {
+            let since = lateness.since(entered, monotonic_ns());
+            if self.on_woke(woke, since, sink)? == Control::Stop {
                 break Ended::Sink;
             }
         };
@@ -307,9 +307,9 @@ impl Session {
         Ok(ended)
     }
 
-    /// One turn of the loop: what woke it, read up to `late_ns` after it
-    /// came.
-    fn on_woke(&mut self, woke: Woke, late_ns: u64, sink: &mut impl Sink) -> Result<Control> {
+    /// One turn of the loop: what woke it, which may have waited unread
+    /// since `since_ns`.
+    fn on_woke(&mut self, woke: Woke, since_ns: u64, sink: &mut impl Sink) -> Result<Control> {
         Ok(match woke {
             Woke::Ring(batch) => self.deliver(batch, sink),
             Woke::Tick => {
@@ -328,7 +328,7 @@ impl Session {
                 let batch = self.ring.drain();
                 match self.deliver(batch, sink) {
                     Control::Stop => Control::Stop,
-                    Control::Continue => self.deliver_ct(events, late_ns, sink),
+                    Control::Continue => self.deliver_ct(events, since_ns, sink),
                 }
             }
             Woke::Scrape(reply) => {
@@ -347,7 +347,7 @@ impl Session {
         }
         let destroyed = self.ct_events.read_all();
         // At exit no handshake waits for its next SYN.
-        if self.deliver_ct(destroyed, 0, sink) == Control::Stop {
+        if self.deliver_ct(destroyed, monotonic_ns(), sink) == Control::Stop {
             return;
         }
         let due = self.enricher.due(u64::MAX);
@@ -407,12 +407,12 @@ impl Session {
         sink.flush()
     }
 
-    /// `late_ns`: how long the events may have waited unread.
-    fn deliver_ct(&mut self, events: Vec<CtEvent>, late_ns: u64, sink: &mut impl Sink) -> Control {
+    /// `since_ns`: since when the events may have waited unread.
+    fn deliver_ct(&mut self, events: Vec<CtEvent>, since_ns: u64, sink: &mut impl Sink) -> Control {
         for e in &events {
             let d = match e {
                 CtEvent::New(seen) => {
-                    self.follow_new(seen, late_ns);
+                    self.follow_new(seen, since_ns);
                     continue;
                 }
                 CtEvent::Destroyed(d) => d,
@@ -436,8 +436,10 @@ impl Session {
 
     /// A NAT'd connection matching the filter started: follow it by its
     /// client's end, and arm what shows its next transmissions.
-    fn follow_new(&mut self, seen: &CtSeen, late_ns: u64) {
+    fn follow_new(&mut self, seen: &CtSeen, since_ns: u64) {
         let now = monotonic_ns();
+        // Counted to now: the ring drained before it may have taken long.
+        let late_ns = now.saturating_sub(since_ns);
         // Armed first: the tracker times the handshake by when its
         // retransmissions became visible.
         self.want(Demand::Handshakes);
