@@ -142,6 +142,9 @@ impl CiliumStandIn {
     }
 
     fn attach_by(netns: &Path, dev: &str, dport: u16, tcx: bool) -> Self {
+        // Its own map and program: charged to RLIMIT_MEMLOCK before 5.11
+        // (5.10's whole suite: EPERM creating the map).
+        crate::raise_memlock_before_5_11();
         // BPF_MAP_CREATE: type @0, key @4, value @8, max_entries @12,
         // map_flags @16, inner_map_fd @20, numa_node @24, map_name[16] @28.
         let mut attr = [0u8; 72];

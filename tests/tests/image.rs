@@ -109,6 +109,18 @@ fn the_image_runs_as_the_daemonset_and_names_a_pods_drop() {
     assert!(pod_spec.host_network && pod_spec.host_pid, "{pod_spec:?}");
     let kdrop_pod = cri.run_pod(&pod_spec);
     let kdrop_id = cri.start_container(&kdrop_pod, &container);
+    if !integration_tests::kernel_at_least(5, 11) {
+        // Maps are charged to RLIMIT_MEMLOCK before 5.11 (64 KiB in this
+        // runtime's containers) and the image's file capabilities are the
+        // manifest's list, without SYS_RESOURCE: kdrop must say what to
+        // grant and exit (README, "Kubernetes"; caps.rs checks the same
+        // line). 5.10's whole suite waited for "tracing" here.
+        let said = wait_log(&mut cri, &kdrop_pod, &kdrop_id, "RLIMIT_MEMLOCK", |l| {
+            l.contains("RLIMIT_MEMLOCK at 64 KiB") && l.contains("CAP_SYS_RESOURCE")
+        });
+        println!("kernel before 5.11, the image as built: {said}");
+        return;
+    }
     let ready = wait_log(&mut cri, &kdrop_pod, &kdrop_id, "kdrop: tracing", |l| {
         l.starts_with("kdrop: tracing")
     });

@@ -414,10 +414,11 @@ impl Prometheus {
     }
 
     /// Runs an instant query until `want` accepts its value (bounded: the
-    /// server needs a scrape or two).
+    /// server needs to start and scrape once or twice; scaled, as 5.10's
+    /// TCG guest took longer than 30 s to).
     fn query_until(ns: &Ns, api: SocketAddr, q: &str, want: impl Fn(f64) -> bool) -> f64 {
         let path = format!("/api/v1/query?query={}", urlencode(q));
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + integration_tests::bound(Duration::from_secs(30));
         let mut last = String::new();
         loop {
             if let Ok((status, body)) = http_get_in(ns, api, &path) {
