@@ -60,9 +60,20 @@ impl FibTrace {
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("running bpftrace (apt-get install bpftrace)");
+        // What bpftrace says, for a failure to attach (5.10's whole suite
+        // failed here without it).
+        let (etx, errs) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                if etx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -82,7 +93,10 @@ impl FibTrace {
             {
                 return t;
             }
-            assert!(Instant::now() < deadline, "bpftrace did not attach");
+            if Instant::now() >= deadline {
+                let said: Vec<String> = errs.try_iter().collect();
+                panic!("bpftrace did not attach; it said: {said:#?}");
+            }
         }
     }
 
