@@ -12,8 +12,8 @@ use std::{
 };
 
 use integration_tests::{
-    assert_kinds, connect_from, connect_within, handshake, ip6, listen, ns_name, run_fix, send_syn,
-    veth, wait_retransmitted, Kdrop, Ns, Record,
+    assert_kinds, connect_from, connect_within, handshake, ip6, kernel_reason, listen, ns_name,
+    run_fix, send_syn, veth, wait_retransmitted, Kdrop, Ns, Record,
 };
 use kdrop::diagnosis::fix_kinds::Kind;
 
@@ -112,7 +112,7 @@ fn traced_drop(l: &Lab, sport: u16) -> (Record, Syn) {
         e.kind == "drop" && e.saddr == CLIENT && e.sport == sport
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.reason.as_deref(), kernel_reason("NETFILTER_DROP"), "{e}");
     assert_eq!(e.ifname, "eth1", "{e}");
     (e, (syn, sent))
 }
@@ -409,7 +409,7 @@ fn ip6tables_rpfilter_validmark_behind_a_router() {
         e.kind == "drop" && e.saddr == client_addr && e.sport == 48301
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.reason.as_deref(), kernel_reason("NETFILTER_DROP"), "{e}");
     let rule = "-A PREROUTING -m rpfilter --validmark --invert -j DROP";
     let f = e.finding();
     assert_eq!(
@@ -537,7 +537,7 @@ fn a_routed_client_is_repaired_through_its_router() {
         e.kind == "drop" && e.saddr == client_addr && e.sport == 48401
     });
     k.stop(libc::SIGINT);
-    assert_eq!(e.reason.as_deref(), Some("NETFILTER_DROP"), "{e}");
+    assert_eq!(e.reason.as_deref(), kernel_reason("NETFILTER_DROP"), "{e}");
     assert_eq!(e.ifname, "eth1", "{e}");
     let f = e.finding();
     assert_eq!(f.cause, "rpfilter6", "{e}");

@@ -41,8 +41,9 @@ fn given_up_on_a_full_listener(name: &str, net: u8, timeout: Duration, sport: u1
         e.saddr == client.ip().to_string() && e.sport == sport
     });
     let verdict_after = t0.elapsed() - gave_up;
+    // Scaled: 5.10's TCG guest took 2.005 s.
     assert!(
-        verdict_after < Duration::from_secs(2),
+        verdict_after < integration_tests::bound(Duration::from_secs(2)),
         "verdict {verdict_after:?} after the client gave up"
     );
     assert_eq!(e.kind, "unanswered", "{e:#}");
