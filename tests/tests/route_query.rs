@@ -26,6 +26,8 @@ use kdrop::{
 struct FibTrace {
     child: Child,
     lines: Receiver<String>,
+    /// The types header its program includes.
+    types: std::path::PathBuf,
 }
 
 /// One `fib:fib_table_lookup` record.
@@ -50,8 +52,23 @@ impl FibTrace {
         } else {
             "fib6:fib6_table_lookup"
         };
+        // 5.10's tracepoint formats name the kernel's own types (u32, u8),
+        // which the struct bpftrace generates from them cannot (5.10's
+        // whole suite: "definitions.h: unknown type name 'u32'"): defined
+        // for it in a header the program includes first.
+        let types = std::env::temp_dir().join(format!("kdrop-fib-types-{}.h", std::process::id()));
+        std::fs::write(
+            &types,
+            "typedef unsigned char u8;\ntypedef unsigned short u16;\n\
+             typedef unsigned int u32;\ntypedef int s32;\n",
+        )
+        .unwrap();
         let prog = format!(
-            r#"tracepoint:{tp} {{ printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), args->name); }}"#
+            "#include \"{}\"\n{}",
+            types.display(),
+            format_args!(
+                r#"tracepoint:{tp} {{ printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), args->name); }}"#
+            )
         );
         let mut child = Command::new("unshare")
             .args(["-m", "sh", "-c"])
@@ -83,7 +100,11 @@ impl FibTrace {
                 }
             }
         });
-        let t = FibTrace { child, lines };
+        let t = FibTrace {
+            child,
+            lines,
+            types,
+        };
         let deadline = Instant::now() + bound(Duration::from_secs(30));
         let m = marker.to_string();
         loop {
@@ -119,6 +140,7 @@ impl Drop for FibTrace {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.types);
     }
 }
 
