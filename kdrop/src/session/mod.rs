@@ -307,8 +307,7 @@ impl Session {
         Ok(ended)
     }
 
-    /// One turn of the loop: what woke it, which may have waited unread
-    /// since `since_ns`.
+    /// One turn of the loop; what woke it may have waited since `since_ns`.
     fn on_woke(&mut self, woke: Woke, since_ns: u64, sink: &mut impl Sink) -> Result<Control> {
         Ok(match woke {
             Woke::Ring(batch) => self.deliver(batch, sink),
@@ -407,7 +406,6 @@ impl Session {
         sink.flush()
     }
 
-    /// `since_ns`: since when the events may have waited unread.
     fn deliver_ct(&mut self, events: Vec<CtEvent>, since_ns: u64, sink: &mut impl Sink) -> Control {
         for e in &events {
             let d = match e {
@@ -435,10 +433,10 @@ impl Session {
     }
 
     /// A NAT'd connection matching the filter started: follow it by its
-    /// client's end, and arm what shows its next transmissions.
+    /// client's end, and arm what shows its next transmissions. Its event
+    /// may have waited unread since `since_ns` (the ring drained first too).
     fn follow_new(&mut self, seen: &CtSeen, since_ns: u64) {
         let now = monotonic_ns();
-        // Counted to now: the ring drained before it may have taken long.
         let late_ns = now.saturating_sub(since_ns);
         // Armed first: the tracker times the handshake by when its
         // retransmissions became visible.
