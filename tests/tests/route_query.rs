@@ -56,7 +56,12 @@ impl FibTrace {
         // which the struct bpftrace generates from them cannot (5.10's
         // whole suite: "definitions.h: unknown type name 'u32'"): defined
         // for it in a header the program includes first.
-        let types = std::env::temp_dir().join(format!("kdrop-fib-types-{}.h", std::process::id()));
+        // One per trace: the tests run side by side in one process, and
+        // each trace removes its own when it ends.
+        static TRACES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = TRACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let types =
+            std::env::temp_dir().join(format!("kdrop-fib-types-{}-{n}.h", std::process::id()));
         std::fs::write(
             &types,
             "typedef unsigned char u8;\ntypedef unsigned short u16;\n\
