@@ -37,7 +37,9 @@ pub struct Counts {
     pub sampled_out: u64,
 }
 
-fn lines(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
+/// Each line `r` gives, read on a thread of its own until it ends or the
+/// receiver goes.
+pub fn line_reader(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines().map_while(Result::ok) {
@@ -83,8 +85,8 @@ impl Kdrop {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawning kdrop");
-        let stdout = lines(child.stdout.take().unwrap());
-        let stderr = lines(child.stderr.take().unwrap());
+        let stdout = line_reader(child.stdout.take().unwrap());
+        let stderr = line_reader(child.stderr.take().unwrap());
         Kdrop {
             child: Some(child),
             stdout,

@@ -4,10 +4,9 @@
 //! bridge and the pods' veths live there, never in the host's). Everything it
 //! started is stopped and removed on drop, also when the test failed.
 use std::{
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::mpsc::{self, Receiver},
+    sync::mpsc::Receiver,
     time::{Duration, Instant},
 };
 
@@ -113,15 +112,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting containerd (Debian package containerd)");
-        let (tx, log) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let log = crate::line_reader(child.stderr.take().unwrap());
         let c = Containerd {
             dir,
             node,

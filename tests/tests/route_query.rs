@@ -4,14 +4,13 @@
 //! SYN, seen through the `fib:fib_table_lookup` / `fib6:fib6_table_lookup`
 //! tracepoints by bpftrace (an independent observer), and `ip route get`.
 use std::{
-    io::{BufRead as _, BufReader},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     process::{Child, Command, Stdio},
-    sync::mpsc::{self, Receiver},
+    sync::mpsc::Receiver,
     time::{Duration, Instant},
 };
 
-use integration_tests::{bound, ns_name, send_syn, veth, Ns};
+use integration_tests::{bound, line_reader, ns_name, send_syn, veth, Ns};
 use kdrop::{
     context::{
         netns::ifindex as ifindex_of,
@@ -28,6 +27,34 @@ struct FibTrace {
     lines: Receiver<String>,
     /// The types header its program includes.
     types: std::path::PathBuf,
+}
+
+/// How bpftrace reads the tracepoint's device name. Before v6.0 it is a
+/// `__dynamic_array` (5.10's format: `__data_loc char[] name`), which
+/// bpftrace 0.17 prints as the offset word unless asked for `str()`; from
+/// v6.0 (include/trace/events/fib.h, fib6.h: "tracing/ipv4/ipv6: Use static
+/// array for name field in fib*_lookup_table event") it is a `char[16]`,
+/// and bpftrace refuses `str()` of it.
+fn name_expr(tp: &str) -> &'static str {
+    let (system, event) = tp.split_once(':').unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg(format!(
+            "mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; \
+             cat /sys/kernel/tracing/events/{system}/{event}/format"
+        ))
+        .output()
+        .expect("reading the tracepoint's format");
+    let format = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        format.contains(" name;") || format.contains(" name["),
+        "{tp}'s format has no name field: {format}"
+    );
+    if format.contains("__data_loc char[] name;") {
+        "str(args->name)"
+    } else {
+        "args->name"
+    }
 }
 
 /// One `fib:fib_table_lookup` record.
@@ -68,11 +95,12 @@ impl FibTrace {
              typedef unsigned int u32;\ntypedef int s32;\n",
         )
         .unwrap();
+        let name = name_expr(tp);
         let prog = format!(
             "#include \"{}\"\n{}",
             types.display(),
             format_args!(
-                r#"tracepoint:{tp} {{ printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), args->name); }}"#
+                r#"tracepoint:{tp} {{ printf("L %u %d %d %d %s %s %s\n", args->tb_id, args->err, args->iif, args->oif, ntop(args->src), ntop(args->dst), {name}); }}"#
             )
         );
         let mut child = Command::new("unshare")
@@ -87,24 +115,8 @@ impl FibTrace {
             .expect("running bpftrace (apt-get install bpftrace)");
         // What bpftrace says, for a failure to attach (5.10's whole suite
         // failed here without it).
-        let (etx, errs) = mpsc::channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                if etx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let errs = line_reader(child.stderr.take().unwrap());
+        let lines = line_reader(child.stdout.take().unwrap());
         let t = FibTrace {
             child,
             lines,
