@@ -22,6 +22,9 @@ pub mod kernel;
 #[cfg(feature = "runtime")]
 pub mod probes;
 
+// The process's capabilities and limits, raised before anything else.
+pub mod startup;
+
 // The pure core: the records, decoding, parsers and the reasoning, in a
 // crate of their own (no runtime, no I/O); the shell's paths stay.
 pub use kdrop_core::{diagnosis, event, model};

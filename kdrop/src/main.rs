@@ -10,6 +10,11 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().filter_or("KDROP_LOG", "warn"))
         .format_target(false)
         .init();
+    // Before the runtime's threads: they inherit what this thread holds.
+    let raised = kdrop::startup::raise();
+    if raised != Default::default() {
+        log::debug!("raised at start: {raised:?}");
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version.

@@ -9,7 +9,7 @@
 /// File (under tests/tests) and the nets it owns.
 pub const NETS: &[(&str, &[u8])] = &[
     ("accounting.rs", &[61, 62]),
-    ("caps.rs", &[65]),
+    ("caps.rs", &[65, 66]),
     ("causes.rs", &[191, 192, 193, 194, 197, 198, 199]),
     // 10.244.7.0/24 inside 244 is tests/src/containerd.rs's pod subnet,
     // every containerd file's (calico, cilium, image, kube_router, pods):

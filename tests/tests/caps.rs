@@ -34,52 +34,113 @@ impl Drop for CapBinary {
     }
 }
 
+/// Capability bits of `/proc/PID/status` (include/uapi/linux/capability.h).
+fn cap_bit(name: &str) -> u64 {
+    match name {
+        "dac_read_search" => 1 << 2,
+        "net_admin" => 1 << 12,
+        "sys_admin" => 1 << 21,
+        "sys_resource" => 1 << 24,
+        "perfmon" => 1 << 38,
+        "bpf" => 1 << 39,
+        other => panic!("capability {other} not known to this test"),
+    }
+}
+
+/// A `/proc/PID/status` field's hexadecimal value.
+fn status_hex(status: &str, key: &str) -> u64 {
+    let v = status.lines().find_map(|l| l.strip_prefix(key)).unwrap();
+    u64::from_str_radix(v.trim(), 16).unwrap()
+}
+
+/// A copy of kdrop with the image's file capabilities: the manifest's list
+/// and SYS_RESOURCE, permitted only (`cargo xtask image`, xtask/src/image.rs).
+fn image_binary(caps: &[String]) -> CapBinary {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let bin =
+        CapBinary(std::env::temp_dir().join(format!("kdrop-caps-{}-{n}", std::process::id())));
+    std::fs::copy(kdrop_bin(), &bin.0).unwrap();
+    std::fs::set_permissions(&bin.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file_caps = caps
+        .iter()
+        .chain(std::iter::once(&"sys_resource".to_string()))
+        .map(|c| format!("cap_{c}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = Command::new("setcap")
+        .arg(format!("{file_caps}=p"))
+        .arg(&bin.0)
+        .output()
+        .expect("running setcap (libcap2-bin)");
+    assert!(out.status.success(), "{out:?}");
+    bin
+}
+
+/// kdrop run as the DaemonSet's container runs it: user 65534, no
+/// inheritable capabilities, the bounding set `bounding` (the runtime's
+/// list), RLIMIT_MEMLOCK at a container's 64 KiB; monitoring `p`'s server.
+fn as_container(bin: &CapBinary, bounding: &[String], p: &Pair) -> Command {
+    let bounding = format!(
+        "--bounding-set=-all,{}",
+        bounding
+            .iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut cmd = Command::new("prlimit");
+    cmd.arg("--memlock=65536:65536")
+        .arg("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            &bounding,
+        ])
+        .arg(&bin.0)
+        .args([
+            "monitor",
+            "--netns",
+            &p.server.name,
+            "-p",
+            "5606",
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+    cmd
+}
+
+/// Provokes a NO_SOCKET drop in `p` and checks kdrop names it.
+fn names_a_drop(k: Kdrop, p: &Pair, sport: u16) {
+    let src = p.client_v4(sport);
+    let dst = p.server_v4(5606);
+    let _syn = send_syn(&p.client, src, dst);
+    let e = k.expect_record("the NO_SOCKET drop", |e| e.sport == sport);
+    assert_eq!(
+        e.reason.as_deref(),
+        integration_tests::reason_for("NO_SOCKET")
+    );
+    assert_eq!(e.netns, inode(&p.server));
+    assert_eq!(e.dport, 5606);
+    let done = k.stop(libc::SIGTERM);
+    assert!(done.status.success(), "{done:?}");
+}
+
+/// The DaemonSet as shipped: the file permits SYS_RESOURCE too, the
+/// container's bounding set lacks it. The exec must not fail (it would,
+/// with the file's effective bit), and kdrop must hold exactly the list,
+/// effective (the file makes them permitted only: kdrop raises them).
 #[test]
 fn manifest_capabilities_are_enough_to_trace_as_non_root() {
     let caps = manifest_caps();
     assert!(caps.contains(&"bpf".to_string()), "{caps:?}");
     assert!(!caps.contains(&"sys_admin".to_string()), "{caps:?}");
-    let bin = CapBinary(std::env::temp_dir().join(format!("kdrop-caps-{}", std::process::id())));
-    std::fs::copy(kdrop_bin(), &bin.0).unwrap();
-    std::fs::set_permissions(&bin.0, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let file_caps = caps
-        .iter()
-        .map(|c| format!("cap_{c}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let out = Command::new("setcap")
-        .arg(format!("{file_caps}+ep"))
-        .arg(&bin.0)
-        .output()
-        .expect("running setcap (libcap2-bin)");
-    assert!(out.status.success(), "{out:?}");
-
+    assert!(!caps.contains(&"sys_resource".to_string()), "{caps:?}");
+    let bin = image_binary(&caps);
     let p = Pair::new("caps", 65);
-    let bounding = format!(
-        "--bounding-set=-all,{}",
-        caps.iter()
-            .map(|c| format!("+{c}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-        &bounding,
-    ])
-    .arg(&bin.0)
-    .args([
-        "monitor",
-        "--netns",
-        &p.server.name,
-        "-p",
-        "5606",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
+    let mut cmd = as_container(&bin, &caps, &p);
     if !integration_tests::kernel_at_least(5, 11) {
         // Maps are charged to RLIMIT_MEMLOCK before 5.11: kdrop must say
         // what to grant, in one line, and fail.
@@ -96,44 +157,61 @@ fn manifest_capabilities_are_enough_to_trace_as_non_root() {
     }
     let k = Kdrop::start_command(cmd);
     let status = std::fs::read_to_string(format!("/proc/{}/status", k.pid())).unwrap();
-    let field = |k: &str| {
+    assert!(
         status
             .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .map(|v| v.trim().to_string())
-            .unwrap()
-    };
-    assert!(field("Uid:").starts_with("65534"), "{status}");
-    // Exactly the manifest's capabilities, effective.
-    let want: u64 = caps
-        .iter()
-        .map(|c| match c.as_str() {
-            "dac_read_search" => 1 << 2,
-            "net_admin" => 1 << 12,
-            "sys_admin" => 1 << 21,
-            "perfmon" => 1 << 38,
-            "bpf" => 1 << 39,
-            other => panic!("capability {other} not known to this test"),
-        })
-        .sum();
-    assert_eq!(
-        u64::from_str_radix(&field("CapEff:"), 16).unwrap(),
-        want,
+            .any(|l| l.starts_with("Uid:") && l[4..].trim().starts_with("65534")),
         "{status}"
     );
+    let want: u64 = caps.iter().map(|c| cap_bit(c)).sum();
+    assert_eq!(status_hex(&status, "CapEff:"), want, "{status}");
+    assert_eq!(status_hex(&status, "CapPrm:"), want, "{status}");
+    names_a_drop(k, &p, 46501);
+}
 
-    let src = p.client_v4(46501);
-    let dst = p.server_v4(5606);
-    let _syn = send_syn(&p.client, src, dst);
-    let e = k.expect_record("the NO_SOCKET drop", |e| e.sport == 46501);
-    assert_eq!(
-        e.reason.as_deref(),
-        integration_tests::reason_for("NO_SOCKET")
-    );
-    assert_eq!(e.netns, inode(&p.server));
-    assert_eq!(e.dport, 5606);
-    let done = k.stop(libc::SIGTERM);
-    assert!(done.status.success(), "{done:?}");
+/// SYS_RESOURCE added to the manifest's list, as the README says for
+/// kernels before 5.11, with no new image: kdrop lifts RLIMIT_MEMLOCK and
+/// traces there. The runtime can only grant what its own bounding set
+/// holds (this test's; a host's root may lack SYS_RESOURCE): kdrop's limit
+/// must be what that allows, unlimited with it, the hard limit without.
+#[test]
+fn sys_resource_in_the_manifest_lifts_the_memlock_limit() {
+    let mut caps = manifest_caps();
+    caps.push("sys_resource".into());
+    let own = std::fs::read_to_string("/proc/self/status").unwrap();
+    let grantable = status_hex(&own, "CapBnd:") & cap_bit("sys_resource") != 0;
+    let bin = image_binary(&caps[..caps.len() - 1]);
+    let p = Pair::new("caps-ml", 66);
+    let bounding: Vec<String> = caps
+        .iter()
+        .filter(|c| grantable || c.as_str() != "sys_resource")
+        .cloned()
+        .collect();
+    let cmd = as_container(&bin, &bounding, &p);
+    if !grantable && !integration_tests::kernel_at_least(5, 11) {
+        panic!("SYS_RESOURCE is not in this test's bounding set: it cannot be granted here");
+    }
+    let k = Kdrop::start_command(cmd);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", k.pid())).unwrap();
+    let memlock: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))
+        .unwrap()
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect();
+    let want = if grantable {
+        ["unlimited", "unlimited"]
+    } else {
+        ["65536", "65536"]
+    };
+    assert_eq!(memlock, want, "grantable: {grantable}\n{limits}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", k.pid())).unwrap();
+    let eff: u64 = bounding.iter().map(|c| cap_bit(c)).sum();
+    assert_eq!(status_hex(&status, "CapEff:"), eff, "{status}");
+    println!("SYS_RESOURCE grantable here: {grantable}; RLIMIT_MEMLOCK {memlock:?}");
+    names_a_drop(k, &p, 46502);
 }
 
 /// What the README promises about the manifest: host network and PID

@@ -399,7 +399,8 @@ fn module_graph(
 /// higher one's. `model`, `event` and `diagnosis` are the core's, re-exported.
 const LAYERS: &[&[&str]] = &[
     &["model", "event", "diagnosis"],
-    &["kernel", "context", "output"],
+    // startup: the process's capabilities and limits, before all else.
+    &["kernel", "context", "output", "startup"],
     // cli: the flags' definitions, which the filter reads.
     &["enrich", "probes", "filter", "cli"],
     &["session"],

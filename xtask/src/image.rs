@@ -1,7 +1,7 @@
 //! `cargo xtask image`: the container image of deploy/Containerfile, built
 //! with buildah (Debian's package) `FROM scratch` around the static (musl)
-//! release binary, which carries the DaemonSet's capabilities as file
-//! capabilities. Also written as an OCI archive, target/image/kdrop.oci.tar,
+//! release binary, which carries the DaemonSet's capabilities (and
+//! SYS_RESOURCE, for kernels before 5.11) as permitted file capabilities. Also written as an OCI archive, target/image/kdrop.oci.tar,
 //! which the image test (tests/tests/image.rs) imports into its containerd.
 use std::{
     fs,
@@ -109,9 +109,17 @@ pub fn build(tag: &str, targets: &[&Target], storage: Option<&Path>) -> Result<(
         fs::copy(&bin, &staged).with_context(|| format!("copying {}", bin.display()))?;
         // Kubernetes gives a non-root container process no capabilities of
         // its own: they come from the file (security.capability, which
-        // buildah keeps in the layer).
+        // buildah keeps in the layer). Permitted only, kdrop makes them
+        // effective (kdrop/src/startup.rs): so the file may also permit
+        // SYS_RESOURCE, which kernels before 5.11 need for RLIMIT_MEMLOCK
+        // and only their pods are granted (the manifest's comment); with
+        // the effective bit, a pod not granted one would fail to exec.
+        let mut caps = manifest_caps()?;
+        if !caps.iter().any(|c| c == "cap_sys_resource") {
+            caps.push("cap_sys_resource".into());
+        }
         run(Command::new("setcap")
-            .arg(format!("{}+ep", manifest_caps()?.join(",")))
+            .arg(format!("{}=p", caps.join(",")))
             .arg(&staged))?;
         run(buildah(storage)
             .args(["build", "--quiet", "--platform"])
