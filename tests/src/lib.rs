@@ -5,6 +5,7 @@ use std::{path::PathBuf, process::Command, time::Duration};
 pub mod allowed_skips;
 mod binary;
 mod bpf;
+pub mod caps;
 pub mod containerd;
 mod expect;
 pub mod oracle;

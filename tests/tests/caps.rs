@@ -7,7 +7,10 @@ use std::{
     process::Command,
 };
 
-use integration_tests::{inode, kdrop_bin, send_syn, Kdrop, Pair};
+use integration_tests::{
+    caps::{cap_bit, memlock, status_hex},
+    inode, kdrop_bin, send_syn, Kdrop, Pair,
+};
 
 /// `add: ["BPF", "PERFMON", ...]` of the manifest's container.
 fn manifest_caps() -> Vec<String> {
@@ -32,25 +35,6 @@ impl Drop for CapBinary {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-/// Capability bits of `/proc/PID/status` (include/uapi/linux/capability.h).
-fn cap_bit(name: &str) -> u64 {
-    match name {
-        "dac_read_search" => 1 << 2,
-        "net_admin" => 1 << 12,
-        "sys_admin" => 1 << 21,
-        "sys_resource" => 1 << 24,
-        "perfmon" => 1 << 38,
-        "bpf" => 1 << 39,
-        other => panic!("capability {other} not known to this test"),
-    }
-}
-
-/// A `/proc/PID/status` field's hexadecimal value.
-fn status_hex(status: &str, key: &str) -> u64 {
-    let v = status.lines().find_map(|l| l.strip_prefix(key)).unwrap();
-    u64::from_str_radix(v.trim(), 16).unwrap()
 }
 
 /// A copy of kdrop with the image's file capabilities: the manifest's list
@@ -192,21 +176,13 @@ fn sys_resource_in_the_manifest_lifts_the_memlock_limit() {
         panic!("SYS_RESOURCE is not in this test's bounding set: it cannot be granted here");
     }
     let k = Kdrop::start_command(cmd);
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", k.pid())).unwrap();
-    let memlock: Vec<&str> = limits
-        .lines()
-        .find(|l| l.starts_with("Max locked memory"))
-        .unwrap()
-        .split_whitespace()
-        .skip(3)
-        .take(2)
-        .collect();
+    let memlock = memlock(k.pid());
     let want = if grantable {
         ["unlimited", "unlimited"]
     } else {
         ["65536", "65536"]
     };
-    assert_eq!(memlock, want, "grantable: {grantable}\n{limits}");
+    assert_eq!(memlock, want, "grantable: {grantable}");
     let status = std::fs::read_to_string(format!("/proc/{}/status", k.pid())).unwrap();
     let eff: u64 = bounding.iter().map(|c| cap_bit(c)).sum();
     assert_eq!(status_hex(&status, "CapEff:"), eff, "{status}");

@@ -14,6 +14,7 @@ use std::{
 
 use integration_tests::{
     bound,
+    caps::{cap_bit, memlock},
     containerd::{Containerd, NODE_POD_GW},
     cri::{cart_pod, recorded, Cri, Pod},
     expected_reason_label,
@@ -64,20 +65,6 @@ fn wait_log(cri: &mut Cri, pod: &Pod, id: &str, what: &str, want: impl Fn(&str) 
             lines.join("\n")
         );
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Capability bits of `/proc/PID/status` (include/uapi/linux/capability.h).
-fn cap_bit(name: &str) -> u64 {
-    match name {
-        "DAC_READ_SEARCH" => 1 << 2,
-        "NET_ADMIN" => 1 << 12,
-        "SYS_ADMIN" => 1 << 21,
-        "SYS_PTRACE" => 1 << 19,
-        "SYS_RESOURCE" => 1 << 24,
-        "PERFMON" => 1 << 38,
-        "BPF" => 1 << 39,
-        other => panic!("capability {other} not known to this test"),
     }
 }
 
@@ -147,15 +134,7 @@ fn the_image_runs_as_the_daemonset_and_names_a_pods_drop() {
     );
     assert_eq!(u64::from_str_radix(&field("CapBnd:"), 16).unwrap(), want);
     if container.cap_add.iter().any(|c| c == "SYS_RESOURCE") {
-        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-        let memlock = limits
-            .lines()
-            .find(|l| l.starts_with("Max locked memory"))
-            .unwrap();
-        assert!(
-            memlock.split_whitespace().nth(3) == Some("unlimited"),
-            "{limits}"
-        );
+        assert_eq!(memlock(pid), ["unlimited", "unlimited"]);
     }
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let root = mountinfo
