@@ -230,19 +230,23 @@ fn file() -> PathBuf {
 /// start).
 pub fn write(before: &Tree, kernel: &str, seconds: u64, closing: &str) -> Result<()> {
     let now = tree()?;
-    let Tree::Clean { digest, commit } = &now else {
+    let Tree::Clean { digest, .. } = &now else {
         eprintln!("xtask vm: not recording {kernel} in {FILE}: kernel-facing files uncommitted");
         return Ok(());
     };
     // The files, not the commit: committing something else meanwhile
     // leaves what ran as it was.
-    if !matches!(before, Tree::Clean { digest: d, .. } if d == digest) {
-        eprintln!(
-            "xtask vm: not recording {kernel} in {FILE}: kernel-facing files changed during the \
-             run"
-        );
-        return Ok(());
-    }
+    // The commit the run built and ran, not the one at its end.
+    let commit = match before {
+        Tree::Clean { digest: d, commit } if d == digest => commit,
+        _ => {
+            eprintln!(
+                "xtask vm: not recording {kernel} in {FILE}: kernel-facing files changed during \
+                 the run"
+            );
+            return Ok(());
+        }
+    };
     let entries = parse(&fs::read_to_string(file()).unwrap_or_default());
     let e = Entry {
         kernel: kernel.into(),
