@@ -5,8 +5,10 @@
 //! The image's binary carries its capabilities as *permitted* only
 //! (`setcap ...=p`, `cargo xtask image`): with the effective bit, exec fails
 //! (EPERM) when the container's bounding set lacks one of them
-//! (security/commoncap.c, `bprm_caps_from_vfs_caps`, since 2.6.24), so the
-//! file could not carry CAP_SYS_RESOURCE for the nodes that need it without
+//! (security/commoncap.c, `bprm_caps_from_vfs_caps`: "insufficient to
+//! execute correctly", returned only for a file with the effective bit;
+//! seen on this host's 6.18, whose root lacks SYS_RESOURCE), so the file
+//! could not carry CAP_SYS_RESOURCE for the nodes that need it without
 //! breaking every pod that is not granted it. Without the bit, the kernel
 //! keeps what the bounding set allows and kdrop raises it itself.
 

@@ -1,8 +1,9 @@
 //! `cargo xtask image`: the container image of deploy/Containerfile, built
 //! with buildah (Debian's package) `FROM scratch` around the static (musl)
 //! release binary, which carries the DaemonSet's capabilities (and
-//! SYS_RESOURCE, for kernels before 5.11) as permitted file capabilities. Also written as an OCI archive, target/image/kdrop.oci.tar,
-//! which the image test (tests/tests/image.rs) imports into its containerd.
+//! SYS_RESOURCE, for kernels before 5.11) as permitted file capabilities.
+//! Also written as an OCI archive, target/image/kdrop.oci.tar, which the
+//! image test (tests/tests/image.rs) imports into its containerd.
 use std::{
     fs,
     path::{Path, PathBuf},
